@@ -158,7 +158,9 @@ impl Lane {
     /// Checks the lane against a token keyspace's block size and returns its engine
     /// block size in keyspace blocks.
     pub fn blocks_in(&self, keyspace_block: u32) -> Result<u32, LaneError> {
-        if keyspace_block == 0 || self.block_tokens == 0 || self.block_tokens % keyspace_block != 0
+        if keyspace_block == 0
+            || self.block_tokens == 0
+            || !self.block_tokens.is_multiple_of(keyspace_block)
         {
             return Err(LaneError::BlockSize {
                 block: self.block_tokens,

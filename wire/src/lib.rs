@@ -15,3 +15,16 @@ pub use lane::{Lane, LaneError, LaneKind};
 
 /// A worker as the server numbers it: names cross the wire once, at announce.
 pub type WorkerId = u32;
+
+pub mod codec;
+pub mod frame;
+pub mod message;
+
+pub use codec::{
+    encode, encode_into, split_frame, to_native, u64s, Body, EncodeError, Frame, Kind, MessageRef,
+};
+pub use frame::{
+    FrameError, Header, DEFAULT_MAX_FRAME, FLAG_NO_REPLY, HEADER_LEN, PROTOCOL_VERSION,
+};
+pub use message::*;
+pub use rkyv::util::AlignedVec;

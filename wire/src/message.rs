@@ -1,0 +1,278 @@
+//! The message bodies. Each is an rkyv-archived struct that follows a frame header
+//! whose `kind` byte names it; [`crate::codec`] maps kinds to types in one table.
+
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::{Keyspace, Lane, WorkerId};
+
+/// First frame of every connection, client → server.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Hello {
+    /// Free text naming the client (logged).
+    pub client: String,
+    /// The token block size the client hashes with; refused unless equal to the server's.
+    pub token_block: u32,
+    /// Shared token, when the server requires one.
+    pub auth: Option<String>,
+}
+
+/// The server's answer to [`Hello`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Welcome {
+    pub server: String,
+    pub token_block: u32,
+    pub byte_chunk: u32,
+    pub shards: u32,
+    /// Largest frame (header + body) the server accepts.
+    pub max_frame: u32,
+}
+
+/// Which workers can reuse how much of this chain.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct Query {
+    pub keyspace: Keyspace,
+    /// Chain hashes of the prompt's whole blocks, from block 0.
+    pub chain: Vec<u64>,
+    /// Only these workers are scored; empty = all.
+    pub candidates: Vec<WorkerId>,
+    /// At most this many scores, best first; 0 = all.
+    pub top_k: u32,
+    /// Also return the raw per-lane covered runs (debugging).
+    pub want_runs: bool,
+}
+
+/// One worker's joint reusable prefix, in keyspace blocks.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Score {
+    pub worker: WorkerId,
+    pub blocks: u32,
+}
+
+/// A half-open run `[start, end)` of block positions.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Run {
+    pub start: u32,
+    pub end: u32,
+}
+
+/// The covered runs of one lane along the queried chain.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct LaneRuns {
+    pub lane: u8,
+    pub runs: Vec<Run>,
+}
+
+/// Debug detail: every lane of one worker, including lanes with no coverage.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct WorkerRuns {
+    pub worker: WorkerId,
+    pub lanes: Vec<LaneRuns>,
+}
+
+/// The reply to [`Query`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct Answer {
+    /// Workers with a positive joint score, best first (ties: lower id first).
+    pub scores: Vec<Score>,
+    /// Workers that hold some of the chain yet can reuse none of it jointly.
+    pub unscorable: u32,
+    /// Filled when the query asked for runs.
+    pub runs: Vec<WorkerRuns>,
+}
+
+/// How a worker's holdings are learnt.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub enum Feed {
+    /// Exact engine events (stored / removed / cleared).
+    Events,
+    /// Gateways' placements: approximate, capped at `capacity_blocks` (oldest-used cut
+    /// first), optionally expiring after `ttl_ms` (0 = never).
+    Placements { capacity_blocks: u64, ttl_ms: u64 },
+}
+
+/// Where the server can subscribe to a worker's own KV event stream (vLLM / SGLang).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct EventSource {
+    /// ZMQ PUB endpoint, e.g. `tcp://127.0.0.1:5557`.
+    pub endpoint: String,
+    /// ZMQ ROUTER replay endpoint; empty = none.
+    pub replay: String,
+    /// Keyspace the engine's token ids are rehashed into.
+    pub model: String,
+    pub salt: String,
+}
+
+/// Register (or re-register) a worker and its lane roster.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Announce {
+    /// Stable name; the same name always maps to the same id.
+    pub name: String,
+    /// One lane per independently evicted cache group; a plain worker has one full lane.
+    pub lanes: Vec<Lane>,
+    pub feed: Feed,
+    pub source: Option<EventSource>,
+}
+
+/// The reply to [`Announce`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Announced {
+    pub worker: WorkerId,
+    /// False when the name was known with the same roster (nothing reset).
+    pub created: bool,
+}
+
+/// Forget a worker and everything it holds.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Retire {
+    pub worker: WorkerId,
+}
+
+/// One engine cache event of a worker.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub enum Event {
+    /// Blocks `start .. start + chain.len()` of a chain are now held by `lane`.
+    /// `engine` is empty or holds one engine hash per engine block of the lane, for
+    /// removals that name engine hashes.
+    Stored {
+        lane: u8,
+        start: u32,
+        chain: Vec<u64>,
+        engine: Vec<u64>,
+    },
+    /// Blocks named by engine hash (or chain hash, where the store carried none) are gone.
+    Removed { lane: u8, hashes: Vec<u64> },
+    /// The worker dropped its whole cache.
+    Cleared,
+}
+
+/// A batch of a worker's events, in its own sequence order.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct EventBatch {
+    pub worker: WorkerId,
+    pub seq: u64,
+    pub keyspace: Keyspace,
+    pub events: Vec<Event>,
+}
+
+/// What became of an [`EventBatch`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub enum ApplyStatus {
+    Applied,
+    /// seq was at or below the last applied one: ignored.
+    Duplicate,
+    /// Applied, but seqs between `expected` and this one never arrived.
+    Gap {
+        expected: u64,
+    },
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Applied {
+    pub seq: u64,
+    pub status: ApplyStatus,
+}
+
+/// A gateway dispatched a request for `chain` to `worker`.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Placement {
+    pub worker: WorkerId,
+    pub keyspace: Keyspace,
+    pub chain: Vec<u64>,
+}
+
+/// Ask for the server's counters.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct StatsRequest {}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct Stats {
+    pub workers: u32,
+    /// Distinct blocks held, over all shards.
+    pub blocks: u64,
+    /// (block, holder) memberships.
+    pub memberships: u64,
+    pub queries: u64,
+    pub events: u64,
+    /// Work done per shard (blocks visited), for the skew view.
+    pub shard_load: Vec<u64>,
+}
+
+/// A raw payload echoed back at `reply_len` bytes: the latency floor of the transport.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct Echo {
+    pub payload: Vec<u8>,
+    pub reply_len: u32,
+}
+
+/// Generic success with no other content (retire, placement when a reply is wanted).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct Ack {}
+
+/// Why a request (or the connection) was refused.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub enum ErrorCode {
+    /// The frame could not be read; the connection is closed after this.
+    BadFrame,
+    UnsupportedVersion,
+    /// A request came before a successful Hello.
+    NoHello,
+    Unauthorized,
+    BlockSizeMismatch,
+    UnknownWorker,
+    /// A lane roster or a lane index was refused.
+    BadLane,
+    /// Lanes other than one full lane cannot feed a byte keyspace (trap 4).
+    LanesInByteKeyspace,
+    /// Too many requests in flight, or too many connections.
+    Overloaded,
+    /// The request is valid but the server cannot do it (a bug if it shows up).
+    Internal,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct ErrorReply {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ArchivedErrorCode {
+    pub fn to_native(&self) -> ErrorCode {
+        use ArchivedErrorCode as A;
+        match self {
+            A::BadFrame => ErrorCode::BadFrame,
+            A::UnsupportedVersion => ErrorCode::UnsupportedVersion,
+            A::NoHello => ErrorCode::NoHello,
+            A::Unauthorized => ErrorCode::Unauthorized,
+            A::BlockSizeMismatch => ErrorCode::BlockSizeMismatch,
+            A::UnknownWorker => ErrorCode::UnknownWorker,
+            A::BadLane => ErrorCode::BadLane,
+            A::LanesInByteKeyspace => ErrorCode::LanesInByteKeyspace,
+            A::Overloaded => ErrorCode::Overloaded,
+            A::Internal => ErrorCode::Internal,
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! Every message survives encode → split → validate → native unchanged, alone and
+//! pipelined in one buffer; random and mutated bytes never panic the decoder.
+
+use kvix_wire::*;
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+fn text() -> impl Strategy<Value = String> {
+    "[a-z0-9/_.-]{0,24}"
+}
+
+fn keyspace() -> impl Strategy<Value = Keyspace> {
+    (text(), text(), text(), any::<bool>()).prop_map(|(model, lora, salt, bytes)| Keyspace {
+        model,
+        lora,
+        salt,
+        kind: if bytes {
+            ChunkKind::Bytes
+        } else {
+            ChunkKind::Tokens
+        },
+    })
+}
+
+fn lane() -> impl Strategy<Value = Lane> {
+    let kind = prop_oneof![
+        Just(LaneKind::FullAttention),
+        Just(LaneKind::MlaAttention),
+        (1u32..1 << 20).prop_map(|window| LaneKind::SlidingWindow { window }),
+        (1u32..1 << 20).prop_map(|chunk| LaneKind::ChunkedLocal { chunk }),
+        Just(LaneKind::Mamba),
+    ];
+    (kind, 1u32..4096).prop_map(|(kind, block_tokens)| Lane { kind, block_tokens })
+}
+
+fn run() -> impl Strategy<Value = Run> {
+    (any::<u32>(), any::<u32>()).prop_map(|(start, end)| Run { start, end })
+}
+
+fn feed() -> impl Strategy<Value = Feed> {
+    prop_oneof![
+        Just(Feed::Events),
+        (any::<u64>(), any::<u64>()).prop_map(|(capacity_blocks, ttl_ms)| Feed::Placements {
+            capacity_blocks,
+            ttl_ms
+        }),
+    ]
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        (
+            any::<u8>(),
+            any::<u32>(),
+            vec(any::<u64>(), 0..40),
+            vec(any::<u64>(), 0..10)
+        )
+            .prop_map(|(lane, start, chain, engine)| Event::Stored {
+                lane,
+                start,
+                chain,
+                engine
+            }),
+        (any::<u8>(), vec(any::<u64>(), 0..40))
+            .prop_map(|(lane, hashes)| Event::Removed { lane, hashes }),
+        Just(Event::Cleared),
+    ]
+}
+
+fn error_code() -> impl Strategy<Value = ErrorCode> {
+    prop::sample::select(vec![
+        ErrorCode::BadFrame,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::NoHello,
+        ErrorCode::Unauthorized,
+        ErrorCode::BlockSizeMismatch,
+        ErrorCode::UnknownWorker,
+        ErrorCode::BadLane,
+        ErrorCode::LanesInByteKeyspace,
+        ErrorCode::Overloaded,
+        ErrorCode::Internal,
+    ])
+}
+
+/// Encodes `msg`, finds it again in the buffer, validates it and compares the copy.
+fn round_trip<M: Body + PartialEq + std::fmt::Debug>(msg: &M, id: u64, flags: u8) {
+    let buf = encode(msg, id, flags).expect("encodes");
+    assert_eq!(buf.len() % 8, 0, "frames end on 8-byte boundaries");
+    let frame = split_frame(&buf, DEFAULT_MAX_FRAME)
+        .expect("valid")
+        .expect("whole");
+    assert_eq!(frame.len, buf.len());
+    assert_eq!(frame.kind, M::KIND);
+    assert_eq!(frame.header.request_id, id);
+    assert_eq!(frame.header.flags, flags);
+    let archived = codec::access::<M>(frame.body).expect("body validates");
+    assert_eq!(&to_native::<M>(archived), msg);
+    assert_eq!(frame.message().expect("view").kind(), M::KIND);
+    // Every strict prefix is "need more bytes", never an error or a panic.
+    for cut in [0, 1, HEADER_LEN - 1, HEADER_LEN, buf.len() - 1] {
+        assert!(
+            split_frame(&buf[..cut.min(buf.len() - 1)], DEFAULT_MAX_FRAME)
+                .unwrap()
+                .is_none()
+        );
+    }
+}
+
+macro_rules! round_trip_props {
+    ($($test:ident: $strategy:expr;)*) => {
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            $(
+                #[test]
+                fn $test(msg in $strategy, id in any::<u64>(), no_reply in any::<bool>()) {
+                    round_trip(&msg, id, if no_reply { FLAG_NO_REPLY } else { 0 });
+                }
+            )*
+        }
+    };
+}
+
+round_trip_props! {
+    hello: (text(), any::<u32>(), prop::option::of(text()))
+        .prop_map(|(client, token_block, auth)| Hello { client, token_block, auth });
+    welcome: (text(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>())
+        .prop_map(|(server, token_block, byte_chunk, shards, max_frame)| Welcome { server, token_block, byte_chunk, shards, max_frame });
+    query: (keyspace(), vec(any::<u64>(), 0..300), vec(any::<u32>(), 0..20), any::<u32>(), any::<bool>())
+        .prop_map(|(keyspace, chain, candidates, top_k, want_runs)| Query { keyspace, chain, candidates, top_k, want_runs });
+    answer: (
+        vec((any::<u32>(), any::<u32>()).prop_map(|(worker, blocks)| Score { worker, blocks }), 0..50),
+        any::<u32>(),
+        vec((any::<u32>(), vec((any::<u8>(), vec(run(), 0..5)).prop_map(|(lane, runs)| LaneRuns { lane, runs }), 0..4))
+            .prop_map(|(worker, lanes)| WorkerRuns { worker, lanes }), 0..6),
+    ).prop_map(|(scores, unscorable, runs)| Answer { scores, unscorable, runs });
+    announce: (text(), vec(lane(), 0..6), feed(), prop::option::of((text(), text(), text(), text())))
+        .prop_map(|(name, lanes, feed, source)| Announce {
+            name, lanes, feed,
+            source: source.map(|(endpoint, replay, model, salt)| EventSource { endpoint, replay, model, salt }),
+        });
+    announced: (any::<u32>(), any::<bool>()).prop_map(|(worker, created)| Announced { worker, created });
+    retire: any::<u32>().prop_map(|worker| Retire { worker });
+    event_batch: (any::<u32>(), any::<u64>(), keyspace(), vec(event(), 0..8))
+        .prop_map(|(worker, seq, keyspace, events)| EventBatch { worker, seq, keyspace, events });
+    applied: (any::<u64>(), prop_oneof![
+        Just(ApplyStatus::Applied), Just(ApplyStatus::Duplicate), any::<u64>().prop_map(|expected| ApplyStatus::Gap { expected })
+    ]).prop_map(|(seq, status)| Applied { seq, status });
+    placement: (any::<u32>(), keyspace(), vec(any::<u64>(), 0..300))
+        .prop_map(|(worker, keyspace, chain)| Placement { worker, keyspace, chain });
+    stats_request: Just(StatsRequest {});
+    stats: (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), vec(any::<u64>(), 0..16))
+        .prop_map(|(workers, blocks, memberships, queries, events, shard_load)| Stats { workers, blocks, memberships, queries, events, shard_load });
+    echo: (vec(any::<u8>(), 0..600), any::<u32>()).prop_map(|(payload, reply_len)| Echo { payload, reply_len });
+    ack: Just(Ack {});
+    error_reply: (error_code(), text()).prop_map(|(code, message)| ErrorReply { code, message });
+}
+
+fn drain(buf: &[u8]) {
+    let _ = codec::validate_stream(buf, 1 << 16);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in vec(any::<u8>(), 0..512)) {
+        let _ = drain(&bytes);
+    }
+
+    #[test]
+    fn mutated_frames_never_panic(
+        chain in vec(any::<u64>(), 0..64),
+        flips in vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        truncate in any::<prop::sample::Index>(),
+    ) {
+        let q = Query { keyspace: Keyspace::tokens("m"), chain, candidates: vec![1, 2], top_k: 3, want_runs: true };
+        let mut buf = encode(&q, 9, 0).unwrap().to_vec();
+        buf.extend_from_slice(&encode(&Ack {}, 10, 0).unwrap());
+        for (at, x) in flips {
+            let i = at.index(buf.len());
+            buf[i] ^= x;
+        }
+        let cut = truncate.index(buf.len() + 1);
+        let _ = drain(&buf[..cut]);
+    }
+}
+
+#[test]
+fn pipelined_frames_are_found_in_order() {
+    let mut buf = AlignedVec::new();
+    for id in 0..5u64 {
+        buf = encode_into(&Retire { worker: id as u32 }, id, 0, buf).unwrap();
+        buf = encode_into(
+            &Echo {
+                payload: vec![7; id as usize * 3],
+                reply_len: 1,
+            },
+            100 + id,
+            0,
+            buf,
+        )
+        .unwrap();
+    }
+    assert_eq!(codec::validate_stream(&buf, DEFAULT_MAX_FRAME), Ok(10));
+    let mut at = 0;
+    let mut ids = Vec::new();
+    while let Some(f) = split_frame(&buf[at..], DEFAULT_MAX_FRAME).unwrap() {
+        f.message()
+            .expect("each pipelined body is aligned and valid");
+        ids.push(f.header.request_id);
+        at += f.len;
+    }
+    assert_eq!(ids, vec![0, 100, 1, 101, 2, 102, 3, 103, 4, 104]);
+    assert_eq!(at, buf.len());
+}
+
+#[test]
+fn header_errors_are_typed() {
+    let good = encode(&Ack {}, 1, 0).unwrap().to_vec();
+    let check = |mutate: &dyn Fn(&mut Vec<u8>), max: u32| {
+        let mut b = AlignedVec::<16>::new();
+        let mut v = good.clone();
+        mutate(&mut v);
+        b.extend_from_slice(&v);
+        split_frame(&b, max).map(|f| f.map(|f| f.kind))
+    };
+    assert!(matches!(
+        check(&|v| v[0] = b'X', 1024),
+        Err(FrameError::BadMagic(_))
+    ));
+    assert_eq!(
+        check(&|v| v[4] = 9, 1024).unwrap_err(),
+        FrameError::UnsupportedVersion(9)
+    );
+    assert_eq!(
+        check(&|v| v[6] = 200, 1024).unwrap_err(),
+        FrameError::UnknownKind(200)
+    );
+    assert_eq!(
+        check(&|v| v[7] = 0x80, 1024).unwrap_err(),
+        FrameError::UnknownFlags(0x80)
+    );
+    assert_eq!(
+        check(&|v| v[20] = 1, 1024).unwrap_err(),
+        FrameError::Reserved(1)
+    );
+    assert!(matches!(
+        check(
+            &|v| v[16..20].copy_from_slice(&1_000_000u32.to_le_bytes()),
+            1024
+        ),
+        Err(FrameError::Oversize { .. })
+    ));
+    assert!(matches!(
+        check(&|_| {}, 8),
+        Err(FrameError::Oversize { .. })
+    ));
+    assert_eq!(check(&|_| {}, 1024).unwrap(), Some(Kind::Ack));
+}
+
+#[test]
+fn a_body_of_the_wrong_kind_is_refused_not_misread() {
+    let mut buf = encode(
+        &Query {
+            chain: vec![1, 2, 3],
+            ..Default::default()
+        },
+        1,
+        0,
+    )
+    .unwrap();
+    buf[6] = Kind::Welcome as u8;
+    let frame = split_frame(&buf, DEFAULT_MAX_FRAME).unwrap().unwrap();
+    assert!(matches!(
+        frame.message(),
+        Err(FrameError::InvalidBody {
+            kind: "Welcome",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn misaligned_bodies_are_reported() {
+    let frame = encode(&Retire { worker: 3 }, 1, 0).unwrap();
+    let mut shifted = AlignedVec::<16>::new();
+    shifted.push(0);
+    shifted.extend_from_slice(&frame);
+    let f = split_frame(&shifted[1..], DEFAULT_MAX_FRAME)
+        .unwrap()
+        .unwrap();
+    assert_eq!(f.message().unwrap_err(), FrameError::Misaligned);
+}
+
+#[test]
+fn chains_read_in_place_match_the_sent_hashes() {
+    let chain: Vec<u64> = (0..100u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    let buf = encode(
+        &Placement {
+            worker: 1,
+            keyspace: Keyspace::tokens("m"),
+            chain: chain.clone(),
+        },
+        1,
+        0,
+    )
+    .unwrap();
+    let f = split_frame(&buf, DEFAULT_MAX_FRAME).unwrap().unwrap();
+    let MessageRef::Placement(p) = f.message().unwrap() else {
+        panic!("kind")
+    };
+    assert_eq!(u64s(&p.chain), &chain[..]);
+}
