@@ -1,1 +1,101 @@
-//! placeholder
+//! kvix-engine: the index engine of kvix. No I/O, no threads: the server composes these
+//! parts over its cores, and [`Engine`] composes them on one thread for tests and benches.
+//!
+//! - [`sharding`]: which shard owns block position `i` of a keyspace (by position segment),
+//! - [`index`]: one shard's block store ([`BlockIndex`]) and its coverage walk,
+//! - [`coverage`]: the per-(worker, lane) covered runs a query collects,
+//! - [`feed`]: per-worker feed state (event sequences, engine-hash map, placement recency),
+//!   which turns feed input into [`BlockOp`]s,
+//! - [`roster`]: the worker registry (names → small ids, lane rosters, validation),
+//! - [`score`]: the joint reuse rules over a worker's lanes and the ranking of an answer,
+//! - [`engine`]: the single-threaded composition.
+
+pub mod coverage;
+pub mod engine;
+pub mod error;
+pub mod feed;
+mod hashing;
+pub mod index;
+pub mod roster;
+pub mod score;
+mod sets;
+pub mod sharding;
+
+pub use coverage::Coverage;
+pub use engine::{Answer, Engine, EngineConfig, EngineStats};
+pub use error::{EngineError, EventError, IndexError, RosterError};
+pub use feed::{ApplyReport, BlockOp, EventFeed, FeedState, PlacementFeed, Sequencer};
+pub use index::BlockIndex;
+pub use roster::{AnnounceOutcome, Roster, WorkerEntry};
+pub use score::{Ranker, Rule, Rules};
+pub use sharding::{Piece, Sharding};
+
+use kvix_wire::{ChunkKind, Keyspace, WorkerId};
+
+/// Most lanes a worker may announce (a holder packs its lane in 4 bits).
+pub const MAX_LANES: usize = 16;
+
+/// Worker ids stay below this, so per-query scratch indexed by worker stays small.
+pub const MAX_WORKERS: u32 = 1 << 20;
+
+/// A keyspace as the engine sees it: its seed (which is also its id) and its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ks {
+    pub seed: u64,
+    pub kind: ChunkKind,
+}
+
+impl Ks {
+    /// The engine view of a wire keyspace on a server hashing `token_block`-token blocks.
+    pub fn of(keyspace: &Keyspace, token_block: u32) -> Self {
+        Ks {
+            seed: keyspace.seed(token_block),
+            kind: keyspace.kind,
+        }
+    }
+
+    pub fn tokens(seed: u64) -> Self {
+        Ks {
+            seed,
+            kind: ChunkKind::Tokens,
+        }
+    }
+
+    pub fn bytes(seed: u64) -> Self {
+        Ks {
+            seed,
+            kind: ChunkKind::Bytes,
+        }
+    }
+}
+
+/// One cache group of one worker: what holds a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Holder {
+    pub worker: WorkerId,
+    pub lane: u8,
+}
+
+impl Holder {
+    pub fn new(worker: WorkerId, lane: u8) -> Self {
+        Holder { worker, lane }
+    }
+
+    /// Packed as `worker << 4 | lane`: sorting packed holders groups them by worker.
+    pub(crate) fn pack(self) -> Result<u32, IndexError> {
+        if self.worker >= MAX_WORKERS || self.lane as usize >= MAX_LANES {
+            return Err(IndexError::BadHolder {
+                worker: self.worker,
+                lane: self.lane,
+            });
+        }
+        Ok(self.worker << 4 | self.lane as u32)
+    }
+
+    pub(crate) fn unpack(packed: u32) -> Self {
+        Holder {
+            worker: packed >> 4,
+            lane: (packed & 15) as u8,
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! The exact feed: a worker's own engine events, in its sequence order.
+
+use smallvec::SmallVec;
+
+use kvix_wire::{ApplyStatus, Event, WorkerId};
+
+use super::BlockOp;
+use crate::error::{EventError, IndexError};
+use crate::hashing::FastMap;
+use crate::Holder;
+
+/// Tracks a worker's batch sequence numbers.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Sequencer {
+    last: Option<u64>,
+}
+
+impl Sequencer {
+    /// Classifies batch `seq`: at or below the last applied → duplicate (ignore it);
+    /// beyond the next expected → applied with a gap; the first batch sets the baseline.
+    pub fn admit(&mut self, seq: u64) -> ApplyStatus {
+        let status = match self.last {
+            Some(last) if seq <= last => return ApplyStatus::Duplicate,
+            Some(last) if seq != last + 1 => ApplyStatus::Gap { expected: last + 1 },
+            _ => ApplyStatus::Applied,
+        };
+        self.last = Some(seq);
+        status
+    }
+
+    /// Forgets the baseline (the producer restarted and counts from 0 again).
+    pub fn reset(&mut self) {
+        self.last = None;
+    }
+
+    pub fn last(&self) -> Option<u64> {
+        self.last
+    }
+}
+
+/// What became of one event batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub status: ApplyStatus,
+    /// Events applied.
+    pub events: u32,
+    /// Keyspace blocks stored or removed.
+    pub block_events: u64,
+    /// Removals naming a hash this feed never saw stored (or already removed).
+    pub unknown_removals: u32,
+    /// Events skipped, by index in the batch.
+    pub rejected: Vec<(u32, EventError)>,
+}
+
+impl ApplyReport {
+    fn new(status: ApplyStatus) -> Self {
+        ApplyReport {
+            status,
+            events: 0,
+            block_events: 0,
+            unknown_removals: 0,
+            rejected: Vec::new(),
+        }
+    }
+}
+
+/// Where a stored name (engine hash, or chain hash when the store carried none) lives.
+#[derive(Debug, Clone)]
+struct Named {
+    ks: u64,
+    pos: u32,
+    /// Chain hashes of the keyspace blocks the name covers, from `pos`.
+    chain: SmallVec<[u64; 1]>,
+}
+
+/// Event-feed state of one worker: its sequence and, per lane, name → blocks.
+#[derive(Debug, Default)]
+pub struct EventFeed {
+    seq: Sequencer,
+    lanes: Vec<FastMap<u64, Named>>,
+}
+
+impl EventFeed {
+    pub fn new(lanes: usize) -> Self {
+        EventFeed {
+            seq: Sequencer::default(),
+            lanes: (0..lanes).map(|_| FastMap::default()).collect(),
+        }
+    }
+
+    pub fn sequencer(&mut self) -> &mut Sequencer {
+        &mut self.seq
+    }
+
+    /// Names tracked for removals, over all lanes.
+    pub fn names(&self) -> usize {
+        self.lanes.iter().map(|m| m.len()).sum()
+    }
+
+    /// Applies batch `seq` of `worker` in keyspace `ks`, where lane `i`'s engine block
+    /// is `lane_blocks[i]` keyspace blocks, appending the block operations to `out`.
+    pub fn apply<'a>(
+        &mut self,
+        worker: WorkerId,
+        seq: u64,
+        ks: u64,
+        lane_blocks: &[u32],
+        events: &'a [Event],
+        out: &mut Vec<BlockOp<'a>>,
+    ) -> ApplyReport {
+        let mut report = ApplyReport::new(self.seq.admit(seq));
+        if report.status == ApplyStatus::Duplicate {
+            return report;
+        }
+        for (i, event) in events.iter().enumerate() {
+            match self.one(worker, ks, lane_blocks, event, out, &mut report) {
+                Ok(()) => report.events += 1,
+                Err(e) => report.rejected.push((i as u32, e)),
+            }
+        }
+        report
+    }
+
+    fn one<'a>(
+        &mut self,
+        worker: WorkerId,
+        ks: u64,
+        lane_blocks: &[u32],
+        event: &'a Event,
+        out: &mut Vec<BlockOp<'a>>,
+        report: &mut ApplyReport,
+    ) -> Result<(), EventError> {
+        let lane_of = |lane: u8| {
+            lane_blocks
+                .get(lane as usize)
+                .copied()
+                .filter(|_| (lane as usize) < self.lanes.len())
+                .ok_or(EventError::NoSuchLane {
+                    lane,
+                    lanes: lane_blocks.len(),
+                })
+        };
+        match event {
+            Event::Stored {
+                lane,
+                start,
+                chain,
+                engine,
+            } => {
+                let k = lane_of(*lane)? as usize;
+                if *start as u64 + chain.len() as u64 > u32::MAX as u64 {
+                    return Err(IndexError::PositionOverflow {
+                        start: *start,
+                        len: chain.len(),
+                    }
+                    .into());
+                }
+                let expected = chain.len().div_ceil(k);
+                if !engine.is_empty() && engine.len() != expected {
+                    return Err(EventError::EngineHashCount {
+                        blocks: chain.len(),
+                        engine_block: k as u32,
+                        expected,
+                        got: engine.len(),
+                    });
+                }
+                let names = &mut self.lanes[*lane as usize];
+                if engine.is_empty() {
+                    for (i, &h) in chain.iter().enumerate() {
+                        let chain = std::iter::once(h).collect();
+                        let pos = start + i as u32;
+                        names.insert(h, Named { ks, pos, chain });
+                    }
+                } else {
+                    // Engine block j covers the keyspace blocks [j·k, (j+1)·k) of the store.
+                    for (j, (&e, group)) in engine.iter().zip(chain.chunks(k)).enumerate() {
+                        let pos = start + (j * k) as u32;
+                        names.insert(
+                            e,
+                            Named {
+                                ks,
+                                pos,
+                                chain: group.into(),
+                            },
+                        );
+                    }
+                }
+                if !chain.is_empty() {
+                    out.push(BlockOp::Insert {
+                        ks,
+                        holder: Holder::new(worker, *lane),
+                        start: *start,
+                        chain,
+                    });
+                }
+                report.block_events += chain.len() as u64;
+            }
+            Event::Removed { lane, hashes } => {
+                lane_of(*lane)?;
+                let names = &mut self.lanes[*lane as usize];
+                let holder = Holder::new(worker, *lane);
+                for h in hashes {
+                    let Some(named) = names.remove(h) else {
+                        report.unknown_removals += 1;
+                        continue;
+                    };
+                    for (i, &hash) in named.chain.iter().enumerate() {
+                        out.push(BlockOp::Remove {
+                            ks: named.ks,
+                            holder,
+                            pos: named.pos + i as u32,
+                            hash,
+                        });
+                    }
+                    report.block_events += named.chain.len() as u64;
+                }
+                if names.len() < names.capacity() / 4 {
+                    names.shrink_to(names.len() * 2);
+                }
+            }
+            Event::Cleared => {
+                for names in &mut self.lanes {
+                    *names = FastMap::default();
+                }
+                out.push(BlockOp::DropWorker { worker });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequences_baseline_duplicates_and_gaps() {
+        let mut s = Sequencer::default();
+        assert_eq!(s.admit(5), ApplyStatus::Applied);
+        assert_eq!(s.admit(5), ApplyStatus::Duplicate);
+        assert_eq!(s.admit(4), ApplyStatus::Duplicate);
+        assert_eq!(s.admit(6), ApplyStatus::Applied);
+        assert_eq!(s.admit(9), ApplyStatus::Gap { expected: 7 });
+        assert_eq!(s.admit(10), ApplyStatus::Applied);
+        assert_eq!(s.admit(u64::MAX), ApplyStatus::Gap { expected: 11 });
+        assert_eq!(s.admit(u64::MAX), ApplyStatus::Duplicate);
+        s.reset();
+        assert_eq!(s.admit(0), ApplyStatus::Applied);
+    }
+
+    #[test]
+    fn engine_hashes_group_blocks_from_start() {
+        let mut f = EventFeed::new(2);
+        let chain: Vec<u64> = (10..15).collect();
+        let events = vec![
+            Event::Stored {
+                lane: 1,
+                start: 3,
+                chain: chain.clone(),
+                engine: vec![900, 901, 902],
+            },
+            Event::Removed {
+                lane: 1,
+                hashes: vec![901, 777],
+            },
+            Event::Stored {
+                lane: 1,
+                start: 3,
+                chain: chain.clone(),
+                engine: vec![1],
+            },
+            Event::Stored {
+                lane: 2,
+                start: 0,
+                chain: vec![1],
+                engine: vec![],
+            },
+        ];
+        let mut out = Vec::new();
+        let r = f.apply(4, 0, 77, &[1, 2], &events, &mut out);
+        assert_eq!(r.events, 2);
+        assert_eq!(r.unknown_removals, 1);
+        assert_eq!(r.block_events, 7);
+        assert!(matches!(
+            r.rejected[0],
+            (2, EventError::EngineHashCount { expected: 3, .. })
+        ));
+        assert!(matches!(
+            r.rejected[1],
+            (3, EventError::NoSuchLane { lane: 2, .. })
+        ));
+        let h = Holder::new(4, 1);
+        assert_eq!(
+            out[1..],
+            [
+                BlockOp::Remove {
+                    ks: 77,
+                    holder: h,
+                    pos: 5,
+                    hash: 12
+                },
+                BlockOp::Remove {
+                    ks: 77,
+                    holder: h,
+                    pos: 6,
+                    hash: 13
+                },
+            ]
+        );
+        assert_eq!(f.names(), 2);
+    }
+}

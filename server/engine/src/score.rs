@@ -1,0 +1,371 @@
+//! Joint scoring: the reuse rules of BRIEF §4 over a worker's whole lane roster, and the
+//! ranking of an answer. Pure functions over covered runs; positions in keyspace blocks.
+//!
+//! Each lane accepts a set of hit lengths `p` that is a union of intervals (chunked local
+//! adds a lattice of chunk boundaries). The score is the largest `p` on the grid of
+//! multiples of `step` (the lcm of the lanes' engine blocks) that every lane accepts. It
+//! is found by a descending fixpoint: full lanes cap the start (they are monotone, trap 8),
+//! then each other lane lowers `p` to the largest value it accepts, until all agree. Each
+//! lane keeps a cursor into its runs that only moves down, so a score costs
+//! O(lanes × runs) however long the prompt is.
+
+use smallvec::SmallVec;
+
+use kvix_wire::{LaneKind, LaneRuns, Run, WorkerId, WorkerRuns};
+
+use crate::coverage::Coverage;
+
+/// One lane's acceptance rule, in keyspace blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Full / MLA attention: every block of `[0, p)` is held.
+    Full,
+    /// Sliding window: the `span` blocks before `p` are held (`span` = m engine blocks,
+    /// m = max(1, ceil((W−1)/b))); `p = 0` always.
+    Window { span: u32 },
+    /// Chunked local attention: `[floor(p / chunk)·chunk, p)` is held.
+    Chunk { chunk: u32 },
+    /// Mamba: a state is saved exactly at `p`, i.e. block `p − 1` is held (`p = 0` always).
+    ///
+    /// Checkpoint granularity is pinned here: a stored Mamba engine block marks all of its
+    /// keyspace blocks, and since `p` is a multiple of the engine block, the rule reads
+    /// only the block ending at `p`; a single-unit mark at `p − 1` scores the same.
+    Mamba,
+}
+
+impl Rule {
+    /// The rule of a lane of `kind` whose engine block is `k` keyspace blocks of
+    /// `keyspace_block` tokens (both already validated by the roster).
+    pub fn of(kind: LaneKind, block_tokens: u32, k: u32, keyspace_block: u32) -> Rule {
+        match kind {
+            LaneKind::FullAttention | LaneKind::MlaAttention => Rule::Full,
+            LaneKind::SlidingWindow { window } => {
+                let m = window.saturating_sub(1).div_ceil(block_tokens).max(1);
+                Rule::Window {
+                    span: m.saturating_mul(k),
+                }
+            }
+            LaneKind::ChunkedLocal { chunk } => Rule::Chunk {
+                chunk: (chunk / keyspace_block).max(1),
+            },
+            LaneKind::Mamba => Rule::Mamba,
+        }
+    }
+
+    /// The interval `[lo, hi]` of hit lengths > 0 that the held run `r` makes acceptable.
+    fn interval(self, r: Run) -> (u64, u64) {
+        let (a, b) = (r.start as u64, r.end as u64);
+        let lo = match self {
+            Rule::Full if a == 0 => 1,
+            Rule::Full => u64::MAX,
+            Rule::Window { .. } if a == 0 => 1,
+            Rule::Window { span } => a + span as u64,
+            Rule::Chunk { chunk } => (a + 1).max(a.div_ceil(chunk as u64) * chunk as u64),
+            Rule::Mamba => a + 1,
+        };
+        (lo, b)
+    }
+}
+
+/// A worker's lanes as rules, and the grid its hits sit on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rules {
+    rules: SmallVec<[Rule; 4]>,
+    step: u32,
+}
+
+impl Rules {
+    /// Rules for lanes with engine blocks of `k[i]` keyspace blocks; `None` when their
+    /// lcm does not fit in u32.
+    pub fn new(rules: &[Rule], k: &[u32]) -> Option<Rules> {
+        let mut step = 1u64;
+        for &k in k {
+            step = lcm(step, k.max(1) as u64);
+            if step > u32::MAX as u64 {
+                return None;
+            }
+        }
+        Some(Rules {
+            rules: rules.into(),
+            step: step as u32,
+        })
+    }
+
+    /// A single full lane of one block: a plain worker, and every worker in a byte keyspace.
+    pub fn plain() -> Rules {
+        Rules {
+            rules: [Rule::Full].into_iter().collect(),
+            step: 1,
+        }
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Candidates are multiples of this (lcm of the engine blocks, keyspace blocks).
+    pub fn step(&self) -> u32 {
+        self.step
+    }
+
+    /// The largest hit length `p ≤ n` (a multiple of `step`) every lane accepts, given
+    /// each lane's covered runs (`runs[i]` for lane `i`: sorted, disjoint, coalesced).
+    /// A lane with no runs accepts only `p = 0` (trap 1).
+    pub fn score(&self, runs: &[&[Run]], n: u32) -> u32 {
+        let step = self.step;
+        let lane = |i: usize| runs.get(i).copied().unwrap_or(&[]);
+        let mut p = floor(n as u64, step as u64);
+        for (i, r) in self.rules.iter().enumerate() {
+            if *r == Rule::Full {
+                let held = lane(i)
+                    .first()
+                    .filter(|r| r.start == 0)
+                    .map_or(0, |r| r.end);
+                p = p.min(floor(held as u64, step as u64));
+            }
+        }
+        let mut cursors: SmallVec<[usize; 16]> =
+            (0..self.rules.len()).map(|i| lane(i).len()).collect();
+        loop {
+            if p == 0 {
+                return 0;
+            }
+            let mut agreed = true;
+            for (i, &rule) in self.rules.iter().enumerate() {
+                if rule == Rule::Full {
+                    continue;
+                }
+                let q = best_at_most(rule, lane(i), &mut cursors[i], p, step as u64);
+                if q < p {
+                    p = q;
+                    agreed = false;
+                    if p == 0 {
+                        return 0;
+                    }
+                }
+            }
+            if agreed {
+                return p as u32;
+            }
+        }
+    }
+}
+
+/// The largest grid point `≤ p` that `rule` accepts over `runs`. `cursor` indexes one past
+/// the last run still worth looking at; it only moves down as `p` does.
+fn best_at_most(rule: Rule, runs: &[Run], cursor: &mut usize, p: u64, step: u64) -> u64 {
+    if runs.is_empty() {
+        return 0;
+    }
+    // Chunk boundaries need no held block (the range before them is empty).
+    let lattice = match rule {
+        Rule::Chunk { chunk } => floor(p, lcm(chunk as u64, step)),
+        _ => 0,
+    };
+    while *cursor > 0 {
+        let (lo, hi) = rule.interval(runs[*cursor - 1]);
+        if lo <= p {
+            let x = floor(p.min(hi), step);
+            if x >= lo {
+                return x.max(lattice);
+            }
+        }
+        // Nothing at or below `p` in this run now, so nothing for any later, lower `p`.
+        *cursor -= 1;
+    }
+    lattice
+}
+
+fn floor(x: u64, step: u64) -> u64 {
+    x / step * step
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    a / gcd(a, b) * b
+}
+
+/// A query's answer: workers best first, the unscorable count, optional per-lane runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answer {
+    /// (worker, joint reusable blocks), blocks > 0, best first, ties by lower id.
+    pub scores: Vec<(WorkerId, u32)>,
+    /// Workers that hold some of the chain on some lane yet score 0 (trap 6).
+    pub unscorable: u32,
+    /// When asked for: every covered worker (by id), every lane of its roster.
+    pub runs: Vec<WorkerRuns>,
+}
+
+impl Answer {
+    /// The wire form of this answer.
+    pub fn to_wire(&self) -> kvix_wire::Answer {
+        kvix_wire::Answer {
+            scores: self
+                .scores
+                .iter()
+                .map(|&(worker, blocks)| kvix_wire::Score { worker, blocks })
+                .collect(),
+            unscorable: self.unscorable,
+            runs: self.runs.clone(),
+        }
+    }
+}
+
+/// Scratch for ranking, reused across queries.
+#[derive(Default)]
+pub struct Ranker {
+    buf: Vec<Run>,
+    spans: Vec<(usize, usize)>,
+    keys: Vec<u64>,
+}
+
+impl Ranker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Scores every covered worker of `cov` for a chain of `n` blocks and writes the
+    /// answer. `rules_of` gives a worker's rules in this keyspace (`None`: not scorable
+    /// here, e.g. unknown); `top_k = 0` keeps all.
+    pub fn rank<'r>(
+        &mut self,
+        cov: &Coverage,
+        n: u32,
+        top_k: u32,
+        want_runs: bool,
+        rules_of: impl Fn(WorkerId) -> Option<&'r Rules>,
+        out: &mut Answer,
+    ) {
+        out.scores.clear();
+        out.runs.clear();
+        out.unscorable = 0;
+        self.keys.clear();
+        for w in cov.workers() {
+            let Some(rules) = rules_of(w) else { continue };
+            self.gather(cov, w, rules.rules.len());
+            let lanes: SmallVec<[&[Run]; 16]> =
+                self.spans.iter().map(|&(a, b)| &self.buf[a..b]).collect();
+            let s = rules.score(&lanes, n);
+            if s > 0 {
+                // Best first, then lower id: one ascending sort of packed keys.
+                self.keys.push(((!s) as u64) << 32 | w as u64);
+            } else {
+                out.unscorable += 1;
+            }
+            if want_runs {
+                out.runs.push(WorkerRuns {
+                    worker: w,
+                    lanes: lanes
+                        .iter()
+                        .enumerate()
+                        .map(|(i, r)| LaneRuns {
+                            lane: i as u8,
+                            runs: r.to_vec(),
+                        })
+                        .collect(),
+                });
+            }
+        }
+        self.keys.sort_unstable();
+        let keep = if top_k == 0 {
+            usize::MAX
+        } else {
+            top_k as usize
+        };
+        out.scores.extend(
+            self.keys
+                .iter()
+                .take(keep)
+                .map(|k| (*k as u32, !((k >> 32) as u32))),
+        );
+        out.runs.sort_unstable_by_key(|r| r.worker);
+    }
+
+    /// Copies worker `w`'s runs of lanes `0..lanes` into `buf`, one span per lane.
+    fn gather(&mut self, cov: &Coverage, w: WorkerId, lanes: usize) {
+        self.buf.clear();
+        self.spans.clear();
+        self.spans.resize(lanes, (0, 0));
+        for (lane, runs) in cov.lanes_of(w) {
+            if let Some(span) = self.spans.get_mut(lane as usize) {
+                let a = self.buf.len();
+                self.buf.extend(runs);
+                *span = (a, self.buf.len());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(a: u32, b: u32) -> Run {
+        Run { start: a, end: b }
+    }
+
+    #[test]
+    fn fixpoint_agrees_with_brute_force_on_small_cases() {
+        // Brute force over all p for a mixed roster and every run layout of 12 blocks.
+        let rules = Rules::new(
+            &[
+                Rule::Full,
+                Rule::Window { span: 2 },
+                Rule::Chunk { chunk: 3 },
+                Rule::Mamba,
+            ],
+            &[1, 1, 1, 1],
+        )
+        .unwrap();
+        let masks: Vec<u32> = (0..1u32 << 12).step_by(37).collect();
+        for &m0 in &masks {
+            for &m1 in masks.iter().step_by(7) {
+                let held = |m: u32| -> Vec<Run> {
+                    let mut out: Vec<Run> = Vec::new();
+                    for i in 0..12 {
+                        if m >> i & 1 == 1 {
+                            match out.last_mut() {
+                                Some(l) if l.end == i => l.end = i + 1,
+                                _ => out.push(r(i, i + 1)),
+                            }
+                        }
+                    }
+                    out
+                };
+                let lanes = [held(0xfff), held(m0), held(m1), held(m0 | m1)];
+                let refs: Vec<&[Run]> = lanes.iter().map(|v| v.as_slice()).collect();
+                let has = |l: usize, i: u32| lanes[l].iter().any(|r| r.start <= i && i < r.end);
+                let ok = |p: u32| {
+                    let w = (p.saturating_sub(2)..p).all(|i| has(1, i));
+                    let c = (p / 3 * 3..p).all(|i| has(2, i)) && !lanes[2].is_empty();
+                    let m = has(3, p - 1);
+                    w && c && m
+                };
+                let want = (1..=12).rev().find(|&p| ok(p)).unwrap_or(0);
+                assert_eq!(rules.score(&refs, 12), want, "{m0:#x} {m1:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn window_span_counts_engine_blocks() {
+        // W = 4096 tokens, b = 64-token engine blocks of 4 keyspace blocks of 16 tokens:
+        // m = ceil(4095 / 64) = 64 engine blocks = 256 keyspace blocks.
+        let w = LaneKind::SlidingWindow { window: 4096 };
+        assert_eq!(Rule::of(w, 64, 4, 16), Rule::Window { span: 256 });
+        // A window of one token still needs one engine block.
+        let w1 = LaneKind::SlidingWindow { window: 1 };
+        assert_eq!(Rule::of(w1, 64, 4, 16), Rule::Window { span: 4 });
+        assert_eq!(
+            Rule::of(LaneKind::ChunkedLocal { chunk: 64 }, 16, 1, 16),
+            Rule::Chunk { chunk: 4 }
+        );
+        assert!(Rules::new(&[Rule::Full, Rule::Full], &[u32::MAX, u32::MAX - 1]).is_none());
+    }
+}
