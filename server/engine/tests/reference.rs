@@ -1,0 +1,718 @@
+//! The engine against a naive reference model: random sequences of announce / apply /
+//! place / expire / retire / query over mixed rosters, several keyspaces and colliding
+//! prefixes, on 1, 3 and 4 shards. Answers (scores, order, unscorable, runs) must match.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use kvix_engine::{Engine, EngineConfig, Ks, Sharding};
+use kvix_wire::{chain::token_chain, ApplyStatus, Event, Feed, Lane, LaneKind, Run, WorkerId};
+use proptest::prelude::*;
+
+const TB: u32 = 4;
+
+/// (scores, unscorable, per covered worker its lanes' runs).
+type RefAnswer = (Vec<(WorkerId, u32)>, u32, Vec<(WorkerId, Vec<Vec<Run>>)>);
+
+/// Held memberships: (worker, lane, keyspace, position, hash).
+type Held = BTreeSet<(WorkerId, u8, u64, u32, u64)>;
+
+struct RefWorker {
+    lanes: Vec<Lane>,
+    feed: Feed,
+    seq: Option<u64>,
+    /// (lane, name) → (keyspace, position, chain hashes).
+    names: HashMap<(u8, u64), (u64, u32, Vec<u64>)>,
+    /// (keyspace, position, hash) → (placement tick, time).
+    placed: HashMap<(u64, u32, u64), (u64, u64)>,
+    clock: u64,
+}
+
+#[derive(Default)]
+struct Reference {
+    ids: HashMap<String, WorkerId>,
+    workers: BTreeMap<WorkerId, RefWorker>,
+    held: Held,
+    tick: u64,
+}
+
+fn plain(lanes: &[Lane]) -> bool {
+    lanes.len() == 1 && lanes[0].kind.is_full()
+}
+
+fn valid(lanes: &[Lane], feed: Feed) -> bool {
+    !lanes.is_empty()
+        && lanes.len() <= 16
+        && lanes.iter().all(|l| {
+            l.block_tokens > 0
+                && l.block_tokens % TB == 0
+                && match l.kind {
+                    LaneKind::ChunkedLocal { chunk } => chunk > 0 && chunk % TB == 0,
+                    LaneKind::SlidingWindow { window } => window > 0,
+                    _ => true,
+                }
+        })
+        && (feed == Feed::Events || plain(lanes))
+}
+
+/// A lane's engine block in keyspace blocks of this keyspace (bytes: plain workers only, 1).
+fn k_of(lane: &Lane, ks: Ks) -> u32 {
+    match ks.kind {
+        kvix_wire::ChunkKind::Tokens => lane.block_tokens / TB,
+        kvix_wire::ChunkKind::Bytes => 1,
+    }
+}
+
+impl Reference {
+    fn drop_worker(&mut self, w: WorkerId) {
+        self.held.retain(|m| m.0 != w);
+    }
+
+    fn announce(&mut self, name: &str, lanes: &[Lane], feed: Feed) -> Option<WorkerId> {
+        if !valid(lanes, feed) {
+            return None;
+        }
+        let next = self.ids.len() as WorkerId;
+        let id = *self.ids.entry(name.to_string()).or_insert(next);
+        if let Some(w) = self.workers.get(&id) {
+            if w.lanes == lanes && w.feed == feed {
+                return Some(id);
+            }
+        }
+        self.drop_worker(id);
+        self.workers.insert(
+            id,
+            RefWorker {
+                lanes: lanes.to_vec(),
+                feed,
+                seq: None,
+                names: HashMap::new(),
+                placed: HashMap::new(),
+                clock: 0,
+            },
+        );
+        Some(id)
+    }
+
+    fn retire(&mut self, w: WorkerId) -> bool {
+        let known = self.workers.remove(&w).is_some();
+        self.drop_worker(w);
+        known
+    }
+
+    /// None: refused as a whole. Some((status, unknown removals, rejected events)).
+    fn apply(
+        &mut self,
+        w: WorkerId,
+        seq: u64,
+        ks: Ks,
+        events: &[Event],
+    ) -> Option<(ApplyStatus, u32, usize)> {
+        let worker = self.workers.get_mut(&w)?;
+        if worker.feed != Feed::Events
+            || (ks.kind == kvix_wire::ChunkKind::Bytes && !plain(&worker.lanes))
+        {
+            return None;
+        }
+        let status = match worker.seq {
+            Some(last) if seq <= last => return Some((ApplyStatus::Duplicate, 0, 0)),
+            Some(last) if seq != last + 1 => ApplyStatus::Gap { expected: last + 1 },
+            _ => ApplyStatus::Applied,
+        };
+        worker.seq = Some(seq);
+        let (mut unknown, mut rejected) = (0, 0);
+        for e in events {
+            match e {
+                Event::Stored {
+                    lane,
+                    start,
+                    chain,
+                    engine,
+                } => {
+                    let Some(l) = worker.lanes.get(*lane as usize) else {
+                        rejected += 1;
+                        continue;
+                    };
+                    let k = k_of(l, ks) as usize;
+                    if !engine.is_empty() && engine.len() != chain.len().div_ceil(k) {
+                        rejected += 1;
+                        continue;
+                    }
+                    for (i, &h) in chain.iter().enumerate() {
+                        let pos = start + i as u32;
+                        self.held.insert((w, *lane, ks.seed, pos, h));
+                        if engine.is_empty() {
+                            worker.names.insert((*lane, h), (ks.seed, pos, vec![h]));
+                        }
+                    }
+                    for (j, &e) in engine.iter().enumerate() {
+                        let group = chain[j * k..((j + 1) * k).min(chain.len())].to_vec();
+                        worker
+                            .names
+                            .insert((*lane, e), (ks.seed, start + (j * k) as u32, group));
+                    }
+                }
+                Event::Removed { lane, hashes } => {
+                    if *lane as usize >= worker.lanes.len() {
+                        rejected += 1;
+                        continue;
+                    }
+                    for h in hashes {
+                        match worker.names.remove(&(*lane, *h)) {
+                            Some((kss, pos, group)) => {
+                                for (i, g) in group.iter().enumerate() {
+                                    self.held.remove(&(w, *lane, kss, pos + i as u32, *g));
+                                }
+                            }
+                            None => unknown += 1,
+                        }
+                    }
+                }
+                Event::Cleared => {
+                    worker.names.clear();
+                    self.held.retain(|m| m.0 != w);
+                }
+            }
+        }
+        Some((status, unknown, rejected))
+    }
+
+    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> bool {
+        let Some(worker) = self.workers.get_mut(&w) else {
+            return false;
+        };
+        let Feed::Placements {
+            capacity_blocks, ..
+        } = worker.feed
+        else {
+            return false;
+        };
+        self.tick += 1;
+        worker.clock = worker.clock.max(now);
+        let n = chain.len().min(capacity_blocks as usize);
+        for (pos, &h) in chain[..n].iter().enumerate() {
+            worker
+                .placed
+                .insert((ks.seed, pos as u32, h), (self.tick, worker.clock));
+            self.held.insert((w, 0, ks.seed, pos as u32, h));
+        }
+        while worker.placed.len() as u64 > capacity_blocks {
+            // Oldest placement first, deepest block first within one placement.
+            let (&key, _) = worker
+                .placed
+                .iter()
+                .min_by_key(|(key, (tick, _))| (*tick, std::cmp::Reverse(key.1)))
+                .unwrap();
+            worker.placed.remove(&key);
+            self.held.remove(&(w, 0, key.0, key.1, key.2));
+        }
+        true
+    }
+
+    fn expire(&mut self, now: u64) {
+        for (&w, worker) in &mut self.workers {
+            let Feed::Placements { ttl_ms, .. } = worker.feed else {
+                continue;
+            };
+            if ttl_ms == 0 {
+                continue;
+            }
+            let gone: Vec<_> = worker
+                .placed
+                .iter()
+                .filter(|(_, (_, t))| now.saturating_sub(*t) > ttl_ms)
+                .map(|(k, _)| *k)
+                .collect();
+            for key in gone {
+                worker.placed.remove(&key);
+                self.held.remove(&(w, 0, key.0, key.1, key.2));
+            }
+        }
+    }
+
+    /// The §4 rules written directly: every candidate position, every lane, every block.
+    fn query(&self, ks: Ks, chain: &[u64], cands: Option<&[WorkerId]>, top_k: u32) -> RefAnswer {
+        let n = chain.len() as u32;
+        let (mut scores, mut unscorable, mut runs) = (Vec::new(), 0, Vec::new());
+        for (&w, worker) in &self.workers {
+            if cands.is_some_and(|c| !c.contains(&w)) {
+                continue;
+            }
+            let held = |lane: usize, pos: u32| {
+                self.held
+                    .contains(&(w, lane as u8, ks.seed, pos, chain[pos as usize]))
+            };
+            let all = |lane: usize, a: u32, b: u32| (a..b).all(|p| held(lane, p));
+            let covered = |lane: usize| (0..n).any(|p| held(lane, p));
+            if !(0..worker.lanes.len()).any(covered) {
+                continue;
+            }
+            let ks_block = TB;
+            let ks_of = |l: &Lane| k_of(l, ks);
+            let step = worker
+                .lanes
+                .iter()
+                .map(ks_of)
+                .fold(1u32, |a, k| a / gcd(a, k) * k);
+            let accepts = |i: usize, l: &Lane, p: u32| -> bool {
+                if !covered(i) {
+                    return p == 0;
+                }
+                let k = ks_of(l);
+                match l.kind {
+                    LaneKind::FullAttention | LaneKind::MlaAttention => all(i, 0, p),
+                    LaneKind::SlidingWindow { window } => {
+                        let m = (window - 1).div_ceil(l.block_tokens).max(1);
+                        p == 0 || all(i, p.saturating_sub(m * k), p)
+                    }
+                    LaneKind::ChunkedLocal { chunk } => {
+                        let c = chunk / ks_block;
+                        all(i, p / c * c, p)
+                    }
+                    LaneKind::Mamba => p == 0 || held(i, p - 1),
+                }
+            };
+            let best = (0..=n)
+                .rev()
+                .filter(|p| p % step == 0)
+                .find(|&p| {
+                    worker
+                        .lanes
+                        .iter()
+                        .enumerate()
+                        .all(|(i, l)| accepts(i, l, p))
+                })
+                .unwrap_or(0);
+            if best > 0 {
+                scores.push((w, best));
+            } else {
+                unscorable += 1;
+            }
+            let lane_runs = (0..worker.lanes.len())
+                .map(|i| {
+                    let mut out: Vec<Run> = Vec::new();
+                    for p in (0..n).filter(|&p| held(i, p)) {
+                        match out.last_mut() {
+                            Some(r) if r.end == p => r.end = p + 1,
+                            _ => out.push(Run {
+                                start: p,
+                                end: p + 1,
+                            }),
+                        }
+                    }
+                    out
+                })
+                .collect();
+            runs.push((w, lane_runs));
+        }
+        scores.sort_by_key(|&(w, s)| (std::cmp::Reverse(s), w));
+        if top_k > 0 {
+            scores.truncate(top_k as usize);
+        }
+        (scores, unscorable, runs)
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn rosters() -> Vec<Vec<Lane>> {
+    let l = |s: &str| Lane::parse(s).unwrap();
+    vec![
+        vec![l("full_attention@4")],
+        vec![l("full_attention@8")],
+        vec![l("mla_attention@4")],
+        vec![l("full_attention@4"), l("sliding_window:5@4")],
+        vec![l("full_attention@8"), l("sliding_window:13@8")],
+        vec![l("full_attention@4"), l("sliding_window:1@16")],
+        vec![l("full_attention@4"), l("chunked_local:12@4")],
+        vec![l("chunked_local:8@8"), l("mamba@8")],
+        vec![l("full_attention@4"), l("mamba@8")],
+        vec![l("sliding_window:8@4"), l("mamba@4"), l("full_attention@8")],
+        vec![l("full_attention@6")], // refused: not a multiple of the keyspace block
+        vec![],                      // refused: empty
+    ]
+}
+
+fn feeds() -> Vec<Feed> {
+    vec![
+        Feed::Events,
+        Feed::Placements {
+            capacity_blocks: 12,
+            ttl_ms: 0,
+        },
+        Feed::Placements {
+            capacity_blocks: 7,
+            ttl_ms: 40,
+        },
+    ]
+}
+
+fn keyspaces() -> Vec<Ks> {
+    vec![
+        Ks::tokens(0x0000_0001_0000_00aa),
+        Ks::tokens(0x0000_0002_0000_00bb),
+        Ks::tokens(0x0000_0007_0000_00cc),
+        Ks::bytes(0x0000_0005_0000_00dd),
+    ]
+}
+
+/// A prompt from a 3-letter block alphabet, hashed in a keyspace: prefixes collide often.
+fn chain_of(ks: Ks, blocks: &[u8]) -> Vec<u64> {
+    let tokens: Vec<u32> = blocks
+        .iter()
+        .flat_map(|&b| [b as u32; TB as usize])
+        .collect();
+    token_chain(ks.seed, TB, &tokens)
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Announce {
+        name: u8,
+        roster: usize,
+        feed: usize,
+    },
+    Retire {
+        name: u8,
+    },
+    Store {
+        name: u8,
+        ks: usize,
+        prompt: Prompt,
+        from: usize,
+        lane: u8,
+        engine: bool,
+    },
+    Remove {
+        name: u8,
+        lane: u8,
+        pick: usize,
+        unknown: bool,
+    },
+    Clear {
+        name: u8,
+    },
+    Seq {
+        name: u8,
+        delta: i8,
+    },
+    Place {
+        name: u8,
+        ks: usize,
+        prompt: Prompt,
+        dt: u64,
+    },
+    Expire {
+        dt: u64,
+    },
+    Query {
+        ks: usize,
+        prompt: Prompt,
+        cands: Option<u8>,
+        top_k: u32,
+        runs: bool,
+    },
+}
+
+/// One of the case's pool of prompts, cut to at most `len` blocks.
+#[derive(Debug, Clone, Copy)]
+struct Prompt {
+    pick: usize,
+    len: usize,
+}
+
+/// Four prompts sharing prefixes of a random base (blocks from a 3-letter alphabet).
+fn pool() -> impl Strategy<Value = Vec<Vec<u8>>> {
+    let base = prop::collection::vec(0u8..3, 12..24);
+    let tails = prop::collection::vec((0usize..24, prop::collection::vec(0u8..3, 0..8)), 4);
+    (base, tails).prop_map(|(base, tails)| {
+        tails
+            .into_iter()
+            .map(|(cut, tail)| {
+                base[..cut.min(base.len())]
+                    .iter()
+                    .chain(&tail)
+                    .copied()
+                    .collect()
+            })
+            .collect()
+    })
+}
+
+fn prompt() -> impl Strategy<Value = Prompt> {
+    (
+        0usize..4,
+        prop_oneof![3 => Just(usize::MAX), 1 => 0usize..24],
+    )
+        .prop_map(|(pick, len)| Prompt { pick, len })
+}
+
+fn ks_index() -> impl Strategy<Value = usize> {
+    prop_oneof![5 => Just(0usize), 1 => 1usize..4]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let name = 0u8..5;
+    let from = prop_oneof![3 => Just(0usize), 2 => 0usize..6, 1 => 0usize..24];
+    prop_oneof![
+        1 => (name.clone(), 0..rosters().len(), 0..feeds().len()).prop_map(|(name, roster, feed)| Op::Announce { name, roster, feed }),
+        1 => name.clone().prop_map(|name| Op::Retire { name }),
+        8 => (name.clone(), ks_index(), prompt(), from, 0u8..4, any::<bool>()).prop_map(|(name, ks, prompt, from, lane, engine)| Op::Store { name, ks, prompt, from, lane, engine }),
+        3 => (name.clone(), 0u8..3, any::<usize>(), prop::bool::weighted(0.1)).prop_map(|(name, lane, pick, unknown)| Op::Remove { name, lane, pick, unknown }),
+        1 => name.clone().prop_map(|name| Op::Clear { name }),
+        1 => (name.clone(), -1i8..3).prop_map(|(name, delta)| Op::Seq { name, delta }),
+        4 => (name.clone(), ks_index(), prompt(), 0u64..30).prop_map(|(name, ks, prompt, dt)| Op::Place { name, ks, prompt, dt }),
+        1 => (0u64..40).prop_map(|dt| Op::Expire { dt }),
+        6 => (ks_index(), prompt(), prop::option::of(any::<u8>()), 0u32..3, any::<bool>()).prop_map(|(ks, prompt, cands, top_k, runs)| Op::Query { ks, prompt, cands, top_k, runs }),
+    ]
+}
+
+/// Every case starts by announcing the five workers (valid rosters, mixed feeds).
+fn opening() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        (0usize..10, prop_oneof![3 => Just(0usize), 1 => 1usize..3]),
+        5,
+    )
+    .prop_map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, (roster, feed))| Op::Announce {
+                name: i as u8,
+                roster,
+                feed,
+            })
+            .collect()
+    })
+}
+
+struct Harness {
+    pool: Vec<Vec<u8>>,
+    engines: Vec<Engine>,
+    reference: Reference,
+    /// Per worker: the next seq to send, and the names it stored (for removals).
+    next_seq: HashMap<WorkerId, u64>,
+    stored: HashMap<WorkerId, Vec<(u8, u64)>>,
+    now: u64,
+}
+
+impl Harness {
+    fn new(pool: Vec<Vec<u8>>) -> Self {
+        let engine = |shards, segment| {
+            Engine::with_config(EngineConfig {
+                token_block: TB,
+                sharding: Sharding::new(shards, segment).unwrap(),
+            })
+        };
+        Harness {
+            pool,
+            engines: vec![engine(1, 64), engine(3, 2), engine(4, 3)],
+            reference: Reference::default(),
+            next_seq: HashMap::new(),
+            stored: HashMap::new(),
+            now: 0,
+        }
+    }
+
+    fn chain(&self, ks: Ks, p: Prompt) -> Vec<u64> {
+        let blocks = &self.pool[p.pick];
+        chain_of(ks, &blocks[..p.len.min(blocks.len())])
+    }
+
+    fn id(&self, name: u8) -> Option<WorkerId> {
+        self.reference.ids.get(&format!("w{name}")).copied()
+    }
+
+    fn apply(&mut self, name: u8, ks: Ks, events: Vec<Event>, seq_delta: i64) {
+        let Some(w) = self.id(name) else { return };
+        let next = self.next_seq.entry(w).or_insert(10);
+        let seq = (*next as i64 + seq_delta).max(0) as u64;
+        let want = self.reference.apply(w, seq, ks, &events);
+        if want.is_some_and(|(s, ..)| s != ApplyStatus::Duplicate) {
+            *self.next_seq.get_mut(&w).unwrap() = seq + 1;
+        }
+        for e in &mut self.engines {
+            let got = e
+                .apply(w, seq, ks, &events)
+                .ok()
+                .map(|r| (r.status, r.unknown_removals, r.rejected.len()));
+            assert_eq!(got, want, "apply {events:?}");
+        }
+    }
+
+    fn run(&mut self, op: Op) {
+        let (rosters, feeds, kss) = (rosters(), feeds(), keyspaces());
+        match op {
+            Op::Announce { name, roster, feed } => {
+                let want =
+                    self.reference
+                        .announce(&format!("w{name}"), &rosters[roster], feeds[feed]);
+                for e in &mut self.engines {
+                    let got = e
+                        .announce(&format!("w{name}"), &rosters[roster], feeds[feed])
+                        .ok()
+                        .map(|r| r.0);
+                    assert_eq!(got, want);
+                }
+                if let Some(w) = want {
+                    if self.reference.workers[&w].seq.is_none() {
+                        self.stored.remove(&w);
+                    }
+                }
+            }
+            Op::Retire { name } => {
+                let Some(w) = self.id(name) else { return };
+                let want = self.reference.retire(w);
+                for e in &mut self.engines {
+                    assert_eq!(e.retire(w).is_ok(), want);
+                }
+            }
+            Op::Store {
+                name,
+                ks,
+                prompt,
+                from,
+                lane,
+                engine,
+            } => {
+                let ks = kss[ks];
+                let chain = self.chain(ks, prompt);
+                let from = from.min(chain.len());
+                let Some(w) = self.id(name) else { return };
+                let part = chain[from..].to_vec();
+                let k = self
+                    .reference
+                    .workers
+                    .get(&w)
+                    .and_then(|r| r.lanes.get(lane as usize))
+                    .map_or(1, |l| k_of(l, ks)) as usize;
+                let names: Vec<u64> = if engine {
+                    part.chunks(k)
+                        .map(|g| g[0] ^ 0x5eed ^ (lane as u64) << 40)
+                        .collect()
+                } else {
+                    part.clone()
+                };
+                self.stored
+                    .entry(w)
+                    .or_default()
+                    .extend(names.iter().map(|n| (lane, *n)));
+                let event = Event::Stored {
+                    lane,
+                    start: from as u32,
+                    chain: part,
+                    engine: if engine { names } else { vec![] },
+                };
+                self.apply(name, ks, vec![event], 0);
+            }
+            Op::Remove {
+                name,
+                lane,
+                pick,
+                unknown,
+            } => {
+                let Some(w) = self.id(name) else { return };
+                let names = self.stored.get(&w).cloned().unwrap_or_default();
+                let hashes = if unknown || names.is_empty() {
+                    vec![0xdead_beef]
+                } else {
+                    let (l, n) = names[pick % names.len()];
+                    let _ = lane;
+                    return self.apply(
+                        name,
+                        kss[0],
+                        vec![Event::Removed {
+                            lane: l,
+                            hashes: vec![n],
+                        }],
+                        0,
+                    );
+                };
+                self.apply(name, kss[0], vec![Event::Removed { lane, hashes }], 0);
+            }
+            Op::Clear { name } => self.apply(name, kss[1], vec![Event::Cleared], 0),
+            Op::Seq { name, delta } => self.apply(name, kss[2], vec![], delta as i64),
+            Op::Place {
+                name,
+                ks,
+                prompt,
+                dt,
+            } => {
+                self.now += dt;
+                let Some(w) = self.id(name) else { return };
+                let ks = kss[ks];
+                let chain = self.chain(ks, prompt);
+                let want = self.reference.place(w, ks, &chain, self.now);
+                for e in &mut self.engines {
+                    assert_eq!(e.place(w, ks, &chain, self.now).is_ok(), want);
+                }
+            }
+            Op::Expire { dt } => {
+                self.now += dt;
+                self.reference.expire(self.now);
+                for e in &mut self.engines {
+                    e.expire(self.now).unwrap();
+                }
+            }
+            Op::Query {
+                ks,
+                prompt,
+                cands,
+                top_k,
+                runs,
+            } => {
+                let ks = kss[ks];
+                let chain = self.chain(ks, prompt);
+                let cands: Option<Vec<WorkerId>> =
+                    cands.map(|m| (0..8).filter(|i| m >> i & 1 == 1).collect());
+                let (scores, unscorable, want_runs) =
+                    self.reference.query(ks, &chain, cands.as_deref(), top_k);
+                for e in &mut self.engines {
+                    let a = e.query(ks, &chain, cands.as_deref(), top_k, runs);
+                    assert_eq!(
+                        (&a.scores, a.unscorable),
+                        (&scores, unscorable),
+                        "query {prompt:?} in {ks:?}"
+                    );
+                    if runs {
+                        let got: Vec<(WorkerId, Vec<Vec<Run>>)> = a
+                            .runs
+                            .iter()
+                            .map(|w| (w.worker, w.lanes.iter().map(|l| l.runs.clone()).collect()))
+                            .collect();
+                        assert_eq!(got, want_runs);
+                    }
+                }
+            }
+        }
+        let members = self.reference.held.len() as u64;
+        let blocks = self
+            .reference
+            .held
+            .iter()
+            .map(|m| (m.2, m.3, m.4))
+            .collect::<BTreeSet<_>>()
+            .len() as u64;
+        for e in &self.engines {
+            e.check_invariants().unwrap();
+            let s = e.stats();
+            assert_eq!((s.memberships, s.blocks), (members, blocks));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 4000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn engine_matches_reference(pool in pool(), opening in opening(), ops in prop::collection::vec(op(), 1..80)) {
+        let mut h = Harness::new(pool);
+        for op in opening.into_iter().chain(ops) {
+            h.run(op);
+        }
+    }
+}
