@@ -1,11 +1,11 @@
 //! Messages ↔ frames. The `messages!` table below is the only place a kind byte is
 //! bound to a body type; encoding, validation and the borrowed view all come from it.
 
+use crate::AlignedVec;
 use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
 use rkyv::bytecheck::CheckBytes;
 use rkyv::rancor;
 use rkyv::ser::allocator::ArenaHandle;
-use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Portable, Serialize};
 use thiserror::Error;
 
@@ -220,7 +220,7 @@ pub fn u64s(v: &rkyv::vec::ArchivedVec<rkyv::rend::u64_le>) -> &[u64] {
 /// valid frames, or the first error. What the fuzz target and the no-panic property
 /// tests drive; it copies into an aligned buffer first, as a reader's buffer would be.
 pub fn validate_stream(bytes: &[u8], max_frame: u32) -> Result<usize, FrameError> {
-    let mut buf = AlignedVec::<16>::with_capacity(bytes.len());
+    let mut buf = AlignedVec::with_capacity(bytes.len());
     buf.extend_from_slice(bytes);
     let (mut at, mut frames) = (0, 0);
     while let Some(frame) = split_frame(&buf[at..], max_frame)? {

@@ -27,4 +27,5 @@ pub use frame::{
     FrameError, Header, DEFAULT_MAX_FRAME, FLAG_NO_REPLY, HEADER_LEN, PROTOCOL_VERSION,
 };
 pub use message::*;
-pub use rkyv::util::AlignedVec;
+/// The aligned buffer frames are encoded into and read from (16-byte aligned).
+pub type AlignedVec = rkyv::util::AlignedVec<16>;

@@ -218,7 +218,7 @@ fn pipelined_frames_are_found_in_order() {
 fn header_errors_are_typed() {
     let good = encode(&Ack {}, 1, 0).unwrap().to_vec();
     let check = |mutate: &dyn Fn(&mut Vec<u8>), max: u32| {
-        let mut b = AlignedVec::<16>::new();
+        let mut b = AlignedVec::new();
         let mut v = good.clone();
         mutate(&mut v);
         b.extend_from_slice(&v);
@@ -283,7 +283,7 @@ fn a_body_of_the_wrong_kind_is_refused_not_misread() {
 #[test]
 fn misaligned_bodies_are_reported() {
     let frame = encode(&Retire { worker: 3 }, 1, 0).unwrap();
-    let mut shifted = AlignedVec::<16>::new();
+    let mut shifted = AlignedVec::new();
     shifted.push(0);
     shifted.extend_from_slice(&frame);
     let f = split_frame(&shifted[1..], DEFAULT_MAX_FRAME)

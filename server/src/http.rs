@@ -1,0 +1,80 @@
+//! The metrics endpoint: `GET /metrics` (Prometheus text) and `GET /healthz`, HTTP/1.1
+//! with `Connection: close`. Served by executor 0; it reads the shards' atomics only.
+
+use std::sync::Arc;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpListener;
+
+use crate::metrics::{self, ShardMetrics};
+
+const MAX_REQUEST: usize = 8 * 1024;
+
+pub async fn serve(listener: TcpListener, shards: Arc<[ShardMetrics]>) {
+    loop {
+        let Ok(mut stream) = listener.accept().await else {
+            continue;
+        };
+        let shards = shards.clone();
+        glommio::spawn_local(async move {
+            let mut req = Vec::with_capacity(512);
+            let mut chunk = [0u8; 1024];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < MAX_REQUEST {
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => req.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let (status, body) = respond(&req, &shards);
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let _ = stream.write_all(body.as_bytes()).await;
+            let _ = stream.close().await;
+        })
+        .detach();
+    }
+}
+
+fn respond(req: &[u8], shards: &[ShardMetrics]) -> (&'static str, String) {
+    let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    match (parts.next(), parts.next()) {
+        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", metrics::render(shards)),
+        (Some(b"GET"), Some(b"/healthz")) => ("200 OK", "ok\n".into()),
+        (Some(b"GET"), _) => ("404 Not Found", "try /metrics or /healthz\n".into()),
+        _ => ("405 Method Not Allowed", "GET only\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        let shards = vec![ShardMetrics::default()];
+        assert_eq!(
+            respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards).0,
+            "200 OK"
+        );
+        assert!(respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards)
+            .1
+            .contains("kvix_queries_total"));
+        assert_eq!(
+            respond(b"GET /healthz HTTP/1.1\r\n\r\n", &shards).0,
+            "200 OK"
+        );
+        assert_eq!(
+            respond(b"GET /x HTTP/1.1\r\n\r\n", &shards).0,
+            "404 Not Found"
+        );
+        assert_eq!(
+            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &shards).0,
+            "405 Method Not Allowed"
+        );
+        assert_eq!(respond(b"", &shards).0, "405 Method Not Allowed");
+    }
+}

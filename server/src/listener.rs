@@ -1,0 +1,65 @@
+//! The listening sockets: one SO_REUSEPORT TCP socket per executor, created in order
+//! on the main thread (the group's index order is what the steering program returns),
+//! and one Unix socket served by executor 0.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
+
+use anyhow::Context;
+use socket2::{Domain, Socket, Type};
+
+use crate::config::Steering;
+
+/// The bound, listening TCP sockets (one per executor) and the steering in force.
+pub struct TcpGroup {
+    pub fds: Vec<RawFd>,
+    pub addr: SocketAddr,
+    pub steering: Steering,
+}
+
+pub fn tcp_group(addr: SocketAddr, executors: usize, wanted: Steering) -> anyhow::Result<TcpGroup> {
+    let mut socks: Vec<Socket> = Vec::with_capacity(executors);
+    let mut bound = addr;
+    for i in 0..executors {
+        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)
+            .context("creating a TCP socket")?;
+        sock.set_reuse_port(true).context("setting SO_REUSEPORT")?;
+        sock.set_reuse_address(true)
+            .context("setting SO_REUSEADDR")?;
+        sock.set_nodelay(true).context("setting TCP_NODELAY")?;
+        sock.bind(&bound.into())
+            .with_context(|| format!("binding {bound} (executor {i})"))?;
+        sock.listen(1024)
+            .with_context(|| format!("listening on {bound}"))?;
+        // Port 0 resolves on the first bind; the rest of the group joins that port.
+        bound = sock
+            .local_addr()?
+            .as_socket()
+            .context("TCP socket without an address")?;
+        socks.push(sock);
+    }
+    let steering = crate::steering::attach(socks[0].as_raw_fd(), executors as u32, wanted);
+    Ok(TcpGroup {
+        fds: socks.into_iter().map(IntoRawFd::into_raw_fd).collect(),
+        addr: bound,
+        steering,
+    })
+}
+
+/// Makes `path` free for a new Unix socket: removes a stale socket file left by a dead
+/// server, but never a live server's socket or a file that is not a socket.
+pub fn free_unix_path(path: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        anyhow::ensure!(
+            meta.file_type().is_socket(),
+            "{path} exists and is not a socket; refusing to replace it"
+        );
+        anyhow::ensure!(
+            std::os::unix::net::UnixStream::connect(path).is_err(),
+            "another server is listening on {path}"
+        );
+        std::fs::remove_file(path).with_context(|| format!("removing stale socket {path}"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,304 @@
+//! Per-shard counters and histograms, rendered in Prometheus text format.
+//!
+//! Each shard writes only its own `ShardMetrics` (relaxed atomics, one writer), so
+//! counting costs no cross-core traffic; the metrics endpoint sums them when scraped.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use kvix_wire::FrameError;
+
+/// Why a frame or a connection was refused (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Rejected {
+    BadMagic,
+    Version,
+    Kind,
+    Flags,
+    Oversize,
+    InvalidBody,
+    NoHello,
+    Unauthorized,
+    BlockSize,
+    Overloaded,
+}
+
+const REJECTED: [(Rejected, &str); 10] = [
+    (Rejected::BadMagic, "bad_magic"),
+    (Rejected::Version, "version"),
+    (Rejected::Kind, "kind"),
+    (Rejected::Flags, "flags"),
+    (Rejected::Oversize, "oversize"),
+    (Rejected::InvalidBody, "invalid_body"),
+    (Rejected::NoHello, "no_hello"),
+    (Rejected::Unauthorized, "unauthorized"),
+    (Rejected::BlockSize, "block_size"),
+    (Rejected::Overloaded, "overloaded"),
+];
+
+impl Rejected {
+    pub fn of(e: &FrameError) -> Rejected {
+        match e {
+            FrameError::BadMagic(_) => Rejected::BadMagic,
+            FrameError::UnsupportedVersion(_) => Rejected::Version,
+            FrameError::UnknownKind(_) | FrameError::Unexpected { .. } => Rejected::Kind,
+            FrameError::UnknownFlags(_) | FrameError::Reserved(_) => Rejected::Flags,
+            FrameError::Oversize { .. } => Rejected::Oversize,
+            FrameError::InvalidBody { .. } | FrameError::Misaligned => Rejected::InvalidBody,
+        }
+    }
+}
+
+/// How a query ended, as the `outcome` label counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Some worker scored above zero.
+    Hit,
+    /// Nobody holds any of the chain.
+    Empty,
+    /// Somebody holds part of the chain but no worker can reuse any of it jointly.
+    Unscorable,
+}
+
+#[derive(Default)]
+pub struct ShardMetrics {
+    pub queries: [AtomicU64; 3],
+    pub batches: AtomicU64,
+    pub batch_duplicates: AtomicU64,
+    pub batch_gaps: AtomicU64,
+    pub block_events: AtomicU64,
+    pub placements: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub rejected: [AtomicU64; REJECTED.len()],
+    /// Gauges the shard refreshes after each change.
+    pub blocks: AtomicU64,
+    pub memberships: AtomicU64,
+    pub workers: AtomicU64,
+    /// Blocks visited by this shard's index (the skew view).
+    pub work: AtomicU64,
+    query_us: Mutex<Option<Histogram<u64>>>,
+    apply_us: Mutex<Option<Histogram<u64>>>,
+}
+
+fn record(h: &Mutex<Option<Histogram<u64>>>, d: Duration) {
+    let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+    let h = h.get_or_insert_with(|| {
+        Histogram::new_with_bounds(1, 60_000_000, 2).expect("static bounds")
+    });
+    h.saturating_record(d.as_nanos().div_ceil(1000).max(1) as u64);
+}
+
+impl ShardMetrics {
+    pub fn query(&self, outcome: Outcome, took: Duration) {
+        self.queries[outcome as usize].fetch_add(1, Relaxed);
+        record(&self.query_us, took);
+    }
+
+    pub fn applied(&self, took: Duration) {
+        record(&self.apply_us, took);
+    }
+
+    pub fn reject(&self, why: Rejected) {
+        self.rejected[why as usize].fetch_add(1, Relaxed);
+    }
+
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+}
+
+/// Picks one counter out of a shard's metrics.
+type Field = fn(&ShardMetrics) -> &AtomicU64;
+
+fn sum(shards: &[ShardMetrics], f: impl Fn(&ShardMetrics) -> &AtomicU64) -> u64 {
+    shards.iter().map(|s| f(s).load(Relaxed)).sum()
+}
+
+/// The Prometheus text exposition of every shard's metrics.
+pub fn render(shards: &[ShardMetrics]) -> String {
+    let mut out = String::with_capacity(4096);
+    let mut counter = |name: &str, help: &str, kind: &str, rows: Vec<(String, u64)>| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in rows {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
+    };
+    let outcomes = ["hit", "empty", "unscorable"];
+    counter(
+        "kvix_queries_total",
+        "Queries answered, by outcome.",
+        "counter",
+        outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                (
+                    format!("{{outcome=\"{o}\"}}"),
+                    sum(shards, |s| &s.queries[i]),
+                )
+            })
+            .collect(),
+    );
+    let plain: [(&str, &str, &str, Field); 10] = [
+        (
+            "kvix_event_batches_total",
+            "Event batches applied.",
+            "counter",
+            |s| &s.batches,
+        ),
+        (
+            "kvix_event_batch_duplicates_total",
+            "Event batches ignored as old or duplicate.",
+            "counter",
+            |s| &s.batch_duplicates,
+        ),
+        (
+            "kvix_event_batch_gaps_total",
+            "Event batches that revealed a sequence gap.",
+            "counter",
+            |s| &s.batch_gaps,
+        ),
+        (
+            "kvix_block_events_total",
+            "Block stores and removals applied.",
+            "counter",
+            |s| &s.block_events,
+        ),
+        (
+            "kvix_placements_total",
+            "Placements applied.",
+            "counter",
+            |s| &s.placements,
+        ),
+        (
+            "kvix_connections",
+            "Open client connections.",
+            "gauge",
+            |s| &s.connections_open,
+        ),
+        (
+            "kvix_connections_total",
+            "Client connections accepted.",
+            "counter",
+            |s| &s.connections_total,
+        ),
+        ("kvix_blocks", "Distinct blocks held.", "gauge", |s| {
+            &s.blocks
+        }),
+        (
+            "kvix_memberships",
+            "(block, holder) memberships held.",
+            "gauge",
+            |s| &s.memberships,
+        ),
+        ("kvix_workers", "Workers announced.", "gauge", |s| {
+            &s.workers
+        }),
+    ];
+    for (name, help, kind, f) in plain {
+        // Workers are replicated on every shard: report one copy, not the sum.
+        let v = if name == "kvix_workers" {
+            shards.first().map_or(0, |s| f(s).load(Relaxed))
+        } else {
+            sum(shards, f)
+        };
+        counter(name, help, kind, vec![(String::new(), v)]);
+    }
+    counter(
+        "kvix_rejected_frames_total",
+        "Frames or connections refused, by reason.",
+        "counter",
+        REJECTED
+            .iter()
+            .map(|(r, n)| {
+                (
+                    format!("{{reason=\"{n}\"}}"),
+                    sum(shards, |s| &s.rejected[*r as usize]),
+                )
+            })
+            .collect(),
+    );
+    counter(
+        "kvix_shard_work_total",
+        "Blocks visited per shard (skew).",
+        "counter",
+        shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("{{shard=\"{i}\"}}"), s.work.load(Relaxed)))
+            .collect(),
+    );
+    for (name, help, f) in [
+        (
+            "kvix_query_latency_us",
+            "Server-side query latency.",
+            (|s: &ShardMetrics| &s.query_us) as fn(&ShardMetrics) -> &Mutex<Option<Histogram<u64>>>,
+        ),
+        (
+            "kvix_apply_latency_us",
+            "Server-side event batch / placement apply latency.",
+            |s: &ShardMetrics| &s.apply_us,
+        ),
+    ] {
+        summary(&mut out, name, help, shards.iter().map(f));
+    }
+    out
+}
+
+/// Writes a merged histogram as a Prometheus summary (quantiles, sum, count).
+fn summary<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    parts: impl Iterator<Item = &'a Mutex<Option<Histogram<u64>>>>,
+) {
+    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).expect("static bounds");
+    for p in parts {
+        if let Some(h) = p.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = all.add(h);
+        }
+    }
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+    for q in [0.5, 0.9, 0.99, 0.999] {
+        let _ = writeln!(
+            out,
+            "{name}{{quantile=\"{q}\"}} {}",
+            all.value_at_quantile(q)
+        );
+    }
+    let total: u64 = all
+        .iter_recorded()
+        .map(|v| v.value_iterated_to() * v.count_at_value())
+        .sum();
+    let _ = writeln!(out, "{name}_sum {total}\n{name}_count {}", all.len());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_sums_shards_and_labels_outcomes() {
+        let shards: Vec<ShardMetrics> = (0..2).map(|_| ShardMetrics::default()).collect();
+        shards[0].query(Outcome::Hit, Duration::from_micros(10));
+        shards[1].query(Outcome::Hit, Duration::from_micros(30));
+        shards[1].query(Outcome::Unscorable, Duration::from_micros(5));
+        shards[0].reject(Rejected::Oversize);
+        shards[1].work.store(7, Relaxed);
+        let text = render(&shards);
+        assert!(
+            text.contains("kvix_queries_total{outcome=\"hit\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("kvix_queries_total{outcome=\"unscorable\"} 1\n"));
+        assert!(text.contains("kvix_queries_total{outcome=\"empty\"} 0\n"));
+        assert!(text.contains("kvix_rejected_frames_total{reason=\"oversize\"} 1\n"));
+        assert!(text.contains("kvix_shard_work_total{shard=\"1\"} 7\n"));
+        assert!(text.contains("kvix_query_latency_us_count 3\n"));
+    }
+}

@@ -1,0 +1,266 @@
+//! Test harness: runs the real kvix-server binary on loopback and talks to it with a
+//! small blocking wire client built on kvix-wire.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kvix_wire::*;
+
+pub struct Server {
+    child: Child,
+    pub addr: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+    pub stdout_lines: Vec<String>,
+}
+
+impl Server {
+    /// Starts the binary with `args` on an ephemeral port, no Unix socket, metrics on an
+    /// ephemeral port, and waits for it to print its addresses.
+    pub fn start(args: &[&str]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvix-server"));
+        cmd.args([
+            "--listen",
+            "127.0.0.1:0",
+            "--unix",
+            "",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .args(args);
+        Self::spawn(cmd)
+    }
+
+    pub fn spawn(mut cmd: Command) -> Server {
+        let mut child = cmd
+            .env("KVIX_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("kvix-server starts");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let (mut addr, mut metrics, mut lines) = (None, None, Vec::new());
+        let wants_metrics = !cmd
+            .get_args()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .any(|w| w[0] == "--metrics" && w[1].is_empty());
+        while addr.is_none() || (wants_metrics && metrics.is_none()) {
+            let mut line = String::new();
+            if out.read_line(&mut line).unwrap() == 0 {
+                panic!("kvix-server exited before listening; output so far: {lines:?}");
+            }
+            if let Some(rest) = line.split("listening on tcp://").nth(1) {
+                addr = Some(rest.split_whitespace().next().unwrap().parse().unwrap());
+            }
+            if let Some(rest) = line.split("metrics on http://").nth(1) {
+                metrics = Some(rest.trim().trim_end_matches("/metrics").parse().unwrap());
+            }
+            lines.push(line);
+        }
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in out.lines() {});
+        Server {
+            child,
+            addr: addr.unwrap(),
+            metrics,
+            stdout_lines: lines,
+        }
+    }
+
+    pub fn connect(&self) -> Conn {
+        Conn::open(self.addr)
+    }
+
+    /// A connection that has completed the handshake with 16-token blocks.
+    pub fn session(&self) -> Conn {
+        let mut c = self.connect();
+        let w = c.hello(16, None).expect("welcome");
+        assert_eq!(w.token_block, 16);
+        c
+    }
+
+    pub fn scrape(&self) -> String {
+        let mut s = TcpStream::connect(self.metrics.expect("metrics enabled")).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        for _ in 0..200 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        let _ = self.child.kill();
+        self.child.wait().unwrap()
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.terminate();
+        }
+    }
+}
+
+/// A blocking, one-request-at-a-time (or hand-pipelined) wire client.
+pub struct Conn {
+    pub stream: TcpStream,
+    buf: AlignedVec,
+    next_id: u64,
+}
+
+/// A received frame, owned.
+pub struct Received {
+    pub header: Header,
+    pub kind: Kind,
+    body: AlignedVec,
+}
+
+impl Received {
+    pub fn message(&self) -> MessageRef<'_> {
+        MessageRef::view(self.kind, &self.body).expect("server sends valid bodies")
+    }
+
+    pub fn decode<M: Body>(&self) -> M {
+        assert_eq!(
+            self.kind,
+            M::KIND,
+            "expected {:?}, got {:?}: {:?}",
+            M::KIND,
+            self.kind,
+            self.message()
+        );
+        to_native::<M>(codec::access::<M>(&self.body).unwrap())
+    }
+
+    pub fn error(&self) -> ErrorReply {
+        self.decode::<ErrorReply>()
+    }
+}
+
+impl Conn {
+    pub fn open(addr: SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr).expect("connects");
+        stream.set_nodelay(true).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        Conn {
+            stream,
+            buf: AlignedVec::new(),
+            next_id: 1,
+        }
+    }
+
+    pub fn send<M: Body>(&mut self, msg: &M) -> u64 {
+        self.send_flags(msg, 0)
+    }
+
+    pub fn send_flags<M: Body>(&mut self, msg: &M, flags: u8) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.stream
+            .write_all(&encode(msg, id, flags).unwrap())
+            .unwrap();
+        id
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// The next frame, or None when the server closed the connection.
+    pub fn recv(&mut self) -> Option<Received> {
+        loop {
+            if let Some(f) = split_frame(&self.buf, u32::MAX).expect("server frames are valid") {
+                let (header, kind, len) = (f.header, f.kind, f.len);
+                let mut body = AlignedVec::new();
+                body.extend_from_slice(f.body);
+                let rest = self.buf[len..].to_vec();
+                self.buf.clear();
+                self.buf.extend_from_slice(&rest);
+                return Some(Received { header, kind, body });
+            }
+            let mut chunk = [0u8; 65536];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("reading from server: {e}"),
+            }
+        }
+    }
+
+    /// Sends a request and returns its reply.
+    pub fn ask<M: Body>(&mut self, msg: &M) -> Received {
+        let id = self.send(msg);
+        let r = self.recv().expect("a reply before close");
+        assert_eq!(r.header.request_id, id);
+        r
+    }
+
+    pub fn hello(&mut self, token_block: u32, auth: Option<&str>) -> Result<Welcome, ErrorReply> {
+        let r = self.ask(&Hello {
+            client: "test".into(),
+            token_block,
+            auth: auth.map(str::to_string),
+        });
+        match r.kind {
+            Kind::Welcome => Ok(r.decode()),
+            _ => Err(r.error()),
+        }
+    }
+
+    pub fn announce(
+        &mut self,
+        name: &str,
+        lanes: Vec<Lane>,
+        feed: Feed,
+    ) -> Result<Announced, ErrorReply> {
+        let r = self.ask(&Announce {
+            name: name.into(),
+            lanes,
+            feed,
+            source: None,
+        });
+        match r.kind {
+            Kind::Announced => Ok(r.decode()),
+            _ => Err(r.error()),
+        }
+    }
+
+    pub fn query(&mut self, keyspace: &Keyspace, chain: &[u64]) -> Answer {
+        self.ask(&Query {
+            keyspace: keyspace.clone(),
+            chain: chain.to_vec(),
+            ..Default::default()
+        })
+        .decode()
+    }
+}
+
+/// The chain of `n` blocks of a prompt whose tokens are `base, base+1, ...`.
+pub fn chain_of(keyspace: &Keyspace, base: u32, n: usize) -> Vec<u64> {
+    let tokens: Vec<u32> = (0..(n as u32 * 16)).map(|i| base.wrapping_add(i)).collect();
+    chain::token_chain(keyspace.seed(16), 16, &tokens)
+}

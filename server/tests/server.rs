@@ -1,0 +1,519 @@
+//! The real binary on loopback, driven over the wire.
+
+mod common;
+
+use common::*;
+use kvix_wire::*;
+
+fn full() -> Vec<Lane> {
+    vec![Lane::full(16)]
+}
+
+fn stored(lane: u8, start: u32, chain: &[u64]) -> Event {
+    Event::Stored {
+        lane,
+        start,
+        chain: chain.to_vec(),
+        engine: vec![],
+    }
+}
+
+fn batch(worker: WorkerId, seq: u64, keyspace: &Keyspace, events: Vec<Event>) -> EventBatch {
+    EventBatch {
+        worker,
+        seq,
+        keyspace: keyspace.clone(),
+        events,
+    }
+}
+
+#[test]
+fn handshake_accepts_matching_block_size_and_refuses_others() {
+    let server = Server::start(&["--cores", "2"]);
+    let mut c = server.connect();
+    let w = c.hello(16, None).unwrap();
+    assert_eq!((w.token_block, w.byte_chunk, w.shards), (16, BYTE_CHUNK, 2));
+
+    let mut bad = server.connect();
+    let e = bad.hello(32, None).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BlockSizeMismatch);
+    assert!(
+        e.message.contains("32") && e.message.contains("16"),
+        "{}",
+        e.message
+    );
+    assert!(bad.recv().is_none(), "refused connections are closed");
+}
+
+#[test]
+fn requests_before_hello_and_bad_frames_get_an_error_then_close() {
+    let server = Server::start(&["--cores", "1"]);
+    let mut c = server.connect();
+    let r = c.ask(&StatsRequest {});
+    assert_eq!(r.error().code, ErrorCode::NoHello);
+    assert!(c.recv().is_none());
+
+    let mut c = server.session();
+    c.send_raw(b"GET / HTTP/1.1\r\n\r\n\0\0\0\0\0\0");
+    assert_eq!(c.recv().unwrap().error().code, ErrorCode::BadFrame);
+    assert!(c.recv().is_none());
+
+    // A header announcing a frame over the limit is refused before its body arrives.
+    let mut c = server.session();
+    let mut frame = encode(&Ack {}, 5, 0).unwrap().to_vec();
+    frame[16..20].copy_from_slice(&(64u32 << 20).to_le_bytes());
+    c.send_raw(&frame[..24]);
+    let e = c.recv().unwrap().error();
+    assert_eq!(e.code, ErrorCode::BadFrame);
+    assert!(e.message.contains("exceeds"), "{}", e.message);
+
+    // A valid header over an invalid body.
+    let mut c = server.session();
+    let mut frame = encode(
+        &Query {
+            chain: vec![1, 2, 3],
+            ..Default::default()
+        },
+        6,
+        0,
+    )
+    .unwrap()
+    .to_vec();
+    let n = frame.len();
+    frame[n - 8..].fill(0xff);
+    c.send_raw(&frame);
+    assert_eq!(c.recv().unwrap().error().code, ErrorCode::BadFrame);
+
+    let metrics = server.scrape();
+    for reason in ["no_hello", "bad_magic", "oversize", "invalid_body"] {
+        assert!(
+            metrics.contains(&format!(
+                "kvix_rejected_frames_total{{reason=\"{reason}\"}} 1"
+            )),
+            "{reason}:\n{metrics}"
+        );
+    }
+    // The server is still healthy for everyone else.
+    let mut c = server.session();
+    assert_eq!(c.ask(&StatsRequest {}).kind, Kind::Stats);
+}
+
+#[test]
+fn auth_token_is_required_when_configured() {
+    let server = Server::start(&["--cores", "1", "--auth-token", "s3cret"]);
+    assert_eq!(
+        server.connect().hello(16, None).unwrap_err().code,
+        ErrorCode::Unauthorized
+    );
+    assert_eq!(
+        server.connect().hello(16, Some("wrong")).unwrap_err().code,
+        ErrorCode::Unauthorized
+    );
+    assert!(server.connect().hello(16, Some("s3cret")).is_ok());
+}
+
+#[test]
+fn events_then_queries_score_the_holders_best_first() {
+    let server = Server::start(&["--cores", "2", "--segment", "4"]);
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let a = c.announce("a", full(), Feed::Events).unwrap();
+    let b = c.announce("b", full(), Feed::Events).unwrap();
+    assert!(a.created && b.created && a.worker != b.worker);
+    assert_eq!(
+        c.announce("a", full(), Feed::Events).unwrap(),
+        Announced {
+            worker: a.worker,
+            created: false
+        }
+    );
+
+    let chain = chain_of(&ks, 0, 20);
+    assert_eq!(
+        c.ask(&batch(a.worker, 0, &ks, vec![stored(0, 0, &chain)]))
+            .decode::<Applied>()
+            .status,
+        ApplyStatus::Applied
+    );
+    assert_eq!(
+        c.ask(&batch(b.worker, 0, &ks, vec![stored(0, 0, &chain[..7])]))
+            .decode::<Applied>()
+            .status,
+        ApplyStatus::Applied
+    );
+
+    let ans = c.query(&ks, &chain);
+    assert_eq!(
+        ans.scores,
+        vec![
+            Score {
+                worker: a.worker,
+                blocks: 20
+            },
+            Score {
+                worker: b.worker,
+                blocks: 7
+            }
+        ]
+    );
+    // Another keyspace shares nothing.
+    assert!(c
+        .query(&Keyspace::tokens("other"), &chain)
+        .scores
+        .is_empty());
+    // Candidates and top-k.
+    let q = Query {
+        keyspace: ks.clone(),
+        chain: chain.clone(),
+        candidates: vec![b.worker],
+        top_k: 0,
+        want_runs: false,
+    };
+    assert_eq!(
+        c.ask(&q).decode::<Answer>().scores,
+        vec![Score {
+            worker: b.worker,
+            blocks: 7
+        }]
+    );
+    let q = Query {
+        keyspace: ks.clone(),
+        chain: chain.clone(),
+        candidates: vec![],
+        top_k: 1,
+        want_runs: true,
+    };
+    let ans = c.ask(&q).decode::<Answer>();
+    assert_eq!(ans.scores.len(), 1);
+    assert!(!ans.runs.is_empty());
+
+    // Duplicates are ignored, gaps reported.
+    assert_eq!(
+        c.ask(&batch(a.worker, 0, &ks, vec![Event::Cleared]))
+            .decode::<Applied>()
+            .status,
+        ApplyStatus::Duplicate
+    );
+    assert_eq!(c.query(&ks, &chain).scores[0].blocks, 20);
+    let gap = c.ask(&batch(
+        a.worker,
+        5,
+        &ks,
+        vec![Event::Removed {
+            lane: 0,
+            hashes: vec![chain[10]],
+        }],
+    ));
+    assert_eq!(
+        gap.decode::<Applied>().status,
+        ApplyStatus::Gap { expected: 1 }
+    );
+    assert_eq!(
+        c.query(&ks, &chain).scores[0],
+        Score {
+            worker: a.worker,
+            blocks: 10
+        }
+    );
+
+    // Retire forgets the worker.
+    assert_eq!(c.ask(&Retire { worker: a.worker }).kind, Kind::Ack);
+    assert_eq!(
+        c.query(&ks, &chain).scores,
+        vec![Score {
+            worker: b.worker,
+            blocks: 7
+        }]
+    );
+    assert_eq!(
+        c.ask(&Retire { worker: a.worker }).error().code,
+        ErrorCode::UnknownWorker
+    );
+}
+
+#[test]
+fn unknown_workers_bad_lanes_and_byte_keyspace_lanes_are_refused() {
+    let server = Server::start(&["--cores", "2"]);
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let e = c.ask(&batch(99, 0, &ks, vec![Event::Cleared])).error();
+    assert_eq!(e.code, ErrorCode::UnknownWorker);
+    assert_eq!(
+        c.announce("x", vec![Lane::full(24)], Feed::Events)
+            .unwrap_err()
+            .code,
+        ErrorCode::BadLane
+    );
+    assert_eq!(
+        c.announce("x", vec![], Feed::Events).unwrap_err().code,
+        ErrorCode::BadLane
+    );
+    let hybrid = vec![
+        Lane::full(16),
+        Lane {
+            kind: LaneKind::Mamba,
+            block_tokens: 64,
+        },
+    ];
+    let h = c.announce("h", hybrid, Feed::Events).unwrap();
+    let bytes = Keyspace::bytes("m");
+    let e = c
+        .ask(&batch(h.worker, 0, &bytes, vec![stored(0, 0, &[1, 2])]))
+        .error();
+    assert_eq!(e.code, ErrorCode::LanesInByteKeyspace);
+    let e = c
+        .ask(&batch(h.worker, 1, &ks, vec![stored(7, 0, &[1, 2])]))
+        .error();
+    assert_eq!(e.code, ErrorCode::BadLane);
+}
+
+#[test]
+fn hybrid_worker_with_an_empty_lane_scores_zero_and_counts_unscorable() {
+    let server = Server::start(&["--cores", "2"]);
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let lanes = vec![
+        Lane::full(16),
+        Lane {
+            kind: LaneKind::SlidingWindow { window: 64 },
+            block_tokens: 16,
+        },
+    ];
+    let w = c.announce("hy", lanes, Feed::Events).unwrap().worker;
+    let chain = chain_of(&ks, 7, 12);
+    c.ask(&batch(w, 0, &ks, vec![stored(0, 0, &chain)]));
+    let ans = c.query(&ks, &chain);
+    assert!(
+        ans.scores.is_empty(),
+        "an empty sliding-window lane accepts only 0: {ans:?}"
+    );
+    assert_eq!(ans.unscorable, 1);
+    c.ask(&batch(w, 1, &ks, vec![stored(1, 8, &chain[8..12])]));
+    assert_eq!(
+        c.query(&ks, &chain).scores,
+        vec![Score {
+            worker: w,
+            blocks: 12
+        }]
+    );
+    assert!(server
+        .scrape()
+        .contains("kvix_queries_total{outcome=\"unscorable\"} 1"));
+}
+
+#[test]
+fn placements_fire_and_forget_and_are_capped() {
+    let server = Server::start(&["--cores", "2", "--segment", "2"]);
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let w = c
+        .announce(
+            "p",
+            full(),
+            Feed::Placements {
+                capacity_blocks: 10,
+                ttl_ms: 0,
+            },
+        )
+        .unwrap()
+        .worker;
+    let (one, two) = (chain_of(&ks, 0, 8), chain_of(&ks, 1000, 8));
+    c.send_flags(
+        &Placement {
+            worker: w,
+            keyspace: ks.clone(),
+            chain: one.clone(),
+        },
+        FLAG_NO_REPLY,
+    );
+    // A reply-wanted placement orders after the fire-and-forget one on this connection.
+    assert_eq!(
+        c.ask(&Placement {
+            worker: w,
+            keyspace: ks.clone(),
+            chain: two.clone()
+        })
+        .kind,
+        Kind::Ack
+    );
+    // 16 placed blocks over a capacity of 10: the older chain is cut from its end.
+    assert_eq!(
+        c.query(&ks, &two).scores,
+        vec![Score {
+            worker: w,
+            blocks: 8
+        }]
+    );
+    assert_eq!(
+        c.query(&ks, &one).scores,
+        vec![Score {
+            worker: w,
+            blocks: 2
+        }]
+    );
+}
+
+#[test]
+fn pipelined_requests_are_all_answered_by_id() {
+    let server = Server::start(&["--cores", "2", "--segment", "4"]);
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let w = c.announce("a", full(), Feed::Events).unwrap().worker;
+    let chain = chain_of(&ks, 0, 64);
+    c.ask(&batch(w, 0, &ks, vec![stored(0, 0, &chain)]));
+    let mut buf = AlignedVec::new();
+    for i in 0..200u64 {
+        let q = Query {
+            keyspace: ks.clone(),
+            chain: chain[..(i as usize % 64) + 1].to_vec(),
+            ..Default::default()
+        };
+        buf = encode_into(&q, 1000 + i, 0, buf).unwrap();
+    }
+    c.send_raw(&buf);
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..200 {
+        let r = c.recv().unwrap();
+        seen.insert(r.header.request_id, r.decode::<Answer>().scores[0].blocks);
+    }
+    assert_eq!(seen.len(), 200);
+    for (id, blocks) in seen {
+        assert_eq!(blocks as u64, (id - 1000) % 64 + 1);
+    }
+}
+
+/// Shards must not change answers: one, two and four executors, same feed, same queries.
+#[test]
+fn answers_do_not_depend_on_the_shard_count() {
+    let ks = Keyspace::tokens("m");
+    let mut results = Vec::new();
+    for cores in ["1", "2", "4"] {
+        let server = Server::start(&["--cores", cores, "--segment", "3", "--pin", "false"]);
+        let mut c = server.session();
+        let mut ids = Vec::new();
+        for w in 0..6u32 {
+            ids.push(
+                c.announce(&format!("w{w}"), full(), Feed::Events)
+                    .unwrap()
+                    .worker,
+            );
+        }
+        for (i, &w) in ids.iter().enumerate() {
+            let chain = chain_of(&ks, (i as u32 % 3) * 100_000, 10 + i * 7);
+            c.ask(&batch(w, 0, &ks, vec![stored(0, 0, &chain)]));
+            let drop: Vec<u64> = chain.iter().skip(3 + i).step_by(11).copied().collect();
+            c.ask(&batch(
+                w,
+                1,
+                &ks,
+                vec![Event::Removed {
+                    lane: 0,
+                    hashes: drop,
+                }],
+            ));
+        }
+        let answers: Vec<Vec<(String, u32)>> = (0..3u32)
+            .map(|k| {
+                let ans = c.query(&ks, &chain_of(&ks, k * 100_000, 60));
+                ans.scores
+                    .iter()
+                    .map(|s| {
+                        (
+                            format!("w{}", ids.iter().position(|&x| x == s.worker).unwrap()),
+                            s.blocks,
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        results.push(answers);
+    }
+    assert!(results[0].iter().any(|a| !a.is_empty()));
+    assert_eq!(results[0], results[1]);
+    assert_eq!(results[0], results[2]);
+}
+
+#[test]
+fn every_steering_mode_serves_connections() {
+    for mode in ["ebpf", "cbpf", "none"] {
+        let server = Server::start(&["--cores", "2", "--steering", mode]);
+        let banner = server.stdout_lines.join("");
+        let mut conns: Vec<Conn> = (0..8).map(|_| server.session()).collect();
+        for c in &mut conns {
+            assert_eq!(
+                c.ask(&Echo {
+                    payload: vec![1; 64],
+                    reply_len: 256
+                })
+                .decode::<Echo>()
+                .payload
+                .len(),
+                256
+            );
+        }
+        let metrics = server.scrape();
+        assert!(
+            metrics.contains("kvix_connections_total 8"),
+            "{mode}: {metrics}"
+        );
+        assert!(banner.contains("steering"), "{banner}");
+    }
+}
+
+#[test]
+fn unix_socket_speaks_the_same_protocol() {
+    let path = std::env::temp_dir().join(format!("kvix-test-{}.sock", std::process::id()));
+    let p = path.to_str().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvix-server"));
+    cmd.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics",
+        "",
+        "--cores",
+        "1",
+        "--unix",
+        p,
+    ]);
+    let server = Server::spawn(cmd);
+    let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    use std::io::{Read, Write};
+    s.write_all(
+        &encode(
+            &Hello {
+                client: "u".into(),
+                token_block: 16,
+                auth: None,
+            },
+            1,
+            0,
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut buf = AlignedVec::new();
+    let mut chunk = [0u8; 4096];
+    while split_frame(&buf, u32::MAX).unwrap().is_none() {
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0);
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(
+        split_frame(&buf, u32::MAX).unwrap().unwrap().kind,
+        Kind::Welcome
+    );
+    assert!(server.stop().success());
+    assert!(!path.exists(), "the socket file is removed on shutdown");
+}
+
+#[test]
+fn stats_sum_the_shards() {
+    let server = Server::start(&["--cores", "2", "--segment", "1"]);
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let w = c.announce("a", full(), Feed::Events).unwrap().worker;
+    c.ask(&batch(w, 0, &ks, vec![stored(0, 0, &chain_of(&ks, 0, 10))]));
+    let s: Stats = c.ask(&StatsRequest {}).decode();
+    assert_eq!((s.workers, s.blocks, s.memberships), (1, 10, 10));
+    assert_eq!(s.shard_load.len(), 2);
+}
