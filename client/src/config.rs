@@ -1,0 +1,189 @@
+//! Client configuration: where the servers are and how patient to be.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use kvix_wire::DEFAULT_MAX_FRAME;
+
+use crate::ClientError;
+
+/// The address of one kvix server.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Addr {
+    /// A TCP `host:port`, e.g. `127.0.0.1:7420`.
+    Tcp(String),
+    /// A Unix domain socket path.
+    Unix(PathBuf),
+}
+
+impl Addr {
+    /// A TCP address `host:port`.
+    pub fn tcp(host_port: impl Into<String>) -> Self {
+        Addr::Tcp(host_port.into())
+    }
+
+    /// A Unix socket path.
+    pub fn unix(path: impl Into<PathBuf>) -> Self {
+        Addr::Unix(path.into())
+    }
+}
+
+impl FromStr for Addr {
+    type Err = ClientError;
+
+    /// `unix:/path`, or anything containing a `/`, is a Unix socket path; anything else
+    /// is a TCP `host:port`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err(ClientError::Config("empty server address".into()));
+        }
+        if let Some(path) = s.strip_prefix("unix:") {
+            return Ok(Addr::Unix(path.into()));
+        }
+        if s.contains('/') {
+            return Ok(Addr::Unix(s.into()));
+        }
+        if !s.contains(':') {
+            return Err(ClientError::Config(format!(
+                "server address {s:?} is neither host:port nor a socket path"
+            )));
+        }
+        Ok(Addr::Tcp(s.to_string()))
+    }
+}
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Addr::Tcp(a) => f.write_str(a),
+            Addr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// How a [`crate::Client`] connects and waits. `Default` gives one server at
+/// `127.0.0.1:7420` with the documented defaults; change fields as needed.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The servers, in order of preference. The client keeps one connection to each;
+    /// queries go to the first one that is up, writes (announces, placements) go to all.
+    pub servers: Vec<Addr>,
+    /// Token block size this client hashes with; the server refuses a mismatch at
+    /// handshake. Default 16.
+    pub token_block: u32,
+    /// Shared token sent in `Hello`, when the server requires one.
+    pub auth: Option<String>,
+    /// How long a query may take in all, waiting for a connection included. Default 2 ms.
+    pub deadline: Duration,
+    /// Free text naming this client in the server's logs. Default `kvix-client`.
+    pub name: String,
+    /// First reconnect delay after a connection is lost or refused. Default 10 ms.
+    pub reconnect_min: Duration,
+    /// Cap of the exponential reconnect delay. Default 1 s.
+    pub reconnect_max: Duration,
+    /// Placements waiting to be sent; when full, new ones are dropped and counted.
+    /// Default 4096.
+    pub placement_queue: usize,
+    /// Spin (checking for the reply) this long before parking the waiting task:
+    /// trades a core's time for a shorter wake-up. `None` (default): park at once.
+    pub spin_before_park: Option<Duration>,
+    /// Limit on one connection attempt (connect + handshake + re-announces), and on how
+    /// long [`crate::Client::connect`] waits for the first attempts. Default 1 s.
+    pub connect_timeout: Duration,
+    /// Limit on control requests (announce, retire, stats, echo). Default 1 s.
+    pub request_timeout: Duration,
+    /// Largest reply frame accepted from a server. Default [`DEFAULT_MAX_FRAME`].
+    pub max_frame: u32,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            servers: vec![Addr::tcp("127.0.0.1:7420")],
+            token_block: 16,
+            auth: None,
+            deadline: Duration::from_millis(2),
+            name: "kvix-client".into(),
+            reconnect_min: Duration::from_millis(10),
+            reconnect_max: Duration::from_secs(1),
+            placement_queue: 4096,
+            spin_before_park: None,
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+            max_frame: DEFAULT_MAX_FRAME,
+        }
+    }
+}
+
+impl ClientConfig {
+    /// The defaults, with these servers.
+    pub fn new(servers: impl IntoIterator<Item = Addr>) -> Self {
+        ClientConfig {
+            servers: servers.into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Checks the values that would make the client misbehave.
+    pub fn validate(&self) -> Result<(), ClientError> {
+        let bad = |m: &str| Err(ClientError::Config(m.to_string()));
+        if self.servers.is_empty() {
+            return bad("no server address");
+        }
+        if self.token_block == 0 {
+            return bad("token_block must be positive");
+        }
+        if self.deadline.is_zero() {
+            return bad("deadline must be positive");
+        }
+        if self.reconnect_min.is_zero() || self.reconnect_max < self.reconnect_min {
+            return bad("reconnect backoff needs 0 < reconnect_min <= reconnect_max");
+        }
+        if self.placement_queue == 0 {
+            return bad("placement_queue must be positive");
+        }
+        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
+            return bad("connect_timeout and request_timeout must be positive");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse() {
+        assert_eq!(
+            "127.0.0.1:7420".parse::<Addr>().unwrap(),
+            Addr::tcp("127.0.0.1:7420")
+        );
+        assert_eq!(
+            "unix:/tmp/k.sock".parse::<Addr>().unwrap(),
+            Addr::unix("/tmp/k.sock")
+        );
+        assert_eq!(
+            "/tmp/k.sock".parse::<Addr>().unwrap(),
+            Addr::unix("/tmp/k.sock")
+        );
+        assert!("nonsense".parse::<Addr>().is_err());
+        assert!("".parse::<Addr>().is_err());
+    }
+
+    #[test]
+    fn defaults_validate_and_bad_values_do_not() {
+        ClientConfig::default().validate().unwrap();
+        let mut c = ClientConfig::default();
+        c.servers.clear();
+        assert!(c.validate().is_err());
+        let c = ClientConfig {
+            token_block: 0,
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

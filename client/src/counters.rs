@@ -1,0 +1,165 @@
+//! Counters a gateway can export: outcomes, latency, drops, connection churn.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use crate::QueryOutcome;
+
+/// Highest latency the histogram tracks (larger values are clamped to it): 60 s.
+const MAX_LATENCY_NS: u64 = 60_000_000_000;
+
+#[derive(Default)]
+pub(crate) struct Atomics {
+    pub scores: AtomicU64,
+    pub empty: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub disconnected: AtomicU64,
+    pub rejected: AtomicU64,
+    pub unscorable: AtomicU64,
+    pub placements_sent: AtomicU64,
+    pub placement_drops: AtomicU64,
+    pub placements_unsent: AtomicU64,
+    pub connects: AtomicU64,
+    pub reconnects: AtomicU64,
+    pub connection_losses: AtomicU64,
+    pub connect_failures: AtomicU64,
+    pub handshake_refusals: AtomicU64,
+    pub malformed_replies: AtomicU64,
+    pub late_replies: AtomicU64,
+}
+
+pub(crate) struct Counters {
+    pub n: Atomics,
+    latency: Mutex<Histogram<u64>>,
+}
+
+impl Counters {
+    pub fn new() -> Self {
+        Counters {
+            n: Atomics::default(),
+            latency: Mutex::new(new_histogram()),
+        }
+    }
+
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Relaxed);
+    }
+
+    pub fn record_query(&self, outcome: &QueryOutcome, took: Duration) {
+        let c = match outcome {
+            QueryOutcome::Scores(_) => &self.n.scores,
+            QueryOutcome::Empty => &self.n.empty,
+            QueryOutcome::Timeout => &self.n.timeouts,
+            QueryOutcome::Disconnected => &self.n.disconnected,
+            QueryOutcome::Rejected(_) => &self.n.rejected,
+        };
+        Self::bump(c);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        if let Ok(mut h) = self.latency.lock() {
+            h.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
+        }
+    }
+
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let g = |c: &AtomicU64| c.load(Relaxed);
+        let n = &self.n;
+        CountersSnapshot {
+            scores: g(&n.scores),
+            empty: g(&n.empty),
+            timeouts: g(&n.timeouts),
+            disconnected: g(&n.disconnected),
+            rejected: g(&n.rejected),
+            unscorable: g(&n.unscorable),
+            placements_sent: g(&n.placements_sent),
+            placement_drops: g(&n.placement_drops),
+            placements_unsent: g(&n.placements_unsent),
+            connects: g(&n.connects),
+            reconnects: g(&n.reconnects),
+            connection_losses: g(&n.connection_losses),
+            connect_failures: g(&n.connect_failures),
+            handshake_refusals: g(&n.handshake_refusals),
+            malformed_replies: g(&n.malformed_replies),
+            late_replies: g(&n.late_replies),
+            latency_ns: self
+                .latency
+                .lock()
+                .map(|h| h.clone())
+                .unwrap_or_else(|_| new_histogram()),
+        }
+    }
+
+    pub fn reset_latency(&self) {
+        if let Ok(mut h) = self.latency.lock() {
+            h.reset();
+        }
+    }
+}
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds")
+}
+
+/// A point-in-time copy of the client's counters (all monotonic since the client was
+/// made, except the histogram, which [`crate::Client::reset_latency`] clears).
+#[derive(Debug, Clone)]
+pub struct CountersSnapshot {
+    /// Queries answered with scores.
+    pub scores: u64,
+    /// Queries answered with no worker scoring.
+    pub empty: u64,
+    /// Queries that ran past their deadline (failed open).
+    pub timeouts: u64,
+    /// Queries that found no connection or lost it (failed open).
+    pub disconnected: u64,
+    /// Queries the server answered with an error.
+    pub rejected: u64,
+    /// Sum over answers of workers that held part of the chain but could reuse none of
+    /// it jointly (brief, trap 6): a fleet where this grows is not healthy.
+    pub unscorable: u64,
+    /// Placement frames written (one per server they went to).
+    pub placements_sent: u64,
+    /// Placements dropped because the queue was full.
+    pub placement_drops: u64,
+    /// Placements dequeued but not sent: no server up, or the worker is unknown.
+    pub placements_unsent: u64,
+    /// Successful handshakes, first connections included.
+    pub connects: u64,
+    /// Successful handshakes after an earlier connection to the same server was lost.
+    pub reconnects: u64,
+    /// Established connections that were lost or closed.
+    pub connection_losses: u64,
+    /// Connection attempts that failed before the handshake completed.
+    pub connect_failures: u64,
+    /// Handshakes the server refused with an error reply.
+    pub handshake_refusals: u64,
+    /// Reply frames that could not be read (bad header, invalid body, wrong kind);
+    /// each closed its connection.
+    pub malformed_replies: u64,
+    /// Replies that came after their request had timed out.
+    pub late_replies: u64,
+    /// Query latency in nanoseconds, every outcome included.
+    pub latency_ns: Histogram<u64>,
+}
+
+impl CountersSnapshot {
+    /// Queries asked, all outcomes.
+    pub fn queries(&self) -> u64 {
+        self.scores + self.empty + self.timeouts + self.disconnected + self.rejected
+    }
+
+    /// Queries that failed open (timeout or disconnected).
+    pub fn failed_open(&self) -> u64 {
+        self.timeouts + self.disconnected
+    }
+
+    /// The latency at quantile `q` (0..=1), or zero when nothing was recorded.
+    pub fn latency_quantile(&self, q: f64) -> Duration {
+        if self.latency_ns.is_empty() {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.latency_ns.value_at_quantile(q))
+    }
+}
