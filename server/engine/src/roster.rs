@@ -199,7 +199,13 @@ fn validate(
     for (i, lane) in lanes.iter().enumerate() {
         let k = lane.blocks_in(token_block).map_err(|e| bad(i, e))?;
         match lane.kind {
-            LaneKind::SlidingWindow { window: 0 } => return Err(bad(i, LaneError::ZeroWindow)),
+            LaneKind::SlidingWindow { window: 0 } => {
+                let e = LaneError::MissingParam {
+                    kind: "sliding_window",
+                    param: "window",
+                };
+                return Err(bad(i, e));
+            }
             LaneKind::ChunkedLocal { chunk } if chunk == 0 || chunk % token_block != 0 => {
                 return Err(RosterError::ChunkNotAligned {
                     name: name.to_string(),

@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 use kvix_wire::{LaneKind, LaneRuns, Run, WorkerId, WorkerRuns};
 
 use crate::coverage::Coverage;
+use crate::MAX_LANES;
 
 /// One lane's acceptance rule, in keyspace blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,20 +113,22 @@ impl Rules {
     /// each lane's covered runs (`runs[i]` for lane `i`: sorted, disjoint, coalesced).
     /// A lane with no runs accepts only `p = 0` (trap 1).
     pub fn score(&self, runs: &[&[Run]], n: u32) -> u32 {
-        let step = self.step;
-        let lane = |i: usize| runs.get(i).copied().unwrap_or(&[]);
-        let mut p = floor(n as u64, step as u64);
+        self.score_with(|i| runs.get(i).copied().unwrap_or(&[]), n)
+    }
+
+    /// [`Rules::score`] with lane `i`'s runs given by `lane(i)`.
+    pub fn score_with<'r>(&self, lane: impl Fn(usize) -> &'r [Run], n: u32) -> u32 {
+        let step = self.step as u64;
+        let mut p = floor(n as u64, step);
         for (i, r) in self.rules.iter().enumerate() {
             if *r == Rule::Full {
-                let held = lane(i)
-                    .first()
-                    .filter(|r| r.start == 0)
-                    .map_or(0, |r| r.end);
-                p = p.min(floor(held as u64, step as u64));
+                p = p.min(floor(from_zero(lane(i)) as u64, step));
             }
         }
-        let mut cursors: SmallVec<[usize; 16]> =
-            (0..self.rules.len()).map(|i| lane(i).len()).collect();
+        let mut cursors = [0usize; MAX_LANES];
+        for (i, c) in cursors.iter_mut().enumerate().take(self.rules.len()) {
+            *c = lane(i).len();
+        }
         loop {
             if p == 0 {
                 return 0;
@@ -135,7 +138,7 @@ impl Rules {
                 if rule == Rule::Full {
                     continue;
                 }
-                let q = best_at_most(rule, lane(i), &mut cursors[i], p, step as u64);
+                let q = best_at_most(rule, lane(i), &mut cursors[i], p, step);
                 if q < p {
                     p = q;
                     agreed = false;
@@ -149,6 +152,16 @@ impl Rules {
             }
         }
     }
+
+    /// One full lane: the score is just the covered-from-zero prefix on the grid.
+    fn single_full(&self) -> bool {
+        self.rules.len() == 1 && self.rules[0] == Rule::Full
+    }
+}
+
+/// How far a lane's runs cover the chain from block 0.
+fn from_zero(runs: &[Run]) -> u32 {
+    runs.first().filter(|r| r.start == 0).map_or(0, |r| r.end)
 }
 
 /// The largest grid point `≤ p` that `rule` accepts over `runs`. `cursor` indexes one past
@@ -248,28 +261,36 @@ impl Ranker {
         self.keys.clear();
         for w in cov.workers() {
             let Some(rules) = rules_of(w) else { continue };
-            self.gather(cov, w, rules.rules.len());
-            let lanes: SmallVec<[&[Run]; 16]> =
-                self.spans.iter().map(|&(a, b)| &self.buf[a..b]).collect();
-            let s = rules.score(&lanes, n);
+            let s = if rules.single_full() && !want_runs {
+                // The common plain worker: read its first run in place.
+                let held = cov
+                    .runs(w, 0)
+                    .next()
+                    .filter(|r| r.start == 0)
+                    .map_or(0, |r| r.end);
+                floor(held.min(n) as u64, rules.step as u64) as u32
+            } else {
+                self.gather(cov, w, rules.rules.len());
+                let (buf, spans) = (&self.buf, &self.spans);
+                let lane = |i: usize| spans.get(i).map_or(&[][..], |&(a, b)| &buf[a..b]);
+                if want_runs {
+                    out.runs.push(WorkerRuns {
+                        worker: w,
+                        lanes: (0..spans.len())
+                            .map(|i| LaneRuns {
+                                lane: i as u8,
+                                runs: lane(i).to_vec(),
+                            })
+                            .collect(),
+                    });
+                }
+                rules.score_with(lane, n)
+            };
             if s > 0 {
                 // Best first, then lower id: one ascending sort of packed keys.
                 self.keys.push(((!s) as u64) << 32 | w as u64);
             } else {
                 out.unscorable += 1;
-            }
-            if want_runs {
-                out.runs.push(WorkerRuns {
-                    worker: w,
-                    lanes: lanes
-                        .iter()
-                        .enumerate()
-                        .map(|(i, r)| LaneRuns {
-                            lane: i as u8,
-                            runs: r.to_vec(),
-                        })
-                        .collect(),
-                });
             }
         }
         self.keys.sort_unstable();
@@ -340,6 +361,7 @@ mod tests {
                 };
                 let lanes = [held(0xfff), held(m0), held(m1), held(m0 | m1)];
                 let refs: Vec<&[Run]> = lanes.iter().map(|v| v.as_slice()).collect();
+                assert_eq!(from_zero(&refs[0]), 12);
                 let has = |l: usize, i: u32| lanes[l].iter().any(|r| r.start <= i && i < r.end);
                 let ok = |p: u32| {
                     let w = (p.saturating_sub(2)..p).all(|i| has(1, i));

@@ -1,7 +1,5 @@
 //! The exact feed: a worker's own engine events, in its sequence order.
 
-use smallvec::SmallVec;
-
 use kvix_wire::{ApplyStatus, Event, WorkerId};
 
 use super::BlockOp;
@@ -64,27 +62,37 @@ impl ApplyReport {
     }
 }
 
-/// Where a stored name (engine hash, or chain hash when the store carried none) lives.
-#[derive(Debug, Clone)]
+/// Where a stored name (engine hash, or chain hash when the store carried none) lives:
+/// 16 bytes, since the feed keeps one per stored engine block (BRIEF §5).
+#[derive(Debug, Clone, Copy)]
 struct Named {
-    ks: u64,
+    /// The chain hash of its one block, or (when `MULTI` is set) an index into `groups`.
+    word: u64,
     pos: u32,
-    /// Chain hashes of the keyspace blocks the name covers, from `pos`.
-    chain: SmallVec<[u64; 1]>,
+    /// Keyspace index into `keyspaces`, with `MULTI` set when the name covers a group.
+    tag: u32,
 }
+
+const MULTI: u32 = 1 << 31;
 
 /// Event-feed state of one worker: its sequence and, per lane, name → blocks.
 #[derive(Debug, Default)]
 pub struct EventFeed {
     seq: Sequencer,
     lanes: Vec<FastMap<u64, Named>>,
+    /// Keyspace seeds this feed stored into (names refer to them by index).
+    keyspaces: Vec<u64>,
+    keyspace_ids: FastMap<u64, u32>,
+    /// Chain hashes of names that cover more than one keyspace block.
+    groups: Vec<Box<[u64]>>,
+    free_groups: Vec<u32>,
 }
 
 impl EventFeed {
     pub fn new(lanes: usize) -> Self {
         EventFeed {
-            seq: Sequencer::default(),
             lanes: (0..lanes).map(|_| FastMap::default()).collect(),
+            ..Default::default()
         }
     }
 
@@ -164,25 +172,15 @@ impl EventFeed {
                         got: engine.len(),
                     });
                 }
-                let names = &mut self.lanes[*lane as usize];
+                let ksi = self.keyspace_index(ks);
                 if engine.is_empty() {
                     for (i, &h) in chain.iter().enumerate() {
-                        let chain = std::iter::once(h).collect();
-                        let pos = start + i as u32;
-                        names.insert(h, Named { ks, pos, chain });
+                        self.name(*lane, h, start + i as u32, ksi, &[h]);
                     }
                 } else {
                     // Engine block j covers the keyspace blocks [j·k, (j+1)·k) of the store.
                     for (j, (&e, group)) in engine.iter().zip(chain.chunks(k)).enumerate() {
-                        let pos = start + (j * k) as u32;
-                        names.insert(
-                            e,
-                            Named {
-                                ks,
-                                pos,
-                                chain: group.into(),
-                            },
-                        );
+                        self.name(*lane, e, start + (j * k) as u32, ksi, group);
                     }
                 }
                 if !chain.is_empty() {
@@ -197,35 +195,97 @@ impl EventFeed {
             }
             Event::Removed { lane, hashes } => {
                 lane_of(*lane)?;
-                let names = &mut self.lanes[*lane as usize];
                 let holder = Holder::new(worker, *lane);
                 for h in hashes {
-                    let Some(named) = names.remove(h) else {
+                    let Some(named) = self.lanes[*lane as usize].remove(h) else {
                         report.unknown_removals += 1;
                         continue;
                     };
-                    for (i, &hash) in named.chain.iter().enumerate() {
+                    let ks = self.keyspaces[(named.tag & !MULTI) as usize];
+                    let group = self.group(&named);
+                    for (i, &hash) in group.iter().enumerate() {
                         out.push(BlockOp::Remove {
-                            ks: named.ks,
+                            ks,
                             holder,
                             pos: named.pos + i as u32,
                             hash,
                         });
                     }
-                    report.block_events += named.chain.len() as u64;
+                    report.block_events += group.len() as u64;
+                    self.release(named);
                 }
+                let names = &mut self.lanes[*lane as usize];
                 if names.len() < names.capacity() / 4 {
                     names.shrink_to(names.len() * 2);
                 }
             }
             Event::Cleared => {
-                for names in &mut self.lanes {
-                    *names = FastMap::default();
-                }
+                let lanes = self.lanes.len();
+                *self = EventFeed {
+                    seq: self.seq,
+                    ..EventFeed::new(lanes)
+                };
                 out.push(BlockOp::DropWorker { worker });
             }
         }
         Ok(())
+    }
+
+    fn keyspace_index(&mut self, ks: u64) -> u32 {
+        if let Some(&i) = self.keyspace_ids.get(&ks) {
+            return i;
+        }
+        let i = self.keyspaces.len() as u32;
+        self.keyspaces.push(ks);
+        self.keyspace_ids.insert(ks, i);
+        i
+    }
+
+    /// Records that `name` on `lane` covers the blocks `chain` from `pos`.
+    fn name(&mut self, lane: u8, name: u64, pos: u32, ksi: u32, chain: &[u64]) {
+        let named = match chain {
+            [one] => Named {
+                word: *one,
+                pos,
+                tag: ksi,
+            },
+            many => {
+                let g: Box<[u64]> = many.into();
+                let id = match self.free_groups.pop() {
+                    Some(id) => {
+                        self.groups[id as usize] = g;
+                        id
+                    }
+                    None => {
+                        self.groups.push(g);
+                        (self.groups.len() - 1) as u32
+                    }
+                };
+                Named {
+                    word: id as u64,
+                    pos,
+                    tag: ksi | MULTI,
+                }
+            }
+        };
+        if let Some(old) = self.lanes[lane as usize].insert(name, named) {
+            self.release(old);
+        }
+    }
+
+    fn group<'s>(&'s self, named: &'s Named) -> &'s [u64] {
+        if named.tag & MULTI != 0 {
+            &self.groups[named.word as usize]
+        } else {
+            std::slice::from_ref(&named.word)
+        }
+    }
+
+    fn release(&mut self, named: Named) {
+        if named.tag & MULTI != 0 {
+            self.groups[named.word as usize] = Box::new([]);
+            self.free_groups.push(named.word as u32);
+        }
     }
 }
 
