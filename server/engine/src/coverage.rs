@@ -18,12 +18,15 @@ struct WorkerCov {
     first_lane: u32,
 }
 
+/// One (worker, lane): its first run inline (most holders have exactly one), later runs
+/// in a list of cells.
 #[derive(Clone, Copy)]
 struct LaneCov {
-    lane: u8,
-    next: u32,
-    head: u32,
-    tail: u32,
+    holder: u32,
+    first: Run,
+    more: u32,
+    last: u32,
+    next_lane: u32,
 }
 
 #[derive(Clone, Copy)]
@@ -38,8 +41,10 @@ pub struct Coverage {
     workers: Vec<WorkerCov>,
     lanes: Vec<LaneCov>,
     cells: Vec<Cell>,
-    /// worker id → index in `workers`, `NIL` when not seen in this query.
-    slot: Vec<u32>,
+    /// Packed holder → index in `lanes`, `NIL` when not seen in this query.
+    holder_slot: Vec<u32>,
+    /// Worker id → index in `workers`.
+    worker_slot: Vec<u32>,
     /// Candidate filter: `allowed[w]` for the workers in `candidates`.
     filtering: bool,
     allowed: Vec<bool>,
@@ -53,8 +58,11 @@ impl Coverage {
 
     /// Empties the coverage for a new query, keeping only `candidates` when given.
     pub fn reset(&mut self, candidates: Option<&[WorkerId]>) {
+        for l in &self.lanes {
+            self.holder_slot[l.holder as usize] = NIL;
+        }
         for w in &self.workers {
-            self.slot[w.worker as usize] = NIL;
+            self.worker_slot[w.worker as usize] = NIL;
         }
         self.workers.clear();
         self.lanes.clear();
@@ -85,28 +93,32 @@ impl Coverage {
 
     /// Adds `[a, b)` for every holder of a (sorted, packed) holder set.
     pub(crate) fn add_set(&mut self, holders: &[u32], a: u32, b: u32) {
+        if let Some(&max) = holders.last() {
+            self.fit(max);
+        }
         for &h in holders {
-            let holder = Holder::unpack(h);
-            if self.admits(holder.worker) {
-                self.push(holder, a, b);
+            if self.admits(h >> 4) {
+                self.push(h, a, b);
             }
         }
     }
 
     /// Adds the run `[a, b)` to `holder` (filtered), coalescing with touching runs.
     pub fn add_run(&mut self, holder: Holder, a: u32, b: u32) {
-        if a < b && holder.worker < crate::MAX_WORKERS && self.admits(holder.worker) {
-            self.push(holder, a, b);
+        if let (true, Ok(h)) = (a < b, holder.pack()) {
+            if self.admits(holder.worker) {
+                self.fit(h);
+                self.push(h, a, b);
+            }
         }
     }
 
     /// Adds everything `other` holds (another shard's coverage of the same query).
     pub fn absorb(&mut self, other: &Coverage) {
-        for w in other.workers() {
-            for (lane, runs) in other.lanes_of(w) {
-                for r in runs {
-                    self.add_run(Holder::new(w, lane), r.start, r.end);
-                }
+        for l in &other.lanes {
+            let holder = Holder::unpack(l.holder);
+            for r in other.lane_runs(l) {
+                self.add_run(holder, r.start, r.end);
             }
         }
     }
@@ -118,68 +130,113 @@ impl Coverage {
 
     /// The covered lanes of `worker` (unordered) with their runs (ascending).
     pub fn lanes_of(&self, worker: WorkerId) -> impl Iterator<Item = (u8, Runs<'_>)> + '_ {
-        let first = self
-            .slot
-            .get(worker as usize)
-            .filter(|s| **s != NIL)
-            .map_or(NIL, |s| self.workers[*s as usize].first_lane);
-        let mut li = first;
+        let mut li = match self.worker_slot.get(worker as usize) {
+            Some(&wi) if wi != NIL => self.workers[wi as usize].first_lane,
+            _ => NIL,
+        };
         std::iter::from_fn(move || {
-            if li == NIL {
-                return None;
-            }
-            let l = self.lanes[li as usize];
-            li = l.next;
-            Some((
-                l.lane,
-                Runs {
-                    cov: self,
-                    cell: l.head,
-                },
-            ))
+            let l = self.lanes.get(li as usize)?;
+            li = l.next_lane;
+            Some(((l.holder & 15) as u8, self.lane_runs(l)))
         })
     }
 
     /// The runs of one lane of `worker` (empty when it has none).
     pub fn runs(&self, worker: WorkerId, lane: u8) -> Runs<'_> {
-        self.lanes_of(worker)
-            .find(|(l, _)| *l == lane)
-            .map(|(_, r)| r)
-            .unwrap_or(Runs {
+        let slot = Holder::new(worker, lane)
+            .pack()
+            .ok()
+            .and_then(|h| self.holder_slot.get(h as usize))
+            .copied()
+            .unwrap_or(NIL);
+        match self.lanes.get(slot as usize) {
+            Some(l) => self.lane_runs(l),
+            None => Runs {
                 cov: self,
+                first: None,
                 cell: NIL,
-            })
+            },
+        }
     }
 
-    fn push(&mut self, holder: Holder, a: u32, b: u32) {
-        let li = self.lane_index(holder);
-        let tail = self.lanes[li].tail;
-        if tail == NIL {
-            let c = self.new_cell(a, b);
-            let l = &mut self.lanes[li];
-            l.head = c;
-            l.tail = c;
+    fn lane_runs(&self, l: &LaneCov) -> Runs<'_> {
+        Runs {
+            cov: self,
+            first: Some(l.first),
+            cell: l.more,
+        }
+    }
+
+    /// Makes the slot tables cover packed holder `h`.
+    fn fit(&mut self, h: u32) {
+        if self.holder_slot.len() <= h as usize {
+            self.holder_slot
+                .resize((h as usize + 1).next_power_of_two(), NIL);
+        }
+        let w = (h >> 4) as usize;
+        if self.worker_slot.len() <= w {
+            self.worker_slot.resize((w + 1).next_power_of_two(), NIL);
+        }
+    }
+
+    /// Adds `[a, b)` to packed holder `h` (slots already fit).
+    fn push(&mut self, h: u32, a: u32, b: u32) {
+        let li = self.holder_slot[h as usize];
+        if li == NIL {
+            self.new_lane(h, a, b);
             return;
         }
-        let last = &mut self.cells[tail as usize].run;
+        let l = &mut self.lanes[li as usize];
+        let last = match l.last {
+            NIL => &mut l.first,
+            c => &mut self.cells[c as usize].run,
+        };
         if last.end == a {
             last.end = b;
         } else if last.end < a {
-            let c = self.new_cell(a, b);
-            self.cells[tail as usize].next = c;
-            self.lanes[li].tail = c;
+            let c = self.cells.len() as u32;
+            self.cells.push(Cell {
+                run: Run { start: a, end: b },
+                next: NIL,
+            });
+            let l = &mut self.lanes[li as usize];
+            match l.last {
+                NIL => l.more = c,
+                t => self.cells[t as usize].next = c,
+            }
+            l.last = c;
         } else {
-            self.insert_sorted(li, a, b);
+            self.insert_sorted(li as usize, a, b);
         }
     }
 
-    /// Slow path: rebuilds the lane's list with `[a, b)` merged in.
-    fn insert_sorted(&mut self, li: usize, a: u32, b: u32) {
-        let mut runs: Vec<Run> = Runs {
-            cov: self,
-            cell: self.lanes[li].head,
+    fn new_lane(&mut self, h: u32, a: u32, b: u32) {
+        let w = h >> 4;
+        let mut wi = self.worker_slot[w as usize];
+        if wi == NIL {
+            wi = self.workers.len() as u32;
+            self.worker_slot[w as usize] = wi;
+            self.workers.push(WorkerCov {
+                worker: w,
+                first_lane: NIL,
+            });
         }
-        .collect();
+        let li = self.lanes.len() as u32;
+        let wc = &mut self.workers[wi as usize];
+        self.lanes.push(LaneCov {
+            holder: h,
+            first: Run { start: a, end: b },
+            more: NIL,
+            last: NIL,
+            next_lane: wc.first_lane,
+        });
+        wc.first_lane = li;
+        self.holder_slot[h as usize] = li;
+    }
+
+    /// Slow path: rebuilds the lane's runs with `[a, b)` merged in.
+    fn insert_sorted(&mut self, li: usize, a: u32, b: u32) {
+        let mut runs: Vec<Run> = self.lane_runs(&self.lanes[li]).collect();
         runs.push(Run { start: a, end: b });
         runs.sort_unstable_by_key(|r| r.start);
         let mut merged: Vec<Run> = Vec::with_capacity(runs.len());
@@ -189,57 +246,20 @@ impl Coverage {
                 _ => merged.push(r),
             }
         }
-        let mut head = NIL;
-        for r in merged.iter().rev() {
-            let c = self.new_cell(r.start, r.end);
-            self.cells[c as usize].next = head;
-            head = c;
-        }
-        let mut tail = head;
-        while self.cells[tail as usize].next != NIL {
-            tail = self.cells[tail as usize].next;
-        }
-        self.lanes[li].head = head;
-        self.lanes[li].tail = tail;
-    }
-
-    fn new_cell(&mut self, a: u32, b: u32) -> u32 {
-        self.cells.push(Cell {
-            run: Run { start: a, end: b },
-            next: NIL,
-        });
-        (self.cells.len() - 1) as u32
-    }
-
-    fn lane_index(&mut self, holder: Holder) -> usize {
-        let w = holder.worker as usize;
-        if self.slot.len() <= w {
-            self.slot.resize(w + 1, NIL);
-        }
-        if self.slot[w] == NIL {
-            self.slot[w] = self.workers.len() as u32;
-            self.workers.push(WorkerCov {
-                worker: holder.worker,
-                first_lane: NIL,
-            });
-        }
-        let wi = self.slot[w] as usize;
-        let mut li = self.workers[wi].first_lane;
-        while li != NIL {
-            if self.lanes[li as usize].lane == holder.lane {
-                return li as usize;
+        let (mut more, mut last) = (NIL, NIL);
+        for r in &merged[1..] {
+            let c = self.cells.len() as u32;
+            self.cells.push(Cell { run: *r, next: NIL });
+            match last {
+                NIL => more = c,
+                t => self.cells[t as usize].next = c,
             }
-            li = self.lanes[li as usize].next;
+            last = c;
         }
-        self.lanes.push(LaneCov {
-            lane: holder.lane,
-            next: self.workers[wi].first_lane,
-            head: NIL,
-            tail: NIL,
-        });
-        let li = self.lanes.len() - 1;
-        self.workers[wi].first_lane = li as u32;
-        li
+        let l = &mut self.lanes[li];
+        l.first = merged[0];
+        l.more = more;
+        l.last = last;
     }
 }
 
@@ -247,6 +267,7 @@ impl Coverage {
 #[derive(Clone, Copy)]
 pub struct Runs<'a> {
     cov: &'a Coverage,
+    first: Option<Run>,
     cell: u32,
 }
 
@@ -254,10 +275,10 @@ impl Iterator for Runs<'_> {
     type Item = Run;
 
     fn next(&mut self) -> Option<Run> {
-        if self.cell == NIL {
-            return None;
+        if let Some(r) = self.first.take() {
+            return Some(r);
         }
-        let c = self.cov.cells[self.cell as usize];
+        let c = self.cov.cells.get(self.cell as usize)?;
         self.cell = c.next;
         Some(c.run)
     }
