@@ -1,1 +1,15 @@
-//! placeholder
+//! kvix-bench: the benchmark CLI of kvix, as a library so its parts are tested.
+//!
+//! - [`sim`]: routing simulation, shared index vs per-gateway guesses,
+//! - [`trace`] + [`replay`]: the Mooncake trace, its chain mapping, replay,
+//! - [`lru`]: the mock worker's LRU prefix cache, [`pick`]: the cache-aware pick,
+//! - [`stats`], [`table`], [`rng`]: reporting and determinism helpers.
+
+pub mod lru;
+pub mod pick;
+pub mod replay;
+pub mod rng;
+pub mod sim;
+pub mod stats;
+pub mod table;
+pub mod trace;

@@ -1,0 +1,403 @@
+//! kvix-bench: the numbers of kvix, each measured against a floor or a peer in the same
+//! run. See `kvix-bench --help` and docs/benchmarks.md.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use kvix_bench::replay::{self, InProcess, ReplayConfig, ReplayResult};
+use kvix_bench::sim::{self, LegResult, LoadView, Regime, SimConfig};
+use kvix_bench::table::{f, Table};
+use kvix_bench::trace;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kvix-bench",
+    version,
+    about = "Benchmarks for kvix, the shared prefix-cache index",
+    long_about = "Benchmarks for kvix, the shared prefix-cache index.\n\n\
+        Every subcommand works with no flags. Results go to stdout as a table, or as JSON \
+        with --json; progress goes to stderr. Latency figures come with a floor measured \
+        in the same run (this kind of VM is shared and noisy): quote ratios, not bare \
+        microseconds. All network traffic goes to 127.0.0.1 only."
+)]
+struct Cli {
+    /// Print the result as JSON on stdout instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    /// No progress bars.
+    #[arg(long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Routing simulation: shared index (fed by worker cache events) vs per-gateway local
+    /// guesses (fed by own placements); follow-up cache hit and load CoV for G gateways.
+    ///
+    /// Mock workers keep LRU prefix caches; multi-turn sessions (turn 2 extends turn 1's
+    /// prompt) are sprayed at uniformly random gateways, each making the same cache-aware
+    /// pick (overlap_blocks - alpha * queue_len, ties by load). The hit ratio is what the
+    /// chosen worker actually still holds. Deterministic for a --seed.
+    Sim(SimArgs),
+    /// Replay the Mooncake trace: route each request via the index, publish the
+    /// placement, report query latency percentiles and index hit depth.
+    ///
+    /// hash_ids map to chains (block i = chain hash of (block i-1's hash, hash_id)).
+    /// Targets: --in-process (kvix_engine::Engine directly) or a server (--server).
+    Trace(TraceArgs),
+    /// Closed-loop queries against a server, with the transport floor (Echo of the same
+    /// request/reply sizes) measured in the same run; prints query/floor per percentile.
+    Latency(LatencyArgs),
+    /// Open-loop load at --rate from N gateways with event traffic from M workers;
+    /// coordinated-omission-correct latency and the share missing a 2 ms deadline.
+    Load(LoadArgs),
+    /// The same queries against Redis (llm-d style: one hash per block, pipelined HKEYS)
+    /// and kvix, side by side, same data in both.
+    Redis(RedisArgs),
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Gateway counts to simulate, one leg each per regime.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    gateways: Vec<u32>,
+    /// Regimes to compare.
+    #[arg(long, value_delimiter = ',', default_value = "shared,local")]
+    regimes: Vec<Regime>,
+    #[arg(long, default_value_t = 240)]
+    workers: u32,
+    /// Sessions per leg.
+    #[arg(long, default_value_t = 20_000)]
+    sessions: u32,
+    /// Session arrivals per simulated second.
+    #[arg(long, default_value_t = 600.0)]
+    session_rate: f64,
+    /// Turns per session (turn t+1 extends turn t's prompt and output).
+    #[arg(long, default_value_t = 2)]
+    turns: u32,
+    /// Tokens of the system prefix all sessions share.
+    #[arg(long, default_value_t = 2048)]
+    system_tokens: u32,
+    /// Mean tokens of the first user message.
+    #[arg(long, default_value_t = 1024)]
+    user_tokens: u32,
+    /// Mean tokens of each follow-up user message.
+    #[arg(long, default_value_t = 128)]
+    followup_tokens: u32,
+    /// Mean output tokens per turn.
+    #[arg(long, default_value_t = 256)]
+    output_tokens: u32,
+    /// Mean think time between turns, ms (simulated clock).
+    #[arg(long, default_value_t = 2000.0)]
+    think_ms: f64,
+    /// Each worker's prefix cache capacity, in blocks.
+    #[arg(long, default_value_t = 4096)]
+    capacity_blocks: u32,
+    #[arg(long, default_value_t = 16)]
+    block_tokens: u32,
+    /// Load penalty: blocks of overlap one queued request is worth.
+    #[arg(long, default_value_t = 4.0)]
+    alpha: f64,
+    /// Queue lengths a gateway sees: its own in-flight counts, or the fleet's.
+    #[arg(long, value_enum, default_value_t = LoadView::Gateway)]
+    load_view: LoadView,
+    /// Simulated prefill µs per uncached prompt token.
+    #[arg(long, default_value_t = 50.0)]
+    prefill_us_per_token: f64,
+    /// Simulated decode ms per output token.
+    #[arg(long, default_value_t = 10.0)]
+    decode_ms_per_token: f64,
+}
+
+#[derive(Args, Debug)]
+struct TraceArgs {
+    /// Trace file (JSON lines). Default: ../shared/data/mooncake_synthetic_trace.jsonl
+    /// relative to the repository root.
+    #[arg(long)]
+    path: Option<PathBuf>,
+    /// Replay against kvix_engine::Engine in this process.
+    #[arg(long)]
+    in_process: bool,
+    /// Server address (when not --in-process).
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    server: String,
+    /// Simulated workers (placement-fed).
+    #[arg(long, default_value_t = 16)]
+    workers: u32,
+    /// Placement capacity per worker, in keyspace blocks.
+    #[arg(long, default_value_t = 100_000)]
+    capacity_blocks: u64,
+    /// Keyspace blocks per 512-token trace block (32 = 16-token blocks).
+    #[arg(long, default_value_t = 1)]
+    sub_blocks: u32,
+    /// Token block size of the in-process engine / expected of the server.
+    #[arg(long, default_value_t = 16)]
+    token_block: u32,
+    /// Load penalty (blocks per in-flight request).
+    #[arg(long, default_value_t = 1.0)]
+    alpha: f64,
+    /// Replay at this multiple of the trace's own pace (default: as fast as possible).
+    #[arg(long, conflicts_with = "as_fast_as_possible")]
+    speed: Option<f64>,
+    /// Replay as fast as possible (the default when --speed is not given).
+    #[arg(long)]
+    as_fast_as_possible: bool,
+    /// At most this many requests.
+    #[arg(long, default_value_t = usize::MAX)]
+    limit: usize,
+    /// Stop after this many wall seconds.
+    #[arg(long, default_value_t = 600.0)]
+    max_seconds: f64,
+}
+
+#[derive(Args, Debug)]
+struct LatencyArgs {
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    server: String,
+}
+
+#[derive(Args, Debug)]
+struct LoadArgs {
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    server: String,
+}
+
+#[derive(Args, Debug)]
+struct RedisArgs {
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    server: String,
+}
+
+fn progress(quiet: bool, what: &str) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} {per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+fn emit<T: Serialize>(
+    json: bool,
+    value: &T,
+    table: impl FnOnce(&T) -> String,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        print!("{}", table(value));
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct SimReport {
+    command: &'static str,
+    config: SimConfig,
+    legs: Vec<LegResult>,
+}
+
+fn cmd_sim(a: SimArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
+    let base = SimConfig {
+        seed: a.seed,
+        workers: a.workers,
+        gateways: a.gateways.first().copied().unwrap_or(1),
+        sessions: a.sessions,
+        session_rate: a.session_rate,
+        turns: a.turns,
+        system_tokens: a.system_tokens,
+        user_tokens: a.user_tokens,
+        followup_tokens: a.followup_tokens,
+        output_tokens: a.output_tokens,
+        think_ms: a.think_ms,
+        capacity_blocks: a.capacity_blocks,
+        block_tokens: a.block_tokens,
+        alpha: a.alpha,
+        prefill_us_per_token: a.prefill_us_per_token,
+        decode_ms_per_token: a.decode_ms_per_token,
+        load_view: a.load_view,
+        regime: a.regimes.first().copied().unwrap_or(Regime::Shared),
+    };
+    let mut legs = Vec::new();
+    for &regime in &a.regimes {
+        for &gateways in &a.gateways {
+            let cfg = SimConfig {
+                regime,
+                gateways,
+                ..base.clone()
+            };
+            let pb = progress(quiet, &format!("sim {regime:?} G={gateways}"));
+            legs.push(sim::run(&cfg, &pb)?);
+        }
+    }
+    let report = SimReport {
+        command: "sim",
+        config: base,
+        legs,
+    };
+    emit(json, &report, |r| {
+        let mut t = Table::new(&[
+            "regime",
+            "gateways",
+            "follow-up hit",
+            "turn-1 hit",
+            "same worker",
+            "load CoV",
+            "in-flight CoV",
+            "requests",
+            "wall s",
+        ]);
+        for l in &r.legs {
+            t.row(vec![
+                format!("{:?}", l.regime).to_lowercase(),
+                l.gateways.to_string(),
+                f(l.followup_hit, 3),
+                f(l.first_turn_hit, 3),
+                f(l.same_worker, 3),
+                f(l.load_cov, 3),
+                f(l.inflight_cov, 3),
+                l.requests.to_string(),
+                f(l.wall_s, 1),
+            ]);
+        }
+        format!(
+            "sim: {} workers, {} sessions x {} turns, seed {}, capacity {} blocks, alpha {}, load view {:?}\n{}",
+            r.config.workers,
+            r.config.sessions,
+            r.config.turns,
+            r.config.seed,
+            r.config.capacity_blocks,
+            r.config.alpha,
+            r.config.load_view,
+            t.render()
+        )
+    })
+}
+
+/// The default trace path: `../shared/data/…` relative to the repository root, looked up
+/// from the current directory and from where this crate was built.
+fn default_trace_path() -> PathBuf {
+    let rel = "../shared/data/mooncake_synthetic_trace.jsonl";
+    let here = PathBuf::from(rel);
+    if here.exists() {
+        return here;
+    }
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel);
+    if built.exists() {
+        return built;
+    }
+    here
+}
+
+#[derive(Serialize)]
+struct TraceReport {
+    command: &'static str,
+    path: String,
+    workers: u32,
+    sub_blocks: u32,
+    speed: Option<f64>,
+    result: ReplayResult,
+    index_blocks: Option<u64>,
+}
+
+fn cmd_trace(a: TraceArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
+    let path = a.path.clone().unwrap_or_else(default_trace_path);
+    let records = trace::load_trace(&path).context("reading the trace")?;
+    let cfg = ReplayConfig {
+        sub_blocks: a.sub_blocks,
+        alpha: a.alpha,
+        speed: if a.as_fast_as_possible { None } else { a.speed },
+        limit: a.limit,
+        max_seconds: a.max_seconds,
+        prefill_us_per_token: 0.0,
+        decode_ms_per_token: 20.0,
+    };
+    let pb = progress(quiet, "trace replay");
+    let (result, index_blocks) = if a.in_process {
+        let mut t = InProcess::new(a.workers, a.capacity_blocks, a.token_block)?;
+        let r = replay::replay(&mut t, "in-process", &records, &cfg, &pb)?;
+        (r, Some(t.engine().stats().blocks))
+    } else {
+        anyhow::bail!(
+            "trace against a server ({}) is pending the kvix-client crate; use --in-process",
+            a.server
+        );
+    };
+    let report = TraceReport {
+        command: "trace",
+        path: path.display().to_string(),
+        workers: a.workers,
+        sub_blocks: a.sub_blocks,
+        speed: cfg.speed,
+        result,
+        index_blocks,
+    };
+    emit(json, &report, |r| {
+        let x = &r.result;
+        let mut t = Table::new(&[
+            "", "p50 us", "p90 us", "p99 us", "p99.9 us", "max us", "count",
+        ]);
+        for (name, s) in [("query", &x.query), ("place", &x.place)] {
+            t.row(vec![
+                name.into(),
+                f(s.p50_us, 2),
+                f(s.p90_us, 2),
+                f(s.p99_us, 2),
+                f(s.p999_us, 2),
+                f(s.max_us, 2),
+                s.count.to_string(),
+            ]);
+        }
+        format!(
+            "trace: {} ({} requests, {} workers, {} blocks/trace block, {}) against {}\n\
+             hit depth (chosen worker) {:.3}, best available {:.3}, requests with a hit {:.3}, \
+             prompt {:.1} blocks mean, {:.0} req/s over {:.2} s\n{}",
+            r.path,
+            x.requests,
+            r.workers,
+            r.sub_blocks,
+            match r.speed {
+                Some(s) => format!("{s}x trace pace, {} late", x.late),
+                None => "as fast as possible".into(),
+            },
+            x.target,
+            x.hit_depth,
+            x.best_depth,
+            x.hit_share,
+            x.prompt_blocks_mean,
+            x.rate_per_s,
+            x.wall_s,
+            t.render()
+        )
+    })
+}
+
+fn pending(what: &str, server: &str) -> anyhow::Result<()> {
+    anyhow::bail!("`{what}` against {server} is pending the kvix-client crate (not built yet)")
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Sim(a) => cmd_sim(a, cli.json, cli.quiet),
+        Cmd::Trace(a) => cmd_trace(a, cli.json, cli.quiet),
+        Cmd::Latency(a) => pending("latency", &a.server),
+        Cmd::Load(a) => pending("load", &a.server),
+        Cmd::Redis(a) => pending("redis", &a.server),
+    }
+}
