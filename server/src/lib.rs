@@ -47,6 +47,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let all_metrics: Arc<[ShardMetrics]> =
         (0..executors).map(|_| ShardMetrics::default()).collect();
     let mesh = mesh::builder::<ShardReq, ShardRep>(executors);
+    // No executor serves before every shard is wired to the mesh.
+    let ready = Arc::new(std::sync::Barrier::new(executors));
     let cpus = config::online_cpus();
     // Printed on stdout (not the log) so scripts and tests can find a port-0 server.
     println!(
@@ -69,16 +71,17 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         if let Some(spin) = config.spin() {
             builder = builder.spin_before_park(spin);
         }
-        let (config, all_metrics, mesh, stop) = (
+        let (config, all_metrics, mesh, stop, ready) = (
             config.clone(),
             all_metrics.clone(),
             mesh.clone(),
             stop.clone(),
+            ready.clone(),
         );
         let handle = builder
-            .spawn(
-                move || async move { executor_main(i, fd, config, all_metrics, mesh, stop).await },
-            )
+            .spawn(move || async move {
+                executor_main(i, fd, config, all_metrics, mesh, stop, ready).await
+            })
             .map_err(|e| anyhow::anyhow!("starting executor {i}: {e}"))?;
         handles.push(handle);
     }
@@ -105,6 +108,7 @@ async fn executor_main(
     all_metrics: Arc<[ShardMetrics]>,
     mesh: mesh::Builder<ShardReq, ShardRep>,
     stop: Arc<AtomicBool>,
+    ready: Arc<std::sync::Barrier>,
 ) -> anyhow::Result<()> {
     // SAFETY: the fd is a listening TCP socket created for this executor alone.
     let tcp = unsafe { glommio::net::TcpListener::from_raw_fd(fd) };
@@ -123,6 +127,8 @@ async fn executor_main(
     let shard = Shard::new(config.clone(), all_metrics.clone(), joined.me(), shards);
     shard.set_mesh(joined);
     let _ = cell.set(shard.clone());
+    // Blocking here is fine: nothing on this executor may run before its peers are wired.
+    ready.wait();
     if index == 0 && !config.metrics.is_empty() {
         let addr = &shard.config().metrics;
         let l = glommio::net::TcpListener::bind(addr.as_str())
