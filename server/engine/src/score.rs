@@ -366,7 +366,7 @@ mod tests {
                 };
                 let lanes = [held(0xfff), held(m0), held(m1), held(m0 | m1)];
                 let refs: Vec<&[Run]> = lanes.iter().map(|v| v.as_slice()).collect();
-                assert_eq!(from_zero(&refs[0]), 12);
+                assert_eq!(from_zero(refs[0]), 12);
                 let has = |l: usize, i: u32| lanes[l].iter().any(|r| r.start <= i && i < r.end);
                 let ok = |p: u32| {
                     let w = (p.saturating_sub(2)..p).all(|i| has(1, i));
