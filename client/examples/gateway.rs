@@ -71,8 +71,12 @@ async fn main() {
     let prompt: Vec<u32> = (0..(8 * block)).map(|t| t * 31 % 50_000).collect();
     let chain = client.token_chain(&keyspace, &prompt);
     client.publish_placement("worker-a", &keyspace, chain);
-    // Placements are fire-and-forget; give this one a moment to land before asking.
+    // Placements are fire-and-forget; give this one a moment to land before asking,
+    // and warm the connection up with an echo (the transport floor) meanwhile.
     tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Ok(reply) = client.echo(vec![0; 64], 256).await {
+        println!("echo: {} bytes back", reply.len());
+    }
 
     let outcome = client
         .query_tokens(&keyspace, &prompt, &QueryOptions::default())
@@ -94,7 +98,7 @@ async fn main() {
     let n = client.counters();
     println!(
         "counters: queries={} scores={} empty={} timeouts={} disconnected={} rejected={} \
-         placements_sent={} placement_drops={} reconnects={} malformed_replies={} p50={:?}",
+         placements_sent={} placement_drops={} reconnects={} malformed_replies={} p50={:?} p99={:?}",
         n.queries(),
         n.scores,
         n.empty,
@@ -105,6 +109,7 @@ async fn main() {
         n.placement_drops,
         n.reconnects,
         n.malformed_replies,
-        n.latency_quantile(0.5)
+        n.latency_quantile(0.5),
+        n.latency_quantile(0.99)
     );
 }

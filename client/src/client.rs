@@ -824,9 +824,13 @@ impl Shared {
     }
 }
 
-/// Waits for a reply until `until`: first spinning on it for up to `spin` (yielding to
-/// the runtime instead on a current-thread runtime, where the reader shares the
-/// thread), then parked on a timer, and the last [`TIMER_SLACK`] by yielding.
+/// Waits for a reply until `until`: first spinning on it for up to `spin`, then parked
+/// on a timer, and the last [`TIMER_SLACK`] by yielding.
+///
+/// The spin is a busy loop where another thread can deliver the reply meanwhile: outside
+/// any task (the blocking client's caller thread) or on a multi-thread runtime with more
+/// than one worker. Where the reader may need this very thread (a current-thread
+/// runtime, or a single worker), it spins by yielding to the runtime instead.
 async fn wait_reply(
     rx: &mut oneshot::Receiver<Reply>,
     until: Instant,
@@ -838,9 +842,14 @@ async fn wait_reply(
         Err(TryRecvError::Closed) => Some(Waited::Closed),
         Err(TryRecvError::Empty) => None,
     };
-    let shared_thread = tokio::runtime::Handle::try_current()
-        .map(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread)
-        .unwrap_or(false);
+    let busy_ok = match tokio::runtime::Handle::try_current() {
+        Err(_) => true,
+        Ok(h) => {
+            tokio::task::try_id().is_none()
+                || (h.runtime_flavor() == RuntimeFlavor::MultiThread
+                    && h.metrics().num_workers() > 1)
+        }
+    };
     if let Some(spin) = spin {
         let spin_end = (Instant::now() + spin).min(until);
         loop {
@@ -850,10 +859,10 @@ async fn wait_reply(
             if Instant::now() >= spin_end {
                 break;
             }
-            if shared_thread {
-                tokio::task::yield_now().await;
-            } else {
+            if busy_ok {
                 std::hint::spin_loop();
+            } else {
+                tokio::task::yield_now().await;
             }
         }
     }

@@ -76,7 +76,10 @@ pub struct ClientConfig {
     pub token_block: u32,
     /// Shared token sent in `Hello`, when the server requires one.
     pub auth: Option<String>,
-    /// How long a query may take in all, waiting for a connection included. Default 2 ms.
+    /// How long a query may take in all. Default 2 ms. The client never waits for a
+    /// connection (none up → `Disconnected` at once) and checks the last millisecond
+    /// before the deadline by yielding rather than on tokio's 1 ms timer, so a query
+    /// returns by its deadline up to the scheduling latency of its thread.
     pub deadline: Duration,
     /// Free text naming this client in the server's logs. Default `kvix-client`.
     pub name: String,
@@ -89,6 +92,11 @@ pub struct ClientConfig {
     pub placement_queue: usize,
     /// Spin (checking for the reply) this long before parking the waiting task:
     /// trades a core's time for a shorter wake-up. `None` (default): park at once.
+    ///
+    /// It busy-spins where another thread delivers the reply (the blocking client's
+    /// callers; a multi-thread runtime with two or more workers) and spins by yielding
+    /// to the runtime where the reply needs this same thread (current-thread runtime).
+    /// Answers are the same either way; only the latency differs.
     pub spin_before_park: Option<Duration>,
     /// Limit on one connection attempt (connect + handshake + re-announces), and on how
     /// long [`crate::Client::connect`] waits for the first attempts. Default 1 s.

@@ -1,5 +1,6 @@
 //! Counters a gateway can export: outcomes, latency, drops, connection churn.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -104,7 +105,9 @@ fn new_histogram() -> Histogram<u64> {
 
 /// A point-in-time copy of the client's counters (all monotonic since the client was
 /// made, except the histogram, which [`crate::Client::reset_latency`] clears).
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` form summarises the histogram (count, p50, p99, max).
+#[derive(Clone)]
 pub struct CountersSnapshot {
     /// Queries answered with scores.
     pub scores: u64,
@@ -142,6 +145,33 @@ pub struct CountersSnapshot {
     pub late_replies: u64,
     /// Query latency in nanoseconds, every outcome included.
     pub latency_ns: Histogram<u64>,
+}
+
+impl fmt::Debug for CountersSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CountersSnapshot")
+            .field("scores", &self.scores)
+            .field("empty", &self.empty)
+            .field("timeouts", &self.timeouts)
+            .field("disconnected", &self.disconnected)
+            .field("rejected", &self.rejected)
+            .field("unscorable", &self.unscorable)
+            .field("placements_sent", &self.placements_sent)
+            .field("placement_drops", &self.placement_drops)
+            .field("placements_unsent", &self.placements_unsent)
+            .field("connects", &self.connects)
+            .field("reconnects", &self.reconnects)
+            .field("connection_losses", &self.connection_losses)
+            .field("connect_failures", &self.connect_failures)
+            .field("handshake_refusals", &self.handshake_refusals)
+            .field("malformed_replies", &self.malformed_replies)
+            .field("late_replies", &self.late_replies)
+            .field("latency_count", &self.latency_ns.len())
+            .field("latency_p50", &self.latency_quantile(0.5))
+            .field("latency_p99", &self.latency_quantile(0.99))
+            .field("latency_max", &self.latency_quantile(1.0))
+            .finish()
+    }
 }
 
 impl CountersSnapshot {

@@ -16,6 +16,11 @@
 //! - [`blocking::BlockingClient`]: the same for plain threads; it owns a one-thread
 //!   tokio runtime that does the I/O.
 //!
+//! Worker ids are per server: [`Client::announce`] returns the primary server's id and
+//! answers name the answering server's ids (with the worker's name when this client
+//! announced it). Where several servers are configured, name workers by name
+//! ([`WorkerRef::Name`]) in candidates and placements; the client translates.
+//!
 //! Everything about the protocol (frames, messages, chain hashing, keyspaces, lanes)
 //! comes from [`kvix_wire`], re-exported here as [`wire`].
 //!
@@ -34,6 +39,8 @@
 //! }
 //! # Ok(()) }
 //! ```
+
+#![deny(missing_docs)]
 
 mod client;
 mod config;
