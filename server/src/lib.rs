@@ -55,9 +55,6 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         "kvix-server listening on tcp://{} with {executors} shards, steering {:?}",
         group.addr, group.steering
     );
-    if !config.unix.is_empty() {
-        println!("kvix-server listening on unix://{}", config.unix);
-    }
     let mut handles = Vec::with_capacity(executors);
     for (i, fd) in group.fds.into_iter().enumerate() {
         let placement = if config.pin {
@@ -142,6 +139,7 @@ async fn executor_main(
     if index == 0 && !config.unix.is_empty() {
         let unix = glommio::net::UnixListener::bind(&config.unix)
             .map_err(|e| anyhow::anyhow!("binding Unix socket {}: {e}", config.unix))?;
+        println!("kvix-server listening on unix://{}", config.unix);
         let shard = shard.clone();
         glommio::spawn_local(async move {
             loop {

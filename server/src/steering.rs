@@ -213,7 +213,7 @@ mod tests {
                 socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
             s.set_reuse_port(true).unwrap();
             s.bind(&addr.into()).unwrap();
-            s.listen(16).unwrap();
+            s.listen(128).unwrap();
             addr = s.local_addr().unwrap().as_socket().unwrap();
             socks.push(s);
         }

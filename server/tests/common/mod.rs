@@ -42,12 +42,20 @@ impl Server {
             .expect("kvix-server starts");
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let (mut addr, mut metrics, mut lines) = (None, None, Vec::new());
-        let wants_metrics = !cmd
+        let args: Vec<_> = cmd
             .get_args()
-            .collect::<Vec<_>>()
-            .windows(2)
-            .any(|w| w[0] == "--metrics" && w[1].is_empty());
-        while addr.is_none() || (wants_metrics && metrics.is_none()) {
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let given = |flag: &str| {
+            args.windows(2)
+                .rev()
+                .find(|w| w[0] == flag)
+                .map(|w| w[1].clone())
+        };
+        let wants_metrics = given("--metrics").is_none_or(|v| !v.is_empty());
+        let wants_unix = given("--unix").is_some_and(|v| !v.is_empty());
+        let mut unix = false;
+        while addr.is_none() || (wants_metrics && metrics.is_none()) || (wants_unix && !unix) {
             let mut line = String::new();
             if out.read_line(&mut line).unwrap() == 0 {
                 panic!("kvix-server exited before listening; output so far: {lines:?}");
@@ -55,6 +63,8 @@ impl Server {
             if let Some(rest) = line.split("listening on tcp://").nth(1) {
                 addr = Some(rest.split_whitespace().next().unwrap().parse().unwrap());
             }
+            unix |= line.contains("listening on unix://");
+            unix |= line.contains("listening on unix://");
             if let Some(rest) = line.split("metrics on http://").nth(1) {
                 metrics = Some(rest.trim().trim_end_matches("/metrics").parse().unwrap());
             }

@@ -1,0 +1,667 @@
+//! vLLM / SGLang KV event payloads: msgpack → typed events. Pure, no I/O.
+//!
+//! A payload is an `EventBatch` `[ts, events, data_parallel_rank]` (msgspec
+//! `array_like`), or, in the newer form, a map with the same field names. Each event is
+//! a tagged array `["BlockStored", block_hashes, parent_block_hash, token_ids,
+//! block_size, lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
+//! kv_cache_spec_sliding_window]` whose trailing defaults may be omitted, or a map
+//! with a `"type"` key. Both forms are accepted at both levels, and may be mixed.
+//!
+//! Engine block hashes arrive as ints (u64, or negative i64 for older builds) or as
+//! raw bytes (32 for sha256); either becomes a u64 key ([`hash_key`]). Decoding is
+//! all-or-nothing: any malformed field fails the whole payload with a typed error, so a
+//! bad message is never applied half-way. Unknown event types are kept as
+//! [`EngineEvent::Unknown`] (newer engines may add some) for the caller to count.
+
+use rmpv::Value;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Nesting deeper than this is not a vLLM payload (and would cost stack).
+const MAX_DEPTH: usize = 16;
+/// Data-parallel ranks above this are refused: each rank becomes a holder.
+pub const MAX_DP_RANK: u32 = 1023;
+/// Longest raw hash accepted, in bytes.
+const MAX_HASH_BYTES: usize = 64;
+
+/// Where a block lives, as the engine reports it (`None` in vLLM means GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Medium {
+    Gpu,
+    Cpu,
+    /// Disk, a connector's remote store, ...: anything else.
+    Other,
+}
+
+impl Medium {
+    pub const ALL: [Medium; 3] = [Medium::Gpu, Medium::Cpu, Medium::Other];
+
+    fn parse(v: Option<&Value>) -> Result<Medium, DecodeError> {
+        match v {
+            None | Some(Value::Nil) => Ok(Medium::Gpu),
+            Some(Value::String(s)) => Ok(match s.as_str() {
+                Some(m) if m.eq_ignore_ascii_case("gpu") || m.eq_ignore_ascii_case("cuda") => {
+                    Medium::Gpu
+                }
+                Some(m) if m.eq_ignore_ascii_case("cpu") => Medium::Cpu,
+                Some(_) => Medium::Other,
+                None => return Err(DecodeError::field("medium", "a UTF-8 string")),
+            }),
+            Some(_) => Err(DecodeError::field("medium", "a string or nil")),
+        }
+    }
+
+    /// The label used in metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Medium::Gpu => "gpu",
+            Medium::Cpu => "cpu",
+            Medium::Other => "other",
+        }
+    }
+
+    /// One bit per medium, for "held where" masks.
+    pub fn bit(self) -> u8 {
+        match self {
+            Medium::Gpu => 1,
+            Medium::Cpu => 2,
+            Medium::Other => 4,
+        }
+    }
+}
+
+/// `BlockStored`: engine blocks `block_hashes` (each `block_size` tokens, in order)
+/// follow `parent` (None: they start the prompt) and hold `token_ids`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub block_hashes: Vec<u64>,
+    pub parent: Option<u64>,
+    pub token_ids: Vec<u32>,
+    pub block_size: u32,
+    pub lora_id: Option<i64>,
+    pub medium: Medium,
+    pub lora_name: Option<String>,
+    /// Whether the engine hashed extra keys (multimodal inputs, cache salt) into the
+    /// blocks: token ids alone then under-identify them.
+    pub extra_keys: bool,
+    pub group_idx: u32,
+    pub spec_kind: Option<String>,
+    pub sliding_window: Option<u32>,
+}
+
+/// `BlockRemoved`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Removed {
+    pub block_hashes: Vec<u64>,
+    pub medium: Medium,
+    pub group_idx: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEvent {
+    Stored(Stored),
+    Removed(Removed),
+    /// `AllBlocksCleared`.
+    Cleared,
+    /// An event type this decoder does not know (its tag).
+    Unknown(String),
+}
+
+/// One decoded payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub ts: f64,
+    pub events: Vec<EngineEvent>,
+    pub dp_rank: u32,
+}
+
+/// Why a payload is not a vLLM event batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not msgpack: {0}")]
+    Msgpack(String),
+    #[error("{0} trailing bytes after the payload")]
+    Trailing(usize),
+    #[error("the batch is {0}, expected an array or a map")]
+    BatchShape(&'static str),
+    #[error("event {index}: {what}")]
+    Event { index: usize, what: Box<DecodeError> },
+    #[error("event is {0}, expected a tagged array or a map with \"type\"")]
+    EventShape(&'static str),
+    #[error("missing field {0}")]
+    Missing(&'static str),
+    #[error("field {field} must be {want}")]
+    Field {
+        field: &'static str,
+        want: &'static str,
+    },
+    #[error("{field}[{index}] must be {want}")]
+    Item {
+        field: &'static str,
+        index: usize,
+        want: &'static str,
+    },
+}
+
+impl DecodeError {
+    fn field(field: &'static str, want: &'static str) -> Self {
+        DecodeError::Field { field, want }
+    }
+}
+
+/// Decodes one payload (the third frame of a PUB message, or a replayed one).
+pub fn decode(payload: &[u8]) -> Result<Batch, DecodeError> {
+    let mut rd = payload;
+    let value = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH)
+        .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
+    if !rd.is_empty() {
+        return Err(DecodeError::Trailing(rd.len()));
+    }
+    batch(&value)
+}
+
+fn shape(v: &Value) -> &'static str {
+    match v {
+        Value::Nil => "nil",
+        Value::Boolean(_) => "a boolean",
+        Value::Integer(_) => "an integer",
+        Value::F32(_) | Value::F64(_) => "a float",
+        Value::String(_) => "a string",
+        Value::Binary(_) => "binary",
+        Value::Array(_) => "an array",
+        Value::Map(_) => "a map",
+        Value::Ext(..) => "an extension",
+    }
+}
+
+/// Fields of a struct encoded either positionally or by name.
+enum Fields<'a> {
+    /// Positional values after the tag (if any).
+    Array(&'a [Value]),
+    Map(&'a [(Value, Value)]),
+}
+
+impl<'a> Fields<'a> {
+    /// The field at `pos` (array form) or named `name` (map form); absent or past the
+    /// end = None.
+    fn get(&self, pos: usize, name: &str) -> Option<&'a Value> {
+        match self {
+            Fields::Array(items) => items.get(pos),
+            Fields::Map(pairs) => pairs
+                .iter()
+                .find(|(k, _)| k.as_str() == Some(name))
+                .map(|(_, v)| v),
+        }
+    }
+
+    fn required(&self, pos: usize, name: &'static str) -> Result<&'a Value, DecodeError> {
+        self.get(pos, name).ok_or(DecodeError::Missing(name))
+    }
+}
+
+fn batch(v: &Value) -> Result<Batch, DecodeError> {
+    let fields = match v {
+        Value::Array(items) => Fields::Array(items),
+        Value::Map(pairs) => Fields::Map(pairs),
+        other => return Err(DecodeError::BatchShape(shape(other))),
+    };
+    let ts = match fields.required(0, "ts")? {
+        Value::F64(f) => *f,
+        Value::F32(f) => f64::from(*f),
+        Value::Integer(i) => i.as_f64().unwrap_or_default(),
+        _ => return Err(DecodeError::field("ts", "a number")),
+    };
+    let Value::Array(raw) = fields.required(1, "events")? else {
+        return Err(DecodeError::field("events", "an array"));
+    };
+    let dp_rank = match fields.get(2, "data_parallel_rank") {
+        None | Some(Value::Nil) => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|r| *r <= u64::from(MAX_DP_RANK))
+            .ok_or(DecodeError::field(
+                "data_parallel_rank",
+                "nil or an integer in 0..=1023",
+            ))? as u32,
+    };
+    let events = raw
+        .iter()
+        .enumerate()
+        .map(|(index, e)| {
+            event(e).map_err(|what| DecodeError::Event {
+                index,
+                what: Box::new(what),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Batch {
+        ts,
+        events,
+        dp_rank,
+    })
+}
+
+fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
+    let (tag, fields) = match v {
+        Value::Array(items) => match items.split_first() {
+            Some((Value::String(tag), rest)) => (tag.as_str(), Fields::Array(rest)),
+            _ => return Err(DecodeError::EventShape("an array without a string tag")),
+        },
+        Value::Map(pairs) => {
+            let tag = pairs
+                .iter()
+                .find(|(k, _)| k.as_str() == Some("type"))
+                .map(|(_, v)| v.as_str());
+            match tag {
+                Some(Some(t)) => (Some(t), Fields::Map(pairs)),
+                _ => return Err(DecodeError::EventShape("a map without a string \"type\"")),
+            }
+        }
+        other => return Err(DecodeError::EventShape(shape(other))),
+    };
+    let tag = tag.ok_or(DecodeError::EventShape("tagged with invalid UTF-8"))?;
+    match tag {
+        "BlockStored" => stored(&fields).map(EngineEvent::Stored),
+        "BlockRemoved" => Ok(EngineEvent::Removed(Removed {
+            block_hashes: hashes(fields.required(0, "block_hashes")?, "block_hashes")?,
+            medium: Medium::parse(fields.get(1, "medium"))?,
+            group_idx: opt_u32(fields.get(2, "group_idx"), "group_idx")?.unwrap_or(0),
+        })),
+        "AllBlocksCleared" => Ok(EngineEvent::Cleared),
+        other => Ok(EngineEvent::Unknown(other.to_string())),
+    }
+}
+
+fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
+    let parent = match f.required(1, "parent_block_hash")? {
+        Value::Nil => None,
+        v => Some(hash_key(v).ok_or(DecodeError::field(
+            "parent_block_hash",
+            "nil, an integer or raw bytes",
+        ))?),
+    };
+    let Value::Array(tokens) = f.required(2, "token_ids")? else {
+        return Err(DecodeError::field("token_ids", "an array"));
+    };
+    let token_ids = tokens
+        .iter()
+        .enumerate()
+        .map(|(index, t)| {
+            t.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or(DecodeError::Item {
+                    field: "token_ids",
+                    index,
+                    want: "an integer in 0..2^32",
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let block_size = opt_u32(Some(f.required(3, "block_size")?), "block_size")?
+        .filter(|b| *b > 0)
+        .ok_or(DecodeError::field("block_size", "a positive integer"))?;
+    let lora_id = match f.get(4, "lora_id") {
+        None | Some(Value::Nil) => None,
+        Some(v) => Some(
+            v.as_i64()
+                .ok_or(DecodeError::field("lora_id", "nil or an integer"))?,
+        ),
+    };
+    let lora_name = match f.get(6, "lora_name") {
+        None | Some(Value::Nil) => None,
+        Some(Value::String(s)) => Some(
+            s.as_str()
+                .ok_or(DecodeError::field("lora_name", "UTF-8"))?
+                .to_string(),
+        ),
+        Some(_) => return Err(DecodeError::field("lora_name", "nil or a string")),
+    };
+    let extra_keys = match f.get(7, "extra_keys") {
+        None | Some(Value::Nil) => false,
+        Some(Value::Array(a)) => a.iter().any(|v| !v.is_nil()),
+        Some(_) => return Err(DecodeError::field("extra_keys", "nil or an array")),
+    };
+    let spec_kind = match f.get(9, "kv_cache_spec_kind") {
+        None | Some(Value::Nil) => None,
+        Some(Value::String(s)) => Some(
+            s.as_str()
+                .ok_or(DecodeError::field("kv_cache_spec_kind", "UTF-8"))?
+                .to_string(),
+        ),
+        Some(_) => return Err(DecodeError::field("kv_cache_spec_kind", "nil or a string")),
+    };
+    Ok(Stored {
+        block_hashes: hashes(f.required(0, "block_hashes")?, "block_hashes")?,
+        parent,
+        token_ids,
+        block_size,
+        lora_id,
+        medium: Medium::parse(f.get(5, "medium"))?,
+        lora_name,
+        extra_keys,
+        group_idx: opt_u32(f.get(8, "group_idx"), "group_idx")?.unwrap_or(0),
+        spec_kind,
+        sliding_window: opt_u32(
+            f.get(10, "kv_cache_spec_sliding_window"),
+            "kv_cache_spec_sliding_window",
+        )?,
+    })
+}
+
+fn opt_u32(v: Option<&Value>, field: &'static str) -> Result<Option<u32>, DecodeError> {
+    match v {
+        None | Some(Value::Nil) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or(DecodeError::field(field, "nil or an integer in 0..2^32")),
+    }
+}
+
+fn hashes(v: &Value, field: &'static str) -> Result<Vec<u64>, DecodeError> {
+    let Value::Array(items) = v else {
+        return Err(DecodeError::field(field, "an array"));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, h)| {
+            hash_key(h).ok_or(DecodeError::Item {
+                field,
+                index,
+                want: "an integer or raw bytes",
+            })
+        })
+        .collect()
+}
+
+/// An engine block hash as a u64 key: ints as their 64-bit two's complement (so a
+/// negative i64 and the u64 with the same bits are one key), raw bytes (1 to 64 of
+/// them; sha256 gives 32) through xxh3.
+pub fn hash_key(v: &Value) -> Option<u64> {
+    match v {
+        Value::Integer(i) => i.as_u64().or_else(|| i.as_i64().map(|n| n as u64)),
+        Value::Binary(b) if !b.is_empty() && b.len() <= MAX_HASH_BYTES => Some(bytes_key(b)),
+        _ => None,
+    }
+}
+
+/// The key of a raw-bytes engine hash.
+pub fn bytes_key(b: &[u8]) -> u64 {
+    xxh3_64(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn s(x: &str) -> Value {
+        Value::from(x)
+    }
+
+    fn enc(v: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, v).unwrap();
+        out
+    }
+
+    fn map(pairs: Vec<(&str, Value)>) -> Value {
+        Value::Map(pairs.into_iter().map(|(k, v)| (s(k), v)).collect())
+    }
+
+    fn stored_array(trailing: usize) -> Value {
+        let all = vec![
+            s("BlockStored"),
+            Value::Array(vec![Value::from(7u64), Value::from(-3i64)]),
+            Value::Nil,
+            Value::Array((0..8u32).map(Value::from).collect()),
+            Value::from(4u32),
+            Value::Nil,
+            s("GPU"),
+            Value::Nil,
+            Value::Nil,
+            Value::from(1u32),
+            s("sliding_window"),
+            Value::from(128u32),
+        ];
+        Value::Array(all[..5 + trailing].to_vec())
+    }
+
+    #[test]
+    fn array_encoding_with_and_without_trailing_defaults() {
+        for trailing in 0..=7 {
+            let batch = Value::Array(vec![
+                Value::F64(1.5),
+                Value::Array(vec![stored_array(trailing)]),
+            ]);
+            let b = decode(&enc(&batch)).unwrap();
+            assert_eq!(b.dp_rank, 0);
+            let EngineEvent::Stored(st) = &b.events[0] else {
+                panic!("{b:?}")
+            };
+            assert_eq!(st.block_hashes, vec![7, (-3i64) as u64]);
+            assert_eq!(st.parent, None);
+            assert_eq!(st.token_ids, (0..8).collect::<Vec<_>>());
+            assert_eq!(st.block_size, 4);
+            assert_eq!(st.medium, Medium::Gpu);
+            assert_eq!(st.group_idx, if trailing >= 5 { 1 } else { 0 });
+            assert_eq!(
+                st.sliding_window,
+                if trailing >= 7 { Some(128) } else { None }
+            );
+        }
+    }
+
+    #[test]
+    fn map_encoding_at_both_levels_and_mixed() {
+        let ev = map(vec![
+            ("type", s("BlockStored")),
+            (
+                "block_hashes",
+                Value::Array(vec![Value::Binary(vec![0xab; 32])]),
+            ),
+            ("parent_block_hash", Value::from(u64::MAX)),
+            ("token_ids", Value::Array(vec![Value::from(1u32); 4])),
+            ("block_size", Value::from(4u32)),
+            ("medium", s("CPU")),
+            ("lora_name", s("ad")),
+            ("group_idx", Value::from(2u32)),
+            ("kv_cache_spec_kind", s("full_attention")),
+            ("some_future_field", Value::from(true)),
+        ]);
+        let removed = Value::Array(vec![
+            s("BlockRemoved"),
+            Value::Array(vec![Value::from(5u64)]),
+        ]);
+        let cleared = map(vec![("type", s("AllBlocksCleared"))]);
+        let batch = map(vec![
+            ("ts", Value::F32(2.0)),
+            ("events", Value::Array(vec![ev, removed, cleared])),
+            ("data_parallel_rank", Value::from(3u32)),
+        ]);
+        let b = decode(&enc(&batch)).unwrap();
+        assert_eq!(b.dp_rank, 3);
+        assert_eq!(b.ts, 2.0);
+        let EngineEvent::Stored(st) = &b.events[0] else {
+            panic!()
+        };
+        assert_eq!(st.block_hashes, vec![bytes_key(&[0xab; 32])]);
+        assert_eq!(st.parent, Some(u64::MAX));
+        assert_eq!(st.medium, Medium::Cpu);
+        assert_eq!(st.lora_name.as_deref(), Some("ad"));
+        assert_eq!(st.group_idx, 2);
+        assert_eq!(st.spec_kind.as_deref(), Some("full_attention"));
+        assert_eq!(
+            b.events[1],
+            EngineEvent::Removed(Removed {
+                block_hashes: vec![5],
+                medium: Medium::Gpu,
+                group_idx: 0
+            })
+        );
+        assert_eq!(b.events[2], EngineEvent::Cleared);
+    }
+
+    #[test]
+    fn signed_and_unsigned_ints_of_the_same_bits_are_one_key() {
+        assert_eq!(
+            hash_key(&Value::from(-1i64)),
+            hash_key(&Value::from(u64::MAX))
+        );
+        assert_eq!(hash_key(&Value::from(42u8)), Some(42));
+        assert_eq!(hash_key(&Value::Binary(vec![])), None);
+        assert_eq!(hash_key(&s("x")), None);
+    }
+
+    #[test]
+    fn unknown_events_are_kept_for_counting_not_errors() {
+        let batch = Value::Array(vec![
+            Value::F64(0.0),
+            Value::Array(vec![Value::Array(vec![s("BlockPinned"), Value::Nil])]),
+            Value::Nil,
+        ]);
+        assert_eq!(
+            decode(&enc(&batch)).unwrap().events,
+            vec![EngineEvent::Unknown("BlockPinned".into())]
+        );
+    }
+
+    #[test]
+    fn one_bad_event_fails_the_whole_batch() {
+        let good = stored_array(2);
+        let bad = Value::Array(vec![s("BlockStored"), s("not-a-list")]);
+        let batch = Value::Array(vec![Value::F64(0.0), Value::Array(vec![good, bad])]);
+        assert!(matches!(
+            decode(&enc(&batch)),
+            Err(DecodeError::Event { index: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn typed_errors_for_bad_fields() {
+        let with = |ev: Value| Value::Array(vec![Value::F64(0.0), Value::Array(vec![ev])]);
+        let mut tokens_neg = stored_array(0);
+        if let Value::Array(a) = &mut tokens_neg {
+            a[3] = Value::Array(vec![Value::from(-1i64)]);
+        }
+        assert!(decode(&enc(&with(tokens_neg))).is_err());
+        let mut zero_block = stored_array(0);
+        if let Value::Array(a) = &mut zero_block {
+            a[4] = Value::from(0u32);
+        }
+        assert!(decode(&enc(&with(zero_block))).is_err());
+        // Missing required fields.
+        let short = Value::Array(vec![s("BlockStored"), Value::Array(vec![])]);
+        assert_eq!(
+            decode(&enc(&with(short))),
+            Err(DecodeError::Event {
+                index: 0,
+                what: Box::new(DecodeError::Missing("parent_block_hash"))
+            })
+        );
+        assert!(matches!(
+            decode(&enc(&Value::from(3u8))),
+            Err(DecodeError::BatchShape(_))
+        ));
+        let mut trailing = enc(&Value::Array(vec![Value::F64(0.0), Value::Array(vec![])]));
+        trailing.push(0xc0);
+        assert_eq!(decode(&trailing), Err(DecodeError::Trailing(1)));
+        assert!(matches!(
+            decode(&[0xc1]),
+            Err(DecodeError::Msgpack(_)) | Err(DecodeError::BatchShape(_))
+        ));
+        let rank = Value::Array(vec![
+            Value::F64(0.0),
+            Value::Array(vec![]),
+            Value::from(5000u32),
+        ]);
+        assert!(decode(&enc(&rank)).is_err());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_a_stack_overflow() {
+        let mut bytes = vec![0x91u8; 100_000];
+        bytes.push(0xc0);
+        assert!(decode(&bytes).is_err());
+    }
+
+    fn arb_hash() -> impl Strategy<Value = (Value, u64)> {
+        prop_oneof![
+            any::<u64>().prop_map(|h| (Value::from(h), h)),
+            any::<i64>().prop_map(|h| (Value::from(h), h as u64)),
+            proptest::collection::vec(any::<u8>(), 32).prop_map(|b| {
+                let k = bytes_key(&b);
+                (Value::Binary(b), k)
+            }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn mutated_payloads_never_panic(
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+            cut in any::<usize>(),
+        ) {
+            let batch = Value::Array(vec![
+                Value::F64(1.0),
+                Value::Array(vec![stored_array(7), stored_array(3)]),
+                Value::from(1u32),
+            ]);
+            let mut bytes = enc(&batch);
+            for (at, b) in flips {
+                let n = bytes.len();
+                bytes[at % n] = b;
+            }
+            bytes.truncate(cut % (bytes.len() + 1));
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn stores_round_trip_in_both_encodings(
+            hashes in proptest::collection::vec(arb_hash(), 0..6),
+            parent in proptest::option::of(arb_hash()),
+            tokens in proptest::collection::vec(any::<u32>(), 0..40),
+            block_size in 1u32..64,
+            group in 0u32..4,
+            rank in 0u32..8,
+            as_map in any::<bool>(),
+            medium in prop_oneof![Just(None), Just(Some("GPU")), Just(Some("CPU")), Just(Some("DISK"))],
+        ) {
+            let hv = Value::Array(hashes.iter().map(|(v, _)| v.clone()).collect());
+            let pv = parent.as_ref().map_or(Value::Nil, |(v, _)| v.clone());
+            let tv = Value::Array(tokens.iter().map(|t| Value::from(*t)).collect());
+            let mv = medium.map_or(Value::Nil, Value::from);
+            let (ev, batch) = if as_map {
+                let ev = map(vec![
+                    ("type", s("BlockStored")), ("block_hashes", hv), ("parent_block_hash", pv),
+                    ("token_ids", tv), ("block_size", Value::from(block_size)),
+                    ("medium", mv), ("group_idx", Value::from(group)),
+                ]);
+                let b = map(vec![("ts", Value::F64(0.0)), ("events", Value::Array(vec![ev.clone()])),
+                    ("data_parallel_rank", Value::from(rank))]);
+                (ev, b)
+            } else {
+                let ev = Value::Array(vec![s("BlockStored"), hv, pv, tv, Value::from(block_size),
+                    Value::Nil, mv, Value::Nil, Value::Nil, Value::from(group)]);
+                let b = Value::Array(vec![Value::F64(0.0), Value::Array(vec![ev.clone()]), Value::from(rank)]);
+                (ev, b)
+            };
+            let _ = ev;
+            let b = decode(&enc(&batch)).unwrap();
+            prop_assert_eq!(b.dp_rank, rank);
+            let EngineEvent::Stored(st) = &b.events[0] else { panic!() };
+            prop_assert_eq!(&st.block_hashes, &hashes.iter().map(|(_, k)| *k).collect::<Vec<_>>());
+            prop_assert_eq!(st.parent, parent.map(|(_, k)| k));
+            prop_assert_eq!(&st.token_ids, &tokens);
+            prop_assert_eq!(st.block_size, block_size);
+            prop_assert_eq!(st.group_idx, group);
+            let want = match medium { None | Some("GPU") => Medium::Gpu, Some("CPU") => Medium::Cpu, _ => Medium::Other };
+            prop_assert_eq!(st.medium, want);
+        }
+    }
+}
