@@ -187,7 +187,7 @@ struct Guard(Arc<Shared>);
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let _ = self.0.shutdown.send(true);
+        self.0.shutdown.send_replace(true);
         for s in &self.0.slots {
             if let Some(c) = s.live() {
                 c.close();

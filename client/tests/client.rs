@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{FakeServer, Mode, Msg, Opts};
+use common::{BadWelcome, FakeServer, Mode, Msg, Opts};
 use kvix_client::wire::{ChunkKind, ErrorCode, Feed, Keyspace, Lane, FLAG_NO_REPLY};
 use kvix_client::{Addr, Client, ClientConfig, ClientError, QueryOptions, QueryOutcome};
 
@@ -796,4 +796,44 @@ fn the_blocking_client_works_from_a_plain_thread() {
     assert_eq!(c.stats().unwrap().workers, 1);
     assert_eq!(c.counters().scores, 1);
     drop(c);
+}
+
+#[tokio::test]
+async fn a_bad_welcome_never_connects_and_never_panics() {
+    for bad in [
+        BadWelcome::OtherBlock(32),
+        BadWelcome::Garbage,
+        BadWelcome::WrongKind,
+    ] {
+        let s = FakeServer::start(Opts {
+            bad_welcome: Some(bad),
+            ..Opts::default()
+        })
+        .await;
+        let r = Client::connect(ClientConfig {
+            connect_timeout: Duration::from_millis(300),
+            ..config(vec![s.addr.clone()])
+        })
+        .await;
+        match bad {
+            // A server hashing other blocks is refused like a refusal from the server.
+            BadWelcome::OtherBlock(_) => {
+                let e = r.err().expect("refused");
+                assert_eq!(e.code(), Some(ErrorCode::BlockSizeMismatch), "{e}");
+            }
+            _ => {
+                let c = r.expect("fail open");
+                assert!(!c.is_connected());
+                assert_eq!(
+                    c.query_tokens(&ks(), &tokens(16, 0), &opts()).await,
+                    QueryOutcome::Disconnected
+                );
+                let n = c.counters();
+                assert!(
+                    n.malformed_replies >= 1 && n.connect_failures >= 1,
+                    "{bad:?}: {n:?}"
+                );
+            }
+        }
+    }
 }

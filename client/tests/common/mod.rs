@@ -48,6 +48,19 @@ pub struct Opts {
     pub auth: Option<String>,
     /// Ids are assigned from here on, in announce order.
     pub first_worker_id: u32,
+    /// Misbehave at handshake instead of sending a proper Welcome.
+    pub bad_welcome: Option<BadWelcome>,
+}
+
+/// Ways to answer Hello wrongly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadWelcome {
+    /// A Welcome that claims another token block size than the one accepted.
+    OtherBlock(u32),
+    /// Bytes that are not a frame.
+    Garbage,
+    /// A frame of a kind that is not a reply to Hello.
+    WrongKind,
 }
 
 impl Default for Opts {
@@ -56,6 +69,7 @@ impl Default for Opts {
             token_block: 16,
             auth: None,
             first_worker_id: 1,
+            bad_welcome: None,
         }
     }
 }
@@ -315,10 +329,25 @@ async fn serve<S>(
                     )));
                     break 'outer;
                 }
+                match opts.bad_welcome {
+                    Some(BadWelcome::Garbage) => {
+                        let _ = tx.send(Some(vec![0x5A; 64]));
+                        continue;
+                    }
+                    Some(BadWelcome::WrongKind) => {
+                        let _ = tx.send(Some(frame(&Ack {}, id)));
+                        continue;
+                    }
+                    _ => {}
+                }
+                let token_block = match opts.bad_welcome {
+                    Some(BadWelcome::OtherBlock(b)) => b,
+                    _ => opts.token_block,
+                };
                 let _ = tx.send(Some(frame(
                     &Welcome {
                         server: "fake".into(),
-                        token_block: opts.token_block,
+                        token_block,
                         byte_chunk: BYTE_CHUNK,
                         shards: 1,
                         max_frame: DEFAULT_MAX_FRAME,
