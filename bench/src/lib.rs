@@ -3,11 +3,18 @@
 //! - [`sim`]: routing simulation, shared index vs per-gateway guesses,
 //! - [`trace`] + [`replay`]: the Mooncake trace, its chain mapping, replay,
 //! - [`lru`]: the mock worker's LRU prefix cache, [`pick`]: the cache-aware pick,
+//! - [`latency`], [`load`], [`redis`]: against a running kvix-server (and Redis),
+//!   over [`net`] (worker-side wire connection, preloaded dataset) and [`resp`],
 //! - [`stats`], [`table`], [`rng`]: reporting and determinism helpers.
 
+pub mod latency;
+pub mod load;
 pub mod lru;
+pub mod net;
 pub mod pick;
+pub mod redis;
 pub mod replay;
+pub mod resp;
 pub mod rng;
 pub mod sim;
 pub mod stats;

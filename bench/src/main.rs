@@ -8,10 +8,11 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use kvix_bench::replay::{self, InProcess, ReplayConfig, ReplayResult};
+use kvix_bench::replay::{self, InProcess, Remote, ReplayConfig, ReplayResult};
 use kvix_bench::sim::{self, LegResult, LoadView, Regime, SimConfig};
 use kvix_bench::table::{f, Table};
 use kvix_bench::trace;
+use kvix_bench::{latency, load, net, redis};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -158,22 +159,111 @@ struct TraceArgs {
     max_seconds: f64,
 }
 
+/// What the server is preloaded with (shared by latency, load and redis).
+#[derive(Args, Debug, Clone)]
+struct DataArgs {
+    /// Simulated workers announced (event feed) and preloaded.
+    #[arg(long, default_value_t = 240)]
+    workers: usize,
+    /// Distinct prompts per chain length; each is held whole by one worker, to half by
+    /// another, to a quarter by a third.
+    #[arg(long, default_value_t = 64)]
+    chains: usize,
+    /// Blocks of the system prefix every worker holds.
+    #[arg(long, default_value_t = 32)]
+    system_blocks: u32,
+    /// Token block size (must equal the server's --block-size).
+    #[arg(long, default_value_t = 16)]
+    token_block: u32,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
 #[derive(Args, Debug)]
 struct LatencyArgs {
+    /// kvix-server address (loopback only).
     #[arg(long, default_value = "127.0.0.1:7420")]
     server: String,
+    /// Chain lengths in blocks, one row each.
+    #[arg(long, value_delimiter = ',', default_value = "125,1250")]
+    blocks: Vec<u32>,
+    /// Measured queries (and as many echoes) per chain length.
+    #[arg(long, default_value_t = 20_000)]
+    queries: usize,
+    #[arg(long, default_value_t = 1000)]
+    warmup: usize,
+    /// Scores per answer (0 = all).
+    #[arg(long, default_value_t = 16)]
+    top_k: u32,
+    /// Client spins this many µs before parking while waiting for a reply.
+    #[arg(long)]
+    spin_us: Option<u64>,
+    /// Wall-time bound per chain length.
+    #[arg(long, default_value_t = 120.0)]
+    max_seconds: f64,
+    #[command(flatten)]
+    data: DataArgs,
 }
 
 #[derive(Args, Debug)]
 struct LoadArgs {
+    /// kvix-server address (loopback only).
     #[arg(long, default_value = "127.0.0.1:7420")]
     server: String,
+    /// Queries per second, all gateways together (open loop).
+    #[arg(long, default_value_t = 2000.0)]
+    rate: f64,
+    /// Simulated gateways, each its own kvix-client connection.
+    #[arg(long, default_value_t = 8)]
+    gateways: usize,
+    /// Event batches per second from the workers (each stores and removes blocks).
+    #[arg(long, default_value_t = 1000.0)]
+    event_rate: f64,
+    /// Blocks stored per event batch.
+    #[arg(long, default_value_t = 16)]
+    event_blocks: u32,
+    /// Seconds of query load.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds of the Echo floor at the same rate afterwards (0 = skip).
+    #[arg(long, default_value_t = 5.0)]
+    floor_duration: f64,
+    /// Chain length of the queries, blocks.
+    #[arg(long, default_value_t = 125)]
+    blocks: u32,
+    #[arg(long, default_value_t = 16)]
+    top_k: u32,
+    /// Deadline a gateway gives a query, ms.
+    #[arg(long, default_value_t = 2.0)]
+    deadline_ms: f64,
+    /// Requests in flight before new ones are skipped (and counted as misses).
+    #[arg(long, default_value_t = 10_000)]
+    max_inflight: usize,
+    /// tokio worker threads for the gateways.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[command(flatten)]
+    data: DataArgs,
 }
 
 #[derive(Args, Debug)]
 struct RedisArgs {
+    /// kvix-server address (loopback only).
     #[arg(long, default_value = "127.0.0.1:7420")]
     server: String,
+    /// Redis address (scripts/redis.sh start).
+    #[arg(long, default_value = "127.0.0.1:6379")]
+    redis: String,
+    #[arg(long, value_delimiter = ',', default_value = "125,1250")]
+    blocks: Vec<u32>,
+    #[arg(long, default_value_t = 5000)]
+    queries: usize,
+    #[arg(long, default_value_t = 200)]
+    warmup: usize,
+    #[arg(long, default_value_t = 120.0)]
+    max_seconds: f64,
+    #[command(flatten)]
+    data: DataArgs,
 }
 
 fn progress(quiet: bool, what: &str) -> ProgressBar {
@@ -333,10 +423,10 @@ fn cmd_trace(a: TraceArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
         let r = replay::replay(&mut t, "in-process", &records, &cfg, &pb)?;
         (r, Some(t.engine().stats().blocks))
     } else {
-        anyhow::bail!(
-            "trace against a server ({}) is pending the kvix-client crate; use --in-process",
-            a.server
-        );
+        let addr = kvix_bench::net::loopback(&a.server)?;
+        let mut t = Remote::connect(addr, a.workers, a.capacity_blocks, a.token_block)?;
+        let r = replay::replay(&mut t, &format!("server {addr}"), &records, &cfg, &pb)?;
+        (r, None)
     };
     let report = TraceReport {
         command: "trace",
@@ -387,8 +477,207 @@ fn cmd_trace(a: TraceArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
     })
 }
 
-fn pending(what: &str, server: &str) -> anyhow::Result<()> {
-    anyhow::bail!("`{what}` against {server} is pending the kvix-client crate (not built yet)")
+fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()?)
+}
+
+fn cmd_latency(a: LatencyArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
+    let addr = net::loopback(&a.server)?;
+    let cfg = latency::LatencyConfig {
+        server: a.server.clone(),
+        blocks: a.blocks,
+        queries: a.queries,
+        warmup: a.warmup,
+        workers: a.data.workers,
+        chains_per_length: a.data.chains,
+        system_blocks: a.data.system_blocks,
+        top_k: a.top_k,
+        token_block: a.data.token_block,
+        spin_us: a.spin_us,
+        seed: a.data.seed,
+        max_seconds: a.max_seconds,
+    };
+    let pb = progress(quiet, "latency");
+    let rt = runtime(1)?;
+    let report = rt.block_on(latency::run(&cfg, addr, &pb))?;
+    emit(json, &report, |r| {
+        let mut t = Table::new(&[
+            "blocks", "what", "req B", "reply B", "p50 us", "p90 us", "p99 us", "p99.9 us", "count",
+        ]);
+        for row in &r.rows {
+            for (what, s, rq, rp) in [
+                ("query", &row.query, row.request_bytes, row.reply_bytes),
+                (
+                    "floor (echo)",
+                    &row.floor,
+                    row.echo_request_bytes,
+                    row.echo_reply_bytes,
+                ),
+            ] {
+                t.row(vec![
+                    row.blocks.to_string(),
+                    what.into(),
+                    rq.to_string(),
+                    rp.to_string(),
+                    f(s.p50_us, 1),
+                    f(s.p90_us, 1),
+                    f(s.p99_us, 1),
+                    f(s.p999_us, 1),
+                    s.count.to_string(),
+                ]);
+            }
+            t.row(vec![
+                row.blocks.to_string(),
+                "query / floor".into(),
+                String::new(),
+                String::new(),
+                f(row.ratio.p50, 2),
+                f(row.ratio.p90, 2),
+                f(row.ratio.p99, 2),
+                f(row.ratio.p999, 2),
+                format!("{} not scored", row.not_scored),
+            ]);
+        }
+        format!(
+            "latency: closed loop against {} ({} shards), {} workers preloaded, top_k {}\n{}",
+            r.config.server,
+            r.server_shards,
+            r.config.workers,
+            r.config.top_k,
+            t.render()
+        )
+    })
+}
+
+fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
+    let addr = net::loopback(&a.server)?;
+    let cfg = load::LoadConfig {
+        server: a.server.clone(),
+        rate: a.rate,
+        gateways: a.gateways,
+        workers: a.data.workers,
+        event_rate: a.event_rate,
+        event_blocks: a.event_blocks,
+        duration_s: a.duration,
+        floor_s: a.floor_duration,
+        blocks: a.blocks,
+        chains: a.data.chains,
+        system_blocks: a.data.system_blocks,
+        top_k: a.top_k,
+        deadline_ms: a.deadline_ms,
+        token_block: a.data.token_block,
+        max_inflight: a.max_inflight,
+        seed: a.data.seed,
+    };
+    let rt = runtime(a.threads)?;
+    let (pq, pf) = (
+        progress(quiet, "load: queries"),
+        progress(quiet, "load: echo floor"),
+    );
+    let report = load::run(&cfg, addr, &rt, &pq, &pf)?;
+    emit(json, &report, |r| {
+        let mut t = Table::new(&[
+            "what", "sent", "rate/s", "p50 us", "p99 us", "p99.9 us", "max us", "miss 2ms",
+        ]);
+        let mut add = |name: &str, p: &load::Phase| {
+            t.row(vec![
+                name.into(),
+                p.sent.to_string(),
+                f(p.achieved_rate, 0),
+                f(p.latency.p50_us, 1),
+                f(p.latency.p99_us, 1),
+                f(p.latency.p999_us, 1),
+                f(p.latency.max_us, 1),
+                format!("{:.4}", p.miss_share),
+            ]);
+        };
+        add("query", &r.queries);
+        if let Some(fl) = &r.floor {
+            add("floor (echo)", fl);
+        }
+        let ratio = r
+            .ratio
+            .map(|x| {
+                format!(
+                    "query / floor: p50 {:.2}, p99 {:.2}, p99.9 {:.2}\n",
+                    x.p50, x.p99, x.p999
+                )
+            })
+            .unwrap_or_default();
+        format!(
+            "load: open loop {} q/s from {} gateways, {} workers sending {:.0} block events/s, \
+             {}-block queries ({} B / {} B), deadline {} ms\n{}{}",
+            r.config.rate,
+            r.config.gateways,
+            r.config.workers,
+            r.block_events_per_s,
+            r.config.blocks,
+            r.request_bytes,
+            r.reply_bytes,
+            r.config.deadline_ms,
+            t.render(),
+            ratio
+        )
+    })
+}
+
+fn cmd_redis(a: RedisArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
+    let addr = net::loopback(&a.server)?;
+    let raddr = net::loopback(&a.redis)?;
+    let cfg = redis::RedisConfig {
+        server: a.server.clone(),
+        redis: a.redis.clone(),
+        blocks: a.blocks,
+        queries: a.queries,
+        warmup: a.warmup,
+        workers: a.data.workers,
+        chains_per_length: a.data.chains,
+        system_blocks: a.data.system_blocks,
+        token_block: a.data.token_block,
+        seed: a.data.seed,
+        max_seconds: a.max_seconds,
+    };
+    let pb = progress(quiet, "redis vs kvix");
+    let rt = runtime(1)?;
+    let report = rt.block_on(redis::run(&cfg, addr, raddr, &pb))?;
+    emit(json, &report, |r| {
+        let mut t = Table::new(&[
+            "blocks", "what", "p50 us", "p90 us", "p99 us", "p99.9 us", "count",
+        ]);
+        for row in &r.rows {
+            for (what, s) in [("kvix", &row.kvix), ("redis", &row.redis)] {
+                t.row(vec![
+                    row.blocks.to_string(),
+                    what.into(),
+                    f(s.p50_us, 1),
+                    f(s.p90_us, 1),
+                    f(s.p99_us, 1),
+                    f(s.p999_us, 1),
+                    s.count.to_string(),
+                ]);
+            }
+            t.row(vec![
+                row.blocks.to_string(),
+                "redis / kvix".into(),
+                f(row.ratio.p50, 2),
+                f(row.ratio.p90, 2),
+                f(row.ratio.p99, 2),
+                f(row.ratio.p999, 2),
+                format!("agree {:.3}", row.agree),
+            ]);
+        }
+        format!(
+            "redis: llm-d style pipelined HKEYS at {} vs kvix at {}, {} workers, {} keys\n{}",
+            r.config.redis,
+            r.config.server,
+            r.config.workers,
+            r.redis_keys,
+            t.render()
+        )
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -396,8 +685,8 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Sim(a) => cmd_sim(a, cli.json, cli.quiet),
         Cmd::Trace(a) => cmd_trace(a, cli.json, cli.quiet),
-        Cmd::Latency(a) => pending("latency", &a.server),
-        Cmd::Load(a) => pending("load", &a.server),
-        Cmd::Redis(a) => pending("redis", &a.server),
+        Cmd::Latency(a) => cmd_latency(a, cli.json, cli.quiet),
+        Cmd::Load(a) => cmd_load(a, cli.json, cli.quiet),
+        Cmd::Redis(a) => cmd_redis(a, cli.json, cli.quiet),
     }
 }

@@ -221,3 +221,101 @@ impl IndexTarget for InProcess {
             .map_err(|e| anyhow::anyhow!("place: {e}"))
     }
 }
+
+/// A kvix-server target: workers announced (placement feed) over a worker-side wire
+/// connection, queries and placements through kvix-client, as a gateway would.
+pub struct Remote {
+    rt: tokio::runtime::Runtime,
+    client: kvix_client::Client,
+    keyspace: kvix_wire::Keyspace,
+    seed: u64,
+    ids: Vec<u32>,
+    opts: kvix_client::QueryOptions,
+    _conn: crate::net::WireConn,
+    pub not_scored: u64,
+}
+
+impl Remote {
+    pub fn connect(
+        addr: std::net::SocketAddr,
+        workers: u32,
+        capacity_blocks: u64,
+        token_block: u32,
+    ) -> anyhow::Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let keyspace = kvix_wire::Keyspace::tokens("mooncake-trace");
+        let (conn, ids, client) = rt.block_on(async {
+            let mut conn = crate::net::WireConn::connect(addr, token_block).await?;
+            let feed = kvix_wire::Feed::Placements {
+                capacity_blocks,
+                ttl_ms: 0,
+            };
+            let mut ids = Vec::new();
+            for w in 0..workers {
+                ids.push(conn.announce(&format!("trace-worker-{w}"), feed).await?);
+            }
+            let client = crate::net::gateway(
+                addr,
+                token_block,
+                Duration::from_secs(1),
+                None,
+                "kvix-bench-trace",
+            )
+            .await?;
+            anyhow::Ok((conn, ids, client))
+        })?;
+        Ok(Remote {
+            rt,
+            client,
+            seed: keyspace.seed(token_block),
+            keyspace,
+            ids,
+            opts: kvix_client::QueryOptions::default(),
+            _conn: conn,
+            not_scored: 0,
+        })
+    }
+}
+
+impl IndexTarget for Remote {
+    fn workers(&self) -> &[u32] {
+        &self.ids
+    }
+
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    fn query(&mut self, chain: &[u64], out: &mut Vec<(u32, u32)>) -> anyhow::Result<()> {
+        let outcome = self
+            .rt
+            .block_on(self.client.query_chain(&self.keyspace, chain, &self.opts));
+        out.clear();
+        match outcome {
+            kvix_client::QueryOutcome::Scores(s) => {
+                out.extend(s.iter().map(|x| (x.worker, x.blocks)))
+            }
+            kvix_client::QueryOutcome::Empty => {}
+            other => {
+                self.not_scored += 1;
+                anyhow::ensure!(
+                    self.not_scored < 100,
+                    "server stopped answering: {}",
+                    other.kind()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn place(&mut self, worker: u32, chain: &[u64], _now_ms: u64) -> anyhow::Result<()> {
+        let _g = self.rt.enter();
+        self.client
+            .publish_placement(worker, &self.keyspace, chain.to_vec());
+        // Let the background sender run so placements do not pile up in the queue.
+        self.rt.block_on(tokio::task::yield_now());
+        Ok(())
+    }
+}
