@@ -177,7 +177,7 @@ mod tests {
         let s = longest_prefixes(&r);
         assert_eq!(
             s,
-            vec![(b"a".to_vec(), 4), (b"b".to_vec(), 2), (b"c".to_vec(), 2)]
+            vec![(b"a".to_vec(), 4), (b"b".to_vec(), 2), (b"c".to_vec(), 1)]
         );
         // c reappearing at block 2 after missing block 1 does not extend its run.
         let r = vec![keys(&["c"]), keys(&[]), keys(&["c"])];
