@@ -233,6 +233,43 @@ impl Engine {
         }
     }
 
+    /// The whole engine as plain data at `now_ms` (see [`crate::image`]).
+    pub fn export(&self, now_ms: u64) -> crate::EngineImage {
+        crate::EngineImage {
+            workers: self.roster.export(),
+            runs: self.shards.iter().flat_map(BlockIndex::export).collect(),
+            feeds: self
+                .feeds
+                .iter()
+                .enumerate()
+                .filter_map(|(w, f)| f.as_ref().map(|f| (w as WorkerId, f.export(now_ms))))
+                .collect(),
+        }
+    }
+
+    /// Restores an image into a fresh engine (any shard count) at `now_ms`.
+    pub fn import(&mut self, image: &crate::EngineImage, now_ms: u64) -> Result<(), EngineError> {
+        self.roster.import(&image.workers, self.cfg.token_block)?;
+        for w in self.roster.iter() {
+            if self.feeds.len() <= w.id as usize {
+                self.feeds.resize_with(w.id as usize + 1, || None);
+            }
+            self.feeds[w.id as usize] = Some(FeedState::new(w.feed, w.lanes.len()));
+        }
+        for (w, img) in &image.feeds {
+            if let Some(Some(f)) = self.feeds.get_mut(*w as usize) {
+                f.import(img, now_ms);
+            }
+        }
+        let sharding = self.cfg.sharding;
+        for run in &image.runs {
+            for p in sharding.split(run.ks, run.start, &run.hashes) {
+                self.shards[p.shard as usize].import(run.ks, p.start, p.chain, &run.holders)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every shard's invariants; for tests.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {

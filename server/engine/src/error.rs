@@ -46,6 +46,12 @@ pub enum RosterError {
     ZeroTokenBlock,
     #[error("no more worker ids (at most 2^20 workers)")]
     TooManyWorkers,
+    #[error("snapshot gives {name:?} id {want}, but the roster numbered it {got} (ids must be restored into an empty roster, in order)")]
+    IdMismatch {
+        name: String,
+        want: WorkerId,
+        got: WorkerId,
+    },
 }
 
 /// One event of a batch that was skipped (the rest of the batch still applies).

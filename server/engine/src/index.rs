@@ -565,6 +565,42 @@ impl BlockIndex {
         }
     }
 
+    /// Every live run, for a snapshot; [`BlockIndex::import`] rebuilds the same index.
+    pub fn export(&self) -> Vec<crate::RunImage> {
+        self.nodes
+            .iter()
+            .filter(|n| n.set != NIL)
+            .map(|n| crate::RunImage {
+                ks: n.ks,
+                start: n.start,
+                hashes: n.hashes.to_vec(),
+                holders: self
+                    .sets
+                    .holders(n.set)
+                    .iter()
+                    .map(|&h| {
+                        let h = Holder::unpack(h);
+                        (h.worker, h.lane)
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Inserts an exported run (or the part of it this shard owns).
+    pub fn import(
+        &mut self,
+        ks: u64,
+        start: u32,
+        hashes: &[u64],
+        holders: &[(u32, u8)],
+    ) -> Result<(), IndexError> {
+        for &(worker, lane) in holders {
+            self.insert(ks, Holder::new(worker, lane), start, hashes)?;
+        }
+        Ok(())
+    }
+
     /// Every live run as (start, length, packed holders); for tests and debugging.
     #[doc(hidden)]
     pub fn dump(&self) -> Vec<(u32, usize, Vec<Holder>)> {

@@ -15,6 +15,7 @@ pub mod engine;
 pub mod error;
 pub mod feed;
 mod hashing;
+pub mod image;
 pub mod index;
 pub mod roster;
 pub mod score;
@@ -25,6 +26,10 @@ pub use coverage::Coverage;
 pub use engine::{Answer, Engine, EngineConfig, EngineStats};
 pub use error::{EngineError, EventError, IndexError, RosterError};
 pub use feed::{ApplyReport, BlockOp, EventFeed, FeedState, PlacementFeed, Sequencer};
+pub use image::{
+    EngineImage, EventFeedImage, FeedImage, NameImage, PlacedImage, PlacementFeedImage, RunImage,
+    WorkerImage,
+};
 pub use index::BlockIndex;
 pub use roster::{AnnounceOutcome, Roster, WorkerEntry};
 pub use score::{Ranker, Rule, Rules};

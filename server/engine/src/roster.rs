@@ -126,6 +126,59 @@ impl Roster {
         Ok((id, outcome))
     }
 
+    /// Every id ever given, in id order, retired ones included.
+    pub fn export(&self) -> Vec<crate::WorkerImage> {
+        let mut names: Vec<(&String, WorkerId)> = self.ids.iter().map(|(n, &id)| (n, id)).collect();
+        names.sort_unstable_by_key(|&(_, id)| id);
+        names
+            .into_iter()
+            .map(|(name, id)| match &self.entries[id as usize] {
+                Some(e) => crate::WorkerImage {
+                    id,
+                    name: name.clone(),
+                    lanes: e.lanes.clone(),
+                    feed: e.feed,
+                    active: true,
+                },
+                None => crate::WorkerImage {
+                    id,
+                    name: name.clone(),
+                    lanes: Vec::new(),
+                    feed: Feed::Events,
+                    active: false,
+                },
+            })
+            .collect()
+    }
+
+    /// Rebuilds an exported roster into an empty one, giving every name its old id.
+    pub fn import(
+        &mut self,
+        workers: &[crate::WorkerImage],
+        token_block: u32,
+    ) -> Result<(), RosterError> {
+        for w in workers {
+            let lanes = if w.active {
+                w.lanes.clone()
+            } else {
+                vec![Lane::full(token_block)]
+            };
+            let feed = if w.active { w.feed } else { Feed::Events };
+            let (id, _) = self.announce(&w.name, &lanes, feed, token_block)?;
+            if id != w.id {
+                return Err(RosterError::IdMismatch {
+                    name: w.name.clone(),
+                    want: w.id,
+                    got: id,
+                });
+            }
+            if !w.active {
+                let _ = self.retire(id);
+            }
+        }
+        Ok(())
+    }
+
     /// Marks `id` retired; its name keeps the id for a later announce.
     pub fn retire(&mut self, id: WorkerId) -> Result<WorkerEntry, EngineError> {
         let entry = self

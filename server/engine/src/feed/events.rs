@@ -34,6 +34,11 @@ impl Sequencer {
     pub fn last(&self) -> Option<u64> {
         self.last
     }
+
+    /// Resumes from a snapshot's baseline.
+    pub fn restore(&mut self, last: Option<u64>) {
+        self.last = last;
+    }
 }
 
 /// What became of one event batch.
@@ -229,6 +234,38 @@ impl EventFeed {
             }
         }
         Ok(())
+    }
+
+    /// The feed as plain data (sequence baseline and removal names).
+    pub fn export(&self) -> crate::EventFeedImage {
+        let mut names = Vec::new();
+        for (lane, map) in self.lanes.iter().enumerate() {
+            for (&name, named) in map {
+                names.push(crate::NameImage {
+                    lane: lane as u8,
+                    name,
+                    ks: self.keyspaces[(named.tag & !MULTI) as usize],
+                    pos: named.pos,
+                    chain: self.group(named).to_vec(),
+                });
+            }
+        }
+        names.sort_unstable_by_key(|n| (n.lane, n.ks, n.pos, n.name));
+        crate::EventFeedImage {
+            last_seq: self.seq.last(),
+            names,
+        }
+    }
+
+    /// Restores an exported feed into a fresh one; names of lanes beyond the roster are skipped.
+    pub fn import(&mut self, image: &crate::EventFeedImage) {
+        self.seq.restore(image.last_seq);
+        for n in &image.names {
+            if (n.lane as usize) < self.lanes.len() && !n.chain.is_empty() {
+                let ksi = self.keyspace_index(n.ks);
+                self.name(n.lane, n.name, n.pos, ksi, &n.chain);
+            }
+        }
     }
 
     fn keyspace_index(&mut self, ks: u64) -> u32 {

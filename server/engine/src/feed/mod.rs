@@ -60,3 +60,23 @@ impl FeedState {
         }
     }
 }
+
+impl FeedState {
+    /// The feed as plain data at `now_ms`.
+    pub fn export(&self, now_ms: u64) -> crate::FeedImage {
+        match self {
+            FeedState::Events(f) => crate::FeedImage::Events(f.export()),
+            FeedState::Placements(f) => crate::FeedImage::Placements(f.export(now_ms)),
+        }
+    }
+
+    /// Restores an image of the same feed kind; false (nothing restored) for another kind.
+    pub fn import(&mut self, image: &crate::FeedImage, now_ms: u64) -> bool {
+        match (self, image) {
+            (FeedState::Events(f), crate::FeedImage::Events(i)) => f.import(i),
+            (FeedState::Placements(f), crate::FeedImage::Placements(i)) => f.import(i, now_ms),
+            _ => return false,
+        }
+        true
+    }
+}

@@ -145,6 +145,53 @@ impl PlacementFeed {
         }
     }
 
+    /// The placed blocks, oldest-used first, with their ages at `now_ms`.
+    pub fn export(&self, now_ms: u64) -> crate::PlacementFeedImage {
+        let mut placed = Vec::with_capacity(self.len as usize);
+        let mut s = self.oldest;
+        while s != NIL {
+            let slot = &self.slots[s as usize];
+            placed.push(crate::PlacedImage {
+                ks: slot.ks,
+                pos: slot.pos,
+                hash: slot.hash,
+                age_ms: now_ms.max(self.clock).saturating_sub(slot.time),
+            });
+            s = slot.newer;
+        }
+        crate::PlacementFeedImage { placed }
+    }
+
+    /// Restores an exported feed into a fresh one at `now_ms`, keeping the recency order.
+    /// The blocks themselves are restored into the index separately (they are runs there).
+    pub fn import(&mut self, image: &crate::PlacementFeedImage, now_ms: u64) {
+        self.clock = self.clock.max(now_ms);
+        // Over capacity (a smaller capacity since): keep the most recently used.
+        let skip = image
+            .placed
+            .len()
+            .saturating_sub(self.capacity.min(u32::MAX as u64) as usize);
+        for p in &image.placed[skip..] {
+            let key = BlockKey::new(p.ks, p.pos, p.hash);
+            if self.map.contains_key(&key) {
+                continue;
+            }
+            let slot = Slot {
+                ks: p.ks,
+                hash: p.hash,
+                pos: p.pos,
+                older: NIL,
+                newer: NIL,
+                time: self.clock.saturating_sub(p.age_ms),
+            };
+            self.slots.push(slot);
+            let s = (self.slots.len() - 1) as u32;
+            self.map.insert(key, s);
+            self.len += 1;
+            self.push_newest(s);
+        }
+    }
+
     /// Cuts blocks placed more than `ttl_ms` before `now_ms` (none when the TTL is 0).
     pub fn expire(&mut self, worker: WorkerId, now_ms: u64, out: &mut Vec<BlockOp<'_>>) {
         if self.ttl_ms == 0 {
