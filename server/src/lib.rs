@@ -8,11 +8,13 @@ pub mod config;
 pub mod conn;
 pub mod handler;
 pub mod http;
+pub mod ingest;
 pub mod listener;
 pub mod mesh;
 pub mod metrics;
 pub mod ops;
 pub mod shard;
+pub mod snapshot;
 pub mod steering;
 
 use std::os::fd::FromRawFd;
@@ -43,12 +45,35 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
-    let config = Arc::new(config);
-    let all_metrics: Arc<[ShardMetrics]> =
-        (0..executors).map(|_| ShardMetrics::default()).collect();
+    ingest::init(ingest::Settings {
+        addr: group.addr,
+        auth: config.auth_token.clone(),
+        block_size: config.block_size,
+    })
+    .context("starting the event ingest")?;
+    // A snapshot that cannot be read whole stops the start: never serve half an index.
+    let restored = match &config.snapshot {
+        Some(path) => snapshot::load(path, config.block_size)?,
+        None => None,
+    };
+    if let Some(image) = &restored {
+        tracing::info!(
+            workers = image.workers.len(),
+            runs = image.runs.len(),
+            "restoring snapshot"
+        );
+    }
+    let shared = Arc::new(Shared {
+        config: Arc::new(config),
+        metrics: (0..executors).map(|_| ShardMetrics::default()).collect(),
+        stop,
+        // No executor serves before every shard is wired to the mesh and restored.
+        ready: std::sync::Barrier::new(executors),
+        restored,
+        snapshot_done: AtomicBool::new(false),
+    });
+    let config = shared.config.clone();
     let mesh = mesh::builder::<ShardReq, ShardRep>(executors);
-    // No executor serves before every shard is wired to the mesh.
-    let ready = Arc::new(std::sync::Barrier::new(executors));
     let cpus = config::online_cpus();
     // Printed on stdout (not the log) so scripts and tests can find a port-0 server.
     println!(
@@ -68,17 +93,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         if let Some(spin) = config.spin() {
             builder = builder.spin_before_park(spin);
         }
-        let (config, all_metrics, mesh, stop, ready) = (
-            config.clone(),
-            all_metrics.clone(),
-            mesh.clone(),
-            stop.clone(),
-            ready.clone(),
-        );
+        let (shared, mesh) = (shared.clone(), mesh.clone());
         let handle = builder
-            .spawn(move || async move {
-                executor_main(i, fd, config, all_metrics, mesh, stop, ready).await
-            })
+            .spawn(move || async move { executor_main(i, fd, shared, mesh).await })
             .map_err(|e| anyhow::anyhow!("starting executor {i}: {e}"))?;
         handles.push(handle);
     }
@@ -98,15 +115,24 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     first_error.map_or(Ok(()), Err)
 }
 
+/// What every executor starts from.
+struct Shared {
+    config: Arc<Config>,
+    metrics: Arc<[ShardMetrics]>,
+    stop: Arc<AtomicBool>,
+    ready: std::sync::Barrier,
+    restored: Option<kvix_engine::EngineImage>,
+    /// Set by shard 0 once the shutdown snapshot is written; peers serve it until then.
+    snapshot_done: AtomicBool,
+}
+
 async fn executor_main(
     index: usize,
     fd: std::os::fd::RawFd,
-    config: Arc<Config>,
-    all_metrics: Arc<[ShardMetrics]>,
+    shared: Arc<Shared>,
     mesh: mesh::Builder<ShardReq, ShardRep>,
-    stop: Arc<AtomicBool>,
-    ready: Arc<std::sync::Barrier>,
 ) -> anyhow::Result<()> {
+    let (config, all_metrics) = (shared.config.clone(), shared.metrics.clone());
     // SAFETY: the fd is a listening TCP socket created for this executor alone.
     let tcp = unsafe { glommio::net::TcpListener::from_raw_fd(fd) };
     let shards = all_metrics.len();
@@ -124,8 +150,11 @@ async fn executor_main(
     let shard = Shard::new(config.clone(), all_metrics.clone(), joined.me(), shards);
     shard.set_mesh(joined);
     let _ = cell.set(shard.clone());
+    if let Some(image) = &shared.restored {
+        shard.restore(image).context("restoring the snapshot")?;
+    }
     // Blocking here is fine: nothing on this executor may run before its peers are wired.
-    ready.wait();
+    shared.ready.wait();
     if index == 0 && !config.metrics.is_empty() {
         let addr = &shard.config().metrics;
         let l = glommio::net::TcpListener::bind(addr.as_str())
@@ -168,17 +197,55 @@ async fn executor_main(
             }
         })
     };
+    let snapshot_ticks = config.snapshot_every.saturating_mul(20);
     let mut ticks = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    while !shared.stop.load(Ordering::Relaxed) {
         glommio::timer::sleep(Duration::from_millis(50)).await;
         ticks += 1;
         if ticks.is_multiple_of(20) {
             let _ = shard.expire().await;
         }
+        if shard.me() == 0 && snapshot_ticks > 0 && ticks.is_multiple_of(snapshot_ticks) {
+            take_snapshot(&shard, false).await;
+        }
     }
     drop(accept);
+    if shard.me() == 0 {
+        take_snapshot(&shard, true).await;
+        shared.snapshot_done.store(true, Ordering::Release);
+    } else {
+        // Keep answering shard 0's export until the last snapshot is on disk.
+        while !shared.snapshot_done.load(Ordering::Acquire) {
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+    }
     tracing::info!(shard = shard.me(), "executor stopping");
     Ok(())
+}
+
+/// Gathers and writes a snapshot when `--snapshot` is set. The file is written by a
+/// helper thread so the executor keeps serving; at shutdown we wait for it.
+async fn take_snapshot(shard: &Rc<Shard>, last: bool) {
+    let Some(path) = shard.config().snapshot.clone() else {
+        return;
+    };
+    let image = match shard.snapshot().await {
+        Ok(image) => image,
+        Err(e) => return tracing::error!("snapshot not taken: {}", e.message),
+    };
+    let bytes = snapshot::encode(&image, shard.config().block_size);
+    let writer = std::thread::spawn(move || {
+        let done = snapshot::write(&path, &bytes);
+        match &done {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written")
+            }
+            Err(e) => tracing::error!(path = %path.display(), "snapshot not written: {e}"),
+        }
+    });
+    if last {
+        let _ = writer.join();
+    }
 }
 
 /// Serves a new connection unless this executor is at its connection limit.

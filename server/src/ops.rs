@@ -127,6 +127,8 @@ pub enum ShardReq {
     DropBlocks(WorkerId),
     Feed(FeedReq),
     Stats,
+    /// This shard's part of a snapshot.
+    Export,
 }
 
 pub enum ShardRep {
@@ -136,6 +138,14 @@ pub enum ShardRep {
     Applied(Applied),
     Stats(Stats),
     Failed(Failure),
+    Export(ShardImage),
+}
+
+/// One shard's part of a snapshot: the runs it owns and the feeds it is home to.
+#[derive(Debug, Default)]
+pub struct ShardImage {
+    pub runs: Vec<kvix_engine::RunImage>,
+    pub feeds: Vec<(WorkerId, kvix_engine::FeedImage)>,
 }
 
 impl std::fmt::Debug for ShardRep {
@@ -147,6 +157,9 @@ impl std::fmt::Debug for ShardRep {
             ShardRep::Applied(a) => write!(f, "{a:?}"),
             ShardRep::Stats(s) => write!(f, "{s:?}"),
             ShardRep::Failed(e) => write!(f, "{e:?}"),
+            ShardRep::Export(i) => {
+                write!(f, "Export({} runs, {} feeds)", i.runs.len(), i.feeds.len())
+            }
         }
     }
 }

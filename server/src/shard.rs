@@ -22,7 +22,9 @@ use crate::config::Config;
 use crate::handler::frame;
 use crate::mesh::{LocalFuture, Mesh};
 use crate::metrics::{Outcome, ShardMetrics};
-use crate::ops::{AnnounceReq, Blocks, Failure, FeedReq, RosterEntry, ShardRep, ShardReq};
+use crate::ops::{
+    AnnounceReq, Blocks, Failure, FeedReq, RosterEntry, ShardImage, ShardRep, ShardReq,
+};
 
 pub struct Limits {
     pub max_frame: u32,
@@ -177,6 +179,7 @@ impl Shard {
             ShardReq::Retire(worker) => self.retire(worker),
             ShardReq::Feed(req) => self.feed(req),
             ShardReq::Stats => Box::pin(std::future::ready(ShardRep::Stats(self.local_stats()))),
+            ShardReq::Export => Box::pin(std::future::ready(ShardRep::Export(self.export()))),
         }
     }
 
@@ -301,6 +304,14 @@ impl Shard {
             Err(e) => return failed(ErrorCode::BadLane, e.to_string()),
         };
         let created = outcome != AnnounceOutcome::Unchanged;
+        let ingest = crate::ingest::Announcement {
+            worker: id,
+            name: req.name.clone(),
+            lanes: req.lanes.clone(),
+            feed: req.feed,
+            source: req.source,
+            created,
+        };
         let entry = RosterEntry {
             id,
             name: req.name,
@@ -311,10 +322,14 @@ impl Shard {
         let done = self.broadcast(move || ShardReq::Roster(entry.clone()));
         Box::pin(async move {
             match done.await {
-                Ok(()) => ShardRep::Announced(Announced {
-                    worker: id,
-                    created,
-                }),
+                Ok(()) => {
+                    // Installed everywhere: the ingest may subscribe to its source now.
+                    crate::ingest::announced(ingest);
+                    ShardRep::Announced(Announced {
+                        worker: id,
+                        created,
+                    })
+                }
                 Err(f) => ShardRep::Failed(f),
             }
         })
@@ -608,6 +623,80 @@ impl Shard {
             }
         }
         total
+    }
+
+    fn export(&self) -> ShardImage {
+        let state = self.state.borrow();
+        let now = self.now_ms();
+        ShardImage {
+            runs: state.index.export(),
+            feeds: state
+                .feeds
+                .iter()
+                .enumerate()
+                .filter_map(|(w, f)| f.as_ref().map(|f| (w as WorkerId, f.export(now))))
+                .collect(),
+        }
+    }
+
+    /// Gathers every shard's part into one image (run on shard 0, which owns the roster's ids).
+    pub async fn snapshot(self: &Rc<Self>) -> Result<kvix_engine::EngineImage, Failure> {
+        let calls: Vec<_> = (0..self.shards)
+            .map(|s| self.call(s, ShardReq::Export))
+            .collect();
+        let mut image = kvix_engine::EngineImage {
+            workers: self.state.borrow().roster.export(),
+            ..Default::default()
+        };
+        for c in calls {
+            match c.await? {
+                ShardRep::Export(part) => {
+                    image.runs.extend(part.runs);
+                    image.feeds.extend(part.feeds);
+                }
+                other => {
+                    return Err(Failure::new(
+                        ErrorCode::Internal,
+                        format!("export answered {other:?}"),
+                    ))
+                }
+            }
+        }
+        image.feeds.sort_unstable_by_key(|(w, _)| *w);
+        Ok(image)
+    }
+
+    /// Loads this shard's part of a snapshot: the whole roster, the feeds it is home
+    /// to, the runs (pieces of runs) it owns. Runs on start, before serving.
+    pub fn restore(&self, image: &kvix_engine::EngineImage) -> Result<(), EngineError> {
+        let now = self.now_ms();
+        let mut state = self.state.borrow_mut();
+        let State {
+            index,
+            roster,
+            feeds,
+            ..
+        } = &mut *state;
+        roster.import(&image.workers, self.config.block_size)?;
+        for w in roster.iter().filter(|w| self.home_of(w.id) == self.me) {
+            *feed_slot(feeds, w.id) = Some(FeedState::new(w.feed, w.lanes.len()));
+        }
+        for (w, img) in &image.feeds {
+            if let Some(Some(f)) = feeds.get_mut(*w as usize) {
+                f.import(img, now);
+            }
+        }
+        for run in &image.runs {
+            for p in self
+                .sharding
+                .split(run.ks, run.start, &run.hashes)
+                .filter(|p| p.shard as usize == self.me)
+            {
+                index.import(run.ks, p.start, p.chain, &run.holders)?;
+            }
+        }
+        self.refresh_gauges(&state);
+        Ok(())
     }
 
     /// Drops expired placements of the workers this shard is home to.

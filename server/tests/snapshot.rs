@@ -1,0 +1,181 @@
+//! Snapshots through the real binary: written on shutdown, restored on start (with
+//! another shard count too), refused whole when torn or corrupt.
+
+mod common;
+
+use common::*;
+use kvix_wire::*;
+
+fn snapshot_path(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvix-snapshot-test-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("index.snapshot")
+}
+
+fn start(path: &std::path::Path, cores: &str) -> Server {
+    Server::start(&[
+        "--cores",
+        cores,
+        "--pin",
+        "false",
+        "--segment",
+        "4",
+        "--snapshot",
+        path.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn state_survives_a_restart_even_with_another_shard_count() {
+    let path = snapshot_path("restart");
+    let ks = Keyspace::tokens("m");
+    let chain = chain_of(&ks, 0, 30);
+    let server = start(&path, "2");
+    let mut c = server.session();
+    let a = c
+        .announce("a", vec![Lane::full(32)], Feed::Events)
+        .unwrap()
+        .worker;
+    let p = c
+        .announce(
+            "p",
+            vec![Lane::full(16)],
+            Feed::Placements {
+                capacity_blocks: 12,
+                ttl_ms: 0,
+            },
+        )
+        .unwrap()
+        .worker;
+    let engine: Vec<u64> = (0..15).map(|i| 5000 + i).collect();
+    let stored = Event::Stored {
+        lane: 0,
+        start: 0,
+        chain: chain.clone(),
+        engine,
+    };
+    c.ask(&EventBatch {
+        worker: a,
+        seq: 7,
+        keyspace: ks.clone(),
+        events: vec![stored],
+    });
+    c.ask(&Placement {
+        worker: p,
+        keyspace: ks.clone(),
+        chain: chain[..10].to_vec(),
+    });
+    let before = c.query(&ks, &chain);
+    assert!(server.stop().success());
+    assert!(path.exists(), "a snapshot is written on shutdown");
+
+    let server = start(&path, "3");
+    let mut c = server.session();
+    assert_eq!(
+        c.query(&ks, &chain),
+        before,
+        "same answer after restoring into 3 shards"
+    );
+    // Ids, sequences, engine-hash names and placement capacity survive.
+    assert_eq!(
+        c.announce("a", vec![Lane::full(32)], Feed::Events).unwrap(),
+        Announced {
+            worker: a,
+            created: false
+        }
+    );
+    let dup = c.ask(&EventBatch {
+        worker: a,
+        seq: 7,
+        keyspace: ks.clone(),
+        events: vec![Event::Cleared],
+    });
+    assert_eq!(dup.decode::<Applied>().status, ApplyStatus::Duplicate);
+    let rm = EventBatch {
+        worker: a,
+        seq: 8,
+        keyspace: ks.clone(),
+        events: vec![Event::Removed {
+            lane: 0,
+            hashes: vec![5005],
+        }],
+    };
+    assert_eq!(c.ask(&rm).decode::<Applied>().status, ApplyStatus::Applied);
+    assert_eq!(
+        c.query(&ks, &chain).scores[0],
+        Score {
+            worker: a,
+            blocks: 10
+        }
+    );
+    c.ask(&Placement {
+        worker: p,
+        keyspace: ks.clone(),
+        chain: chain_of(&ks, 777, 5),
+    });
+    let placed = c
+        .query(&ks, &chain[..10])
+        .scores
+        .iter()
+        .find(|s| s.worker == p)
+        .map(|s| s.blocks);
+    assert_eq!(
+        placed,
+        Some(7),
+        "capacity 12: the restored 10 blocks are cut by 3 from the end"
+    );
+    drop(server);
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn torn_or_corrupt_snapshots_are_refused_with_a_clear_message() {
+    let path = snapshot_path("corrupt");
+    let server = start(&path, "1");
+    let mut c = server.session();
+    c.announce("a", vec![Lane::full(16)], Feed::Events).unwrap();
+    assert!(server.stop().success());
+    let good = std::fs::read(&path).unwrap();
+    for (damage, expect) in [
+        (good[..good.len() - 3].to_vec(), "torn"),
+        (
+            {
+                let mut b = good.clone();
+                *b.last_mut().unwrap() ^= 0x40;
+                b
+            },
+            "checksum",
+        ),
+        (
+            b"not a snapshot at all, certainly longer than a header".to_vec(),
+            "not a kvix snapshot",
+        ),
+    ] {
+        std::fs::write(&path, &damage).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvix-server"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--unix",
+                "",
+                "--metrics",
+                "",
+                "--snapshot",
+                path.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "a damaged snapshot stops the start");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(expect) && err.contains(path.to_str().unwrap()),
+            "{expect}: {err}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            damage,
+            "the damaged file is left for the operator"
+        );
+    }
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
