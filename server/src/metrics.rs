@@ -233,6 +233,7 @@ pub fn render(shards: &[ShardMetrics]) -> String {
             .map(|(i, s)| (format!("{{shard=\"{i}\"}}"), s.work.load(Relaxed)))
             .collect(),
     );
+    crate::ingest::render(&mut out);
     for (name, help, f) in [
         (
             "kvix_query_latency_us",

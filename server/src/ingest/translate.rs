@@ -358,7 +358,10 @@ mod tests {
         );
         let (out, _) = run(
             &mut t,
-            batch(0, vec![EngineEvent::Stored(st(&[12, 13], Some(11), 64..128))]),
+            batch(
+                0,
+                vec![EngineEvent::Stored(st(&[12, 13], Some(11), 64..128))],
+            ),
         );
         let Event::Stored { start, chain, .. } = &out[0].events[0] else {
             panic!()

@@ -124,7 +124,10 @@ pub enum DecodeError {
     #[error("the batch is {0}, expected an array or a map")]
     BatchShape(&'static str),
     #[error("event {index}: {what}")]
-    Event { index: usize, what: Box<DecodeError> },
+    Event {
+        index: usize,
+        what: Box<DecodeError>,
+    },
     #[error("event is {0}, expected a tagged array or a map with \"type\"")]
     EventShape(&'static str),
     #[error("missing field {0}")]

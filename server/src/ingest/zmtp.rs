@@ -114,7 +114,10 @@ impl Socket {
             return Err(proto("not a ZMTP peer (bad greeting signature)"));
         }
         if peer[10] < 3 {
-            return Err(proto(format!("ZMTP {}.x peer; 3.0 or later needed", peer[10])));
+            return Err(proto(format!(
+                "ZMTP {}.x peer; 3.0 or later needed",
+                peer[10]
+            )));
         }
         if &peer[12..32] != b"NULL\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0" {
             return Err(proto("peer wants a security mechanism other than NULL"));
@@ -324,7 +327,10 @@ mod tests {
         property(&mut p, "Identity", b"");
         assert_eq!(
             properties(&p).unwrap(),
-            vec![(&b"Socket-Type"[..], &b"PUB"[..]), (&b"Identity"[..], &b""[..])]
+            vec![
+                (&b"Socket-Type"[..], &b"PUB"[..]),
+                (&b"Identity"[..], &b""[..])
+            ]
         );
         assert!(properties(&[5, b'a']).is_none());
         assert_eq!(command(&[3, b'a', b'b']), None);
