@@ -517,3 +517,73 @@ fn stats_sum_the_shards() {
     assert_eq!((s.workers, s.blocks, s.memberships), (1, 10, 10));
     assert_eq!(s.shard_load.len(), 2);
 }
+
+#[test]
+fn connections_over_the_limit_get_overloaded_and_are_closed() {
+    let server = Server::start(&["--cores", "1", "--max-connections", "2"]);
+    let _a = server.session();
+    let _b = server.session();
+    let mut c = server.connect();
+    let r = c.recv().expect("an error frame before the close");
+    assert_eq!(r.error().code, ErrorCode::Overloaded);
+    assert!(c.recv().is_none());
+    assert!(server
+        .scrape()
+        .contains("kvix_rejected_frames_total{reason=\"overloaded\"} 1"));
+}
+
+/// A client that pipelines without ever reading its replies stalls only itself.
+#[test]
+fn a_client_that_never_reads_does_not_stall_others() {
+    let server = Server::start(&["--cores", "1", "--max-inflight", "8"]);
+    let ks = Keyspace::tokens("m");
+    let mut hog = server.session();
+    hog.stream.set_nonblocking(true).unwrap();
+    let q = encode(
+        &Query {
+            keyspace: ks.clone(),
+            chain: chain_of(&ks, 0, 200),
+            ..Default::default()
+        },
+        1,
+        0,
+    )
+    .unwrap();
+    // Write until the socket buffers fill: the server has stopped reading this client.
+    let mut sent = 0usize;
+    let mut stalled = 0;
+    while sent < 64 << 20 && stalled < 200 {
+        use std::io::Write;
+        match hog.stream.write(&q[sent % q.len()..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                stalled += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        sent < 64 << 20,
+        "the server kept reading a client that never reads its replies"
+    );
+    let mut other = server.session();
+    let w = other
+        .announce("w", vec![Lane::full(16)], Feed::Events)
+        .unwrap()
+        .worker;
+    let chain = chain_of(&ks, 0, 4);
+    other.ask(&EventBatch {
+        worker: w,
+        seq: 0,
+        keyspace: ks.clone(),
+        events: vec![stored(0, 0, &chain)],
+    });
+    assert_eq!(
+        other.query(&ks, &chain).scores,
+        vec![Score {
+            worker: w,
+            blocks: 4
+        }]
+    );
+}
