@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One command for every kvix-bench figure: builds kvix-server and kvix-bench (release),
+# starts a server on a free loopback port, runs each subcommand with modest defaults,
+# writes JSON (and the tables) into a results folder, and stops what it started.
+#
+#   scripts/bench.sh [RESULTS_DIR]          # default target-bench/results/<UTC timestamp> (gitignored)
+#   QUICK=1 scripts/bench.sh                # smaller counts (a smoke run, ~1 min)
+#   NO_REDIS=1 scripts/bench.sh             # skip the Redis comparison
+#
+# Everything talks to 127.0.0.1 only. Builds use CARGO_TARGET_DIR (default target-bench).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-bench}"
+OUT="${1:-$CARGO_TARGET_DIR/results/$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$OUT"
+BIN="$CARGO_TARGET_DIR/release"
+
+cargo build --release -p kvix-server -p kvix-bench
+
+SERVER_PID=""
+REDIS_STARTED=""
+cleanup() {
+  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+  if [ -n "$REDIS_STARTED" ]; then scripts/redis.sh stop >/dev/null || true; fi
+}
+trap cleanup EXIT
+
+"$BIN/kvix-server" --listen 127.0.0.1:0 --unix "" --metrics "" >"$OUT/server.out" 2>"$OUT/server.err" &
+SERVER_PID=$!
+ADDR=""
+for _ in $(seq 1 100); do
+  ADDR="$(grep -o 'tcp://[0-9.]*:[0-9]*' "$OUT/server.out" 2>/dev/null | head -1 | sed 's#tcp://##' || true)"
+  [ -n "$ADDR" ] && break
+  kill -0 "$SERVER_PID" 2>/dev/null || { echo "kvix-server exited; see $OUT/server.err" >&2; exit 1; }
+  sleep 0.1
+done
+[ -n "$ADDR" ] || { echo "kvix-server did not print its address within 10 s" >&2; exit 1; }
+echo "kvix-server at $ADDR; results in $OUT"
+
+if [ -n "${QUICK:-}" ]; then
+  SIM=(--workers 64 --sessions 3000 --session-rate 150)
+  LAT=(--queries 2000 --warmup 200)
+  LOAD=(--duration 3 --floor-duration 2 --rate 1000)
+  RED=(--queries 500 --warmup 50)
+else
+  SIM=()
+  LAT=(--queries 10000 --warmup 1000)
+  LOAD=(--duration 10 --floor-duration 5 --rate 2000)
+  RED=(--queries 2000 --warmup 200)
+fi
+
+run() { # name, args...: the command to $OUT/name.cmd, its JSON to $OUT/name.json
+  local name="$1"; shift
+  echo "== kvix-bench $*" | tee "$OUT/$name.cmd"
+  timeout 900 "$BIN/kvix-bench" "$@" --json >"$OUT/$name.json"
+  python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$OUT/$name.json"
+}
+
+run sim sim "${SIM[@]}"
+run trace-in-process trace --in-process
+run trace-in-process-16tok trace --in-process --sub-blocks 32
+run trace-server trace --server "$ADDR"
+run latency latency --server "$ADDR" "${LAT[@]}"
+run latency-spin latency --server "$ADDR" "${LAT[@]}" --spin-us 50
+run load load --server "$ADDR" "${LOAD[@]}"
+if [ -z "${NO_REDIS:-}" ]; then
+  if ! scripts/redis.sh status >/dev/null 2>&1; then scripts/redis.sh start; REDIS_STARTED=1; fi
+  run redis redis --server "$ADDR" "${RED[@]}"
+fi
+echo "done: $OUT"
+ls -1 "$OUT"
