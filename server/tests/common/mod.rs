@@ -33,7 +33,38 @@ impl Server {
         Self::spawn(cmd)
     }
 
-    pub fn spawn(mut cmd: Command) -> Server {
+    pub fn spawn(cmd: Command) -> Server {
+        Self::try_spawn(cmd).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts the binary with `args` listening on TCP `listen` (a fixed port, to come
+    /// back where a killed server was), no Unix socket, metrics on an ephemeral port.
+    /// Retries a few times while the port is still busy.
+    pub fn start_on(listen: SocketAddr, args: &[&str]) -> Server {
+        let listen = listen.to_string();
+        let mut last = String::new();
+        for _ in 0..20 {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvix-server"));
+            cmd.args([
+                "--listen",
+                &listen,
+                "--unix",
+                "",
+                "--metrics",
+                "127.0.0.1:0",
+            ])
+            .args(args);
+            match Self::try_spawn(cmd) {
+                Ok(s) => return s,
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("kvix-server never listened on {listen}: {last}");
+    }
+
+    /// Like `spawn`, but a server that exits before listening is an error, not a panic.
+    pub fn try_spawn(mut cmd: Command) -> Result<Server, String> {
         let mut child = cmd
             .env("KVIX_LOG", "warn")
             .stdout(Stdio::piped())
@@ -58,7 +89,10 @@ impl Server {
         while addr.is_none() || (wants_metrics && metrics.is_none()) || (wants_unix && !unix) {
             let mut line = String::new();
             if out.read_line(&mut line).unwrap() == 0 {
-                panic!("kvix-server exited before listening; output so far: {lines:?}");
+                let _ = child.wait();
+                return Err(format!(
+                    "kvix-server exited before listening; output so far: {lines:?}"
+                ));
             }
             if let Some(rest) = line.split("listening on tcp://").nth(1) {
                 addr = Some(rest.split_whitespace().next().unwrap().parse().unwrap());
@@ -72,12 +106,12 @@ impl Server {
         }
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in out.lines() {});
-        Server {
+        Ok(Server {
             child,
             addr: addr.unwrap(),
             metrics,
             stdout_lines: lines,
-        }
+        })
     }
 
     pub fn connect(&self) -> Conn {
@@ -99,6 +133,13 @@ impl Server {
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         body
+    }
+
+    /// SIGKILL: the process dies at once, with no clean shutdown (its sockets are
+    /// closed by the kernel). Waits only to reap it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Sends SIGTERM and waits for a clean exit.
