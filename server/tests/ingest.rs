@@ -77,7 +77,7 @@ fn stored(p: u32, from: u32, to: u32, hashes: Vec<Value>, parent: Value, lane: u
     if lane == 1 {
         ev["kv_cache_spec_kind"] = json!("sliding_window");
         ev["kv_cache_spec_sliding_window"] = json!(64);
-    } else if p % 2 == 0 {
+    } else if p.is_multiple_of(2) {
         ev["kv_cache_spec_kind"] = json!("full_attention");
     }
     ev
