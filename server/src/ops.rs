@@ -74,20 +74,51 @@ pub enum Blocks {
         pos: u32,
         hash: u64,
     },
+    DropWorker {
+        worker: WorkerId,
+    },
 }
 
 impl Blocks {
-    pub fn as_op(&self) -> BlockOp<'_> {
-        match self {
-            Blocks::Insert {
+    pub fn of(op: BlockOp<'_>) -> Blocks {
+        match op {
+            BlockOp::Insert {
                 ks,
                 holder,
                 start,
                 chain,
+            } => Blocks::Insert {
+                ks,
+                holder,
+                start,
+                chain: chain.to_vec(),
+            },
+            BlockOp::Remove {
+                ks,
+                holder,
+                pos,
+                hash,
+            } => Blocks::Remove {
+                ks,
+                holder,
+                pos,
+                hash,
+            },
+            BlockOp::DropWorker { worker } => Blocks::DropWorker { worker },
+        }
+    }
+
+    pub fn as_op(&self) -> BlockOp<'_> {
+        match *self {
+            Blocks::Insert {
+                ks,
+                holder,
+                start,
+                ref chain,
             } => BlockOp::Insert {
-                ks: *ks,
-                holder: *holder,
-                start: *start,
+                ks,
+                holder,
+                start,
                 chain,
             },
             Blocks::Remove {
@@ -96,11 +127,12 @@ impl Blocks {
                 pos,
                 hash,
             } => BlockOp::Remove {
-                ks: *ks,
-                holder: *holder,
-                pos: *pos,
-                hash: *hash,
+                ks,
+                holder,
+                pos,
+                hash,
             },
+            Blocks::DropWorker { worker } => BlockOp::DropWorker { worker },
         }
     }
 }
@@ -123,8 +155,6 @@ pub enum ShardReq {
     Roster(RosterEntry),
     /// Drop a retired worker everywhere.
     Forget(WorkerId),
-    /// Drop a worker's blocks on this shard (its feed was cleared).
-    DropBlocks(WorkerId),
     Feed(FeedReq),
     Stats,
     /// This shard's part of a snapshot.

@@ -167,10 +167,6 @@ impl Shard {
                 self.install(&entry);
                 Box::pin(std::future::ready(ShardRep::Done))
             }
-            ShardReq::DropBlocks(worker) => {
-                self.state.borrow_mut().index.drop_worker(worker);
-                Box::pin(std::future::ready(ShardRep::Done))
-            }
             ShardReq::Forget(worker) => {
                 self.forget(worker);
                 Box::pin(std::future::ready(ShardRep::Done))
@@ -205,24 +201,7 @@ impl Shard {
         let mut state = self.state.borrow_mut();
         for op in ops {
             // Ops were validated by the feed that made them; an index refusal is a bug.
-            let done = match op.as_op() {
-                BlockOp::Insert {
-                    ks,
-                    holder,
-                    start,
-                    chain,
-                } => state.index.insert(ks, holder, start, chain),
-                BlockOp::Remove {
-                    ks,
-                    holder,
-                    pos,
-                    hash,
-                } => state.index.remove(ks, holder, pos, hash).map(drop),
-                BlockOp::DropWorker { worker } => {
-                    state.index.drop_worker(worker);
-                    Ok(())
-                }
-            };
+            let done = state.index.apply(&op.as_op());
             if let Err(e) = done {
                 tracing::error!("block operation refused by the index: {e}");
             }
@@ -437,44 +416,11 @@ impl Shard {
         ops: &[BlockOp<'_>],
     ) -> impl Future<Output = Result<(), Failure>> {
         let mut per: Vec<Vec<Blocks>> = (0..self.shards).map(|_| Vec::new()).collect();
-        let mut dropped = Vec::new();
         for op in ops {
-            match *op {
-                BlockOp::Insert {
-                    ks,
-                    holder,
-                    start,
-                    chain,
-                } => {
-                    for p in self.sharding.split(ks, start, chain) {
-                        per[p.shard as usize].push(Blocks::Insert {
-                            ks,
-                            holder,
-                            start: p.start,
-                            chain: p.chain.to_vec(),
-                        });
-                    }
-                }
-                BlockOp::Remove {
-                    ks,
-                    holder,
-                    pos,
-                    hash,
-                } => {
-                    per[self.sharding.owner(ks, pos) as usize].push(Blocks::Remove {
-                        ks,
-                        holder,
-                        pos,
-                        hash,
-                    });
-                }
-                BlockOp::DropWorker { worker } => dropped.push(worker),
-            }
+            self.sharding.route(op, |shard, piece| {
+                per[shard as usize].push(Blocks::of(piece))
+            });
         }
-        let drops: Vec<_> = dropped
-            .into_iter()
-            .map(|w| self.broadcast(move || ShardReq::DropBlocks(w)))
-            .collect();
         let calls: Vec<_> = per
             .into_iter()
             .enumerate()
@@ -482,9 +428,6 @@ impl Shard {
             .map(|(s, ops)| self.call(s, ShardReq::Blocks(ops)))
             .collect();
         async move {
-            for d in drops {
-                d.await?;
-            }
             for c in calls {
                 c.await?;
             }

@@ -291,31 +291,16 @@ impl Engine {
 
     /// Sends each operation to the shard(s) owning its positions.
     fn route(&mut self, ops: &[BlockOp<'_>]) -> Result<(), EngineError> {
-        let sharding = self.cfg.sharding;
+        let (sharding, shards) = (self.cfg.sharding, &mut self.shards);
+        let mut result = Ok(());
         for op in ops {
-            match *op {
-                BlockOp::Insert {
-                    ks,
-                    holder,
-                    start,
-                    chain,
-                } => {
-                    for p in sharding.split(ks, start, chain) {
-                        self.shards[p.shard as usize].insert(ks, holder, p.start, p.chain)?;
-                    }
+            sharding.route(op, |s, piece| {
+                if result.is_ok() {
+                    result = shards[s as usize].apply(&piece);
                 }
-                BlockOp::Remove {
-                    ks,
-                    holder,
-                    pos,
-                    hash,
-                } => {
-                    self.shards[sharding.owner(ks, pos) as usize].remove(ks, holder, pos, hash)?;
-                }
-                BlockOp::DropWorker { worker } => self.drop_worker(worker),
-            }
+            });
         }
-        Ok(())
+        Ok(result?)
     }
 }
 

@@ -565,6 +565,28 @@ impl BlockIndex {
         }
     }
 
+    /// Applies one block operation (already routed to this shard).
+    pub fn apply(&mut self, op: &crate::BlockOp<'_>) -> Result<(), IndexError> {
+        match *op {
+            crate::BlockOp::Insert {
+                ks,
+                holder,
+                start,
+                chain,
+            } => self.insert(ks, holder, start, chain),
+            crate::BlockOp::Remove {
+                ks,
+                holder,
+                pos,
+                hash,
+            } => self.remove(ks, holder, pos, hash).map(drop),
+            crate::BlockOp::DropWorker { worker } => {
+                self.drop_worker(worker);
+                Ok(())
+            }
+        }
+    }
+
     /// Every live run, for a snapshot; [`BlockIndex::import`] rebuilds the same index.
     pub fn export(&self) -> Vec<crate::RunImage> {
         self.nodes

@@ -5,6 +5,7 @@
 //! rotation makes each keyspace's shared system prefix land on a different shard.
 
 use crate::error::IndexError;
+use crate::feed::BlockOp;
 
 /// How the index is cut over shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +55,36 @@ impl Sharding {
             ks,
             pos: start,
             rest: chain,
+        }
+    }
+}
+
+impl Sharding {
+    /// Calls `f(shard, op)` with the part of `op` each shard must apply: an insert cut
+    /// into per-shard pieces, a removal to the owner of its position, a worker drop to
+    /// every shard.
+    pub fn route<'a>(&self, op: &BlockOp<'a>, mut f: impl FnMut(u32, BlockOp<'a>)) {
+        match *op {
+            BlockOp::Insert {
+                ks,
+                holder,
+                start,
+                chain,
+            } => {
+                for p in self.split(ks, start, chain) {
+                    f(
+                        p.shard,
+                        BlockOp::Insert {
+                            ks,
+                            holder,
+                            start: p.start,
+                            chain: p.chain,
+                        },
+                    );
+                }
+            }
+            BlockOp::Remove { ks, pos, .. } => f(self.owner(ks, pos), *op),
+            BlockOp::DropWorker { .. } => (0..self.shards).for_each(|s| f(s, *op)),
         }
     }
 }
