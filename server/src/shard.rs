@@ -347,15 +347,29 @@ impl Shard {
                 } => {
                     ShardMetrics::add(&m.batches, 1);
                     let ks = Ks::of(keyspace, self.config.block_size);
-                    home_feed(roster, feeds, *worker, ks).and_then(|(lane_blocks, feed)| match feed
-                    {
-                        FeedState::Events(f) => {
-                            let report =
-                                f.apply(*worker, *seq, ks.seed, lane_blocks, events, &mut ops);
-                            Ok(Some((report, *seq)))
-                        }
+                    let (lane_blocks, feed) = match home_feed(roster, feeds, *worker, ks) {
+                        Ok(v) => v,
+                        Err(e) => return failed(error_code(&e), e.to_string()),
+                    };
+                    match feed {
+                        FeedState::Events(f) => match f.check(lane_blocks, events) {
+                            // A batch is applied whole or not at all (its seq not taken either).
+                            Err((i, e)) => {
+                                return failed(
+                                    ErrorCode::BadLane,
+                                    format!(
+                                    "event {i} of batch {seq} refused, nothing of it applied: {e}"
+                                ),
+                                )
+                            }
+                            Ok(()) => {
+                                let report =
+                                    f.apply(*worker, *seq, ks.seed, lane_blocks, events, &mut ops);
+                                Ok(Some((report, *seq)))
+                            }
+                        },
                         other => Err(wrong_feed(*worker, other, "events")),
-                    })
+                    }
                 }
                 FeedReq::Place {
                     worker,
@@ -378,22 +392,13 @@ impl Shard {
             Ok(v) => v,
             Err(e) => return failed(error_code(&e), e.to_string()),
         };
-        let mut refusal = None;
         let applied = applied.map(|(report, seq)| {
             match report.status {
                 kvix_wire::ApplyStatus::Duplicate => ShardMetrics::add(&m.batch_duplicates, 1),
                 kvix_wire::ApplyStatus::Gap { .. } => ShardMetrics::add(&m.batch_gaps, 1),
                 kvix_wire::ApplyStatus::Applied => {}
             }
-            if let Some((i, e)) = report.rejected.first() {
-                refusal = Some(Failure::new(
-                    ErrorCode::BadLane,
-                    format!(
-                        "event {i} of batch {seq} refused: {e} ({} of the batch refused)",
-                        report.rejected.len()
-                    ),
-                ));
-            }
+            debug_assert!(report.rejected.is_empty(), "checked before applying");
             Applied {
                 seq,
                 status: report.status,
@@ -401,9 +406,9 @@ impl Shard {
         });
         let done = self.route_blocks(&ops);
         Box::pin(async move {
-            let rep = match (done.await, refusal) {
-                (Err(f), _) | (Ok(()), Some(f)) => ShardRep::Failed(f),
-                (Ok(()), None) => applied.map_or(ShardRep::Done, ShardRep::Applied),
+            let rep = match done.await {
+                Err(f) => ShardRep::Failed(f),
+                Ok(()) => applied.map_or(ShardRep::Done, ShardRep::Applied),
             };
             self.metrics().applied(started.elapsed());
             rep

@@ -265,6 +265,33 @@ fn unknown_workers_bad_lanes_and_byte_keyspace_lanes_are_refused() {
         .ask(&batch(h.worker, 1, &ks, vec![stored(7, 0, &[1, 2])]))
         .error();
     assert_eq!(e.code, ErrorCode::BadLane);
+    // A batch is applied whole or not at all, and a refused batch does not take its seq.
+    let chain = chain_of(&ks, 3, 4);
+    let mixed = batch(
+        h.worker,
+        2,
+        &ks,
+        vec![stored(0, 0, &chain), stored(7, 0, &chain)],
+    );
+    let e = c.ask(&mixed).error();
+    assert_eq!(e.code, ErrorCode::BadLane);
+    assert!(
+        e.message.contains("event 1") && e.message.contains("nothing"),
+        "{}",
+        e.message
+    );
+    assert_eq!(
+        c.query(&ks, &chain).unscorable,
+        0,
+        "nothing of the refused batch was stored"
+    );
+    let good = c.ask(&batch(h.worker, 2, &ks, vec![stored(0, 0, &chain)]));
+    assert_eq!(good.decode::<Applied>().status, ApplyStatus::Applied);
+    assert_eq!(
+        c.query(&ks, &chain).unscorable,
+        1,
+        "the hybrid worker now holds its full lane only"
+    );
 }
 
 #[test]

@@ -134,15 +134,18 @@ impl EventFeed {
         report
     }
 
-    fn one<'a>(
-        &mut self,
-        worker: WorkerId,
-        ks: u64,
-        lane_blocks: &[u32],
-        event: &'a Event,
-        out: &mut Vec<BlockOp<'a>>,
-        report: &mut ApplyReport,
-    ) -> Result<(), EventError> {
+    /// Checks a whole batch without applying any of it: the first event that would be
+    /// refused, by index. Lets a caller refuse a batch as a whole instead of in part.
+    pub fn check(&self, lane_blocks: &[u32], events: &[Event]) -> Result<(), (u32, EventError)> {
+        for (i, e) in events.iter().enumerate() {
+            self.validate(lane_blocks, e)
+                .map_err(|err| (i as u32, err))?;
+        }
+        Ok(())
+    }
+
+    /// Why `event` would be refused; for a store, its lane's engine block (keyspace blocks).
+    fn validate(&self, lane_blocks: &[u32], event: &Event) -> Result<u32, EventError> {
         let lane_of = |lane: u8| {
             lane_blocks
                 .get(lane as usize)
@@ -160,7 +163,7 @@ impl EventFeed {
                 chain,
                 engine,
             } => {
-                let k = lane_of(*lane)? as usize;
+                let k = lane_of(*lane)?;
                 if *start as u64 + chain.len() as u64 > u32::MAX as u64 {
                     return Err(IndexError::PositionOverflow {
                         start: *start,
@@ -168,15 +171,39 @@ impl EventFeed {
                     }
                     .into());
                 }
-                let expected = chain.len().div_ceil(k);
+                let expected = chain.len().div_ceil(k as usize);
                 if !engine.is_empty() && engine.len() != expected {
                     return Err(EventError::EngineHashCount {
                         blocks: chain.len(),
-                        engine_block: k as u32,
+                        engine_block: k,
                         expected,
                         got: engine.len(),
                     });
                 }
+                Ok(k)
+            }
+            Event::Removed { lane, .. } => lane_of(*lane),
+            Event::Cleared => Ok(1),
+        }
+    }
+
+    fn one<'a>(
+        &mut self,
+        worker: WorkerId,
+        ks: u64,
+        lane_blocks: &[u32],
+        event: &'a Event,
+        out: &mut Vec<BlockOp<'a>>,
+        report: &mut ApplyReport,
+    ) -> Result<(), EventError> {
+        let k = self.validate(lane_blocks, event)? as usize;
+        match event {
+            Event::Stored {
+                lane,
+                start,
+                chain,
+                engine,
+            } => {
                 let ksi = self.keyspace_index(ks);
                 if engine.is_empty() {
                     for (i, &h) in chain.iter().enumerate() {
@@ -199,7 +226,6 @@ impl EventFeed {
                 report.block_events += chain.len() as u64;
             }
             Event::Removed { lane, hashes } => {
-                lane_of(*lane)?;
                 let holder = Holder::new(worker, *lane);
                 for h in hashes {
                     let Some(named) = self.lanes[*lane as usize].remove(h) else {
