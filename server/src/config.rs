@@ -13,7 +13,7 @@ use clap::Parser;
 /// listens on 127.0.0.1:7420 (and /tmp/kvix.sock), serves metrics on 127.0.0.1:7421,
 /// uses every core and keeps no snapshot.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "kvix-server", version, about, long_about = None)]
+#[command(name = "kvix-server", version)]
 pub struct Config {
     /// TCP address for the kvix protocol.
     #[arg(long, default_value = "127.0.0.1:7420", env = "KVIX_LISTEN")]

@@ -1,7 +1,9 @@
+use std::process::ExitCode;
+
 use anyhow::Context;
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KVIX_LOG")
@@ -10,9 +12,17 @@ fn main() -> anyhow::Result<()> {
         .with_target(false)
         .init();
     let config = kvix_server::Config::parse();
-    config
+    let outcome = config
         .validate()
         .map_err(anyhow::Error::msg)
-        .context("invalid flags")?;
-    kvix_server::run(config).context("kvix-server stopped")
+        .context("invalid flags")
+        .and_then(|()| kvix_server::run(config).context("kvix-server stopped"));
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the whole cause chain; no backtrace for an operator's mistake.
+            eprintln!("kvix-server: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
