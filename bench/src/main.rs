@@ -517,29 +517,24 @@ fn cmd_latency(a: LatencyArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
                     row.echo_reply_bytes,
                 ),
             ] {
-                t.row(vec![
+                let mut cells = vec![
                     row.blocks.to_string(),
                     what.into(),
                     rq.to_string(),
                     rp.to_string(),
-                    f(s.p50_us, 1),
-                    f(s.p90_us, 1),
-                    f(s.p99_us, 1),
-                    f(s.p999_us, 1),
-                    s.count.to_string(),
-                ]);
+                ];
+                cells.extend(s.cells());
+                t.row(cells);
             }
-            t.row(vec![
+            let mut cells = vec![
                 row.blocks.to_string(),
                 "query / floor".into(),
                 String::new(),
                 String::new(),
-                f(row.ratio.p50, 2),
-                f(row.ratio.p90, 2),
-                f(row.ratio.p99, 2),
-                f(row.ratio.p999, 2),
-                format!("{} not scored", row.not_scored),
-            ]);
+            ];
+            cells.extend(row.ratio.cells());
+            cells.push(format!("{} not scored", row.not_scored));
+            t.row(cells);
         }
         format!(
             "latency: closed loop against {} ({} shards), {} workers preloaded, top_k {}\n{}",
@@ -649,25 +644,14 @@ fn cmd_redis(a: RedisArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
         ]);
         for row in &r.rows {
             for (what, s) in [("kvix", &row.kvix), ("redis", &row.redis)] {
-                t.row(vec![
-                    row.blocks.to_string(),
-                    what.into(),
-                    f(s.p50_us, 1),
-                    f(s.p90_us, 1),
-                    f(s.p99_us, 1),
-                    f(s.p999_us, 1),
-                    s.count.to_string(),
-                ]);
+                let mut cells = vec![row.blocks.to_string(), what.into()];
+                cells.extend(s.cells());
+                t.row(cells);
             }
-            t.row(vec![
-                row.blocks.to_string(),
-                "redis / kvix".into(),
-                f(row.ratio.p50, 2),
-                f(row.ratio.p90, 2),
-                f(row.ratio.p99, 2),
-                f(row.ratio.p999, 2),
-                format!("agree {:.3}", row.agree),
-            ]);
+            let mut cells = vec![row.blocks.to_string(), "redis / kvix".into()];
+            cells.extend(row.ratio.cells());
+            cells.push(format!("agree {:.3}", row.agree));
+            t.row(cells);
         }
         format!(
             "redis: llm-d style pipelined HKEYS at {} vs kvix at {}, {} workers, {} keys\n{}",

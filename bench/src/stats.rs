@@ -75,6 +75,33 @@ pub struct Ratios {
     pub p999: f64,
 }
 
+impl Summary {
+    /// Table cells: p50, p90, p99, p99.9 (µs, one decimal), then the count.
+    pub fn cells(&self) -> Vec<String> {
+        let f = crate::table::f;
+        vec![
+            f(self.p50_us, 1),
+            f(self.p90_us, 1),
+            f(self.p99_us, 1),
+            f(self.p999_us, 1),
+            self.count.to_string(),
+        ]
+    }
+}
+
+impl Ratios {
+    /// Table cells: the four percentile ratios, two decimals.
+    pub fn cells(&self) -> Vec<String> {
+        let f = crate::table::f;
+        vec![
+            f(self.p50, 2),
+            f(self.p90, 2),
+            f(self.p99, 2),
+            f(self.p999, 2),
+        ]
+    }
+}
+
 /// Coefficient of variation (population std / mean); 0 for an empty or all-zero input.
 pub fn cov(xs: &[f64]) -> f64 {
     if xs.is_empty() {
