@@ -144,7 +144,7 @@ pub fn render(shards: &[ShardMetrics]) -> String {
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 10] = [
+    let plain: [(&str, &str, &str, Field); 9] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -196,19 +196,18 @@ pub fn render(shards: &[ShardMetrics]) -> String {
             "gauge",
             |s| &s.memberships,
         ),
-        ("kvix_workers", "Workers announced.", "gauge", |s| {
-            &s.workers
-        }),
     ];
     for (name, help, kind, f) in plain {
-        // Workers are replicated on every shard: report one copy, not the sum.
-        let v = if name == "kvix_workers" {
-            shards.first().map_or(0, |s| f(s).load(Relaxed))
-        } else {
-            sum(shards, f)
-        };
-        counter(name, help, kind, vec![(String::new(), v)]);
+        counter(name, help, kind, vec![(String::new(), sum(shards, f))]);
     }
+    // The roster is replicated on every shard: one copy, not the sum.
+    let workers = shards.first().map_or(0, |s| s.workers.load(Relaxed));
+    counter(
+        "kvix_workers",
+        "Workers announced.",
+        "gauge",
+        vec![(String::new(), workers)],
+    );
     counter(
         "kvix_rejected_frames_total",
         "Frames or connections refused, by reason.",
