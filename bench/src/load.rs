@@ -238,6 +238,7 @@ async fn events(
             let mut evs = vec![Event::Stored {
                 lane: 0,
                 start: 0,
+                parent: None,
                 chain: chain.clone(),
                 engine: Vec::new(),
             }];

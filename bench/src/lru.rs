@@ -38,6 +38,7 @@ impl Admitted {
             .map(|&(s, n)| Event::Stored {
                 lane: 0,
                 start: s,
+                parent: s.checked_sub(1).map(|p| chain[p as usize]),
                 chain: chain[s as usize..(s + n) as usize].to_vec(),
                 engine: Vec::new(),
             })

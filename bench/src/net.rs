@@ -342,6 +342,7 @@ impl Dataset {
                     events: vec![Event::Stored {
                         lane: 0,
                         start: 0,
+                        parent: None,
                         chain,
                         engine: Vec::new(),
                     }],

@@ -27,7 +27,8 @@ pub struct Config {
     #[arg(long, default_value = "127.0.0.1:7421", env = "KVIX_METRICS")]
     pub metrics: String,
 
-    /// Executors (= index shards); 0 = one per online CPU.
+    /// Executors, each with a whole copy of the index (memory grows with it); 0 = one per
+    /// online CPU.
     #[arg(long, default_value_t = 0)]
     pub cores: usize,
 
@@ -38,10 +39,6 @@ pub struct Config {
     /// Token block size of every token keyspace; clients hashing with another are refused.
     #[arg(long, default_value_t = 16)]
     pub block_size: u32,
-
-    /// Keyspace blocks per shard segment: a chain's blocks are dealt to shards in runs of this many.
-    #[arg(long, default_value_t = 16)]
-    pub segment: u32,
 
     /// Largest accepted frame in bytes.
     #[arg(long, default_value_t = kvix_wire::DEFAULT_MAX_FRAME)]
@@ -107,12 +104,9 @@ impl Config {
         if self.block_size == 0 {
             return Err("--block-size must be at least 1 token".into());
         }
-        if self.segment == 0 {
-            return Err("--segment must be at least 1 block".into());
-        }
         if self.executors() > 256 {
             return Err(format!(
-                "--cores {} is more than the 256 shards supported",
+                "--cores {} is more than the 256 executors supported",
                 self.executors()
             ));
         }

@@ -1,18 +1,23 @@
-//! Message → shard work → reply frame. One function per request kind; the handshake
-//! gate in front of them. Everything here runs on the connection's executor.
+//! Message → executor work → reply frame. One function per request kind, behind the
+//! handshake gate; the executor returns answers and this module frames them. Everything
+//! here runs on the connection's executor.
 
-use std::time::Instant;
+use std::rc::Rc;
 
 use kvix_wire::{
-    encode, u64s, AlignedVec, ArchivedAnnounce, ArchivedEventBatch, ArchivedHello,
-    ArchivedPlacement, ArchivedQuery, Body, ErrorCode, ErrorReply, Header, MessageRef, Welcome,
-    BYTE_CHUNK,
+    encode, AlignedVec, ArchivedAnnounce, ArchivedHello, Body, ErrorCode, ErrorReply, Header,
+    MessageRef, Stats, Welcome, BYTE_CHUNK,
 };
 
+use crate::calls::events::Events;
+use crate::calls::place::Place;
+use crate::calls::register::Register;
+use crate::calls::retire::Retire;
+use crate::calls::stats::StatsPart;
+use crate::executor::Executor;
+use crate::failure::Failure;
 use crate::mesh::LocalFuture;
 use crate::metrics::Rejected;
-use crate::ops::{Failure, FeedReq, ShardRep, ShardReq};
-use crate::shard::Shard;
 
 /// Per-connection protocol state.
 #[derive(Default)]
@@ -56,179 +61,182 @@ fn failure_frame(id: u64, f: Failure) -> AlignedVec {
     )
 }
 
-impl Shard {
-    /// Routes one validated message. Requests start here, in arrival order.
-    pub fn handle(
-        self: &std::rc::Rc<Self>,
-        session: &mut Session,
-        header: &Header,
-        msg: MessageRef<'_>,
-    ) -> Reply {
-        let id = header.request_id;
-        if !session.hello {
-            return match msg {
-                MessageRef::Hello(h) => self.hello(session, id, h),
-                other => {
-                    self.metrics().reject(Rejected::NoHello);
-                    session.closing = true;
-                    Reply::Now(failure_frame(
-                        id,
-                        Failure::new(
-                            ErrorCode::NoHello,
-                            format!("{} before Hello", other.kind().name()),
-                        ),
-                    ))
-                }
-            };
+/// A reply frame once `reply` resolves.
+fn later<T: Body + 'static>(
+    id: u64,
+    reply: LocalFuture<Result<Result<T, Failure>, Failure>>,
+) -> Reply {
+    Reply::Later(Box::pin(async move {
+        match reply.await.and_then(|r| r) {
+            Ok(msg) => frame(id, &msg),
+            Err(f) => failure_frame(id, f),
         }
-        let reply = match msg {
-            MessageRef::Query(q) => self.query(id, q),
-            MessageRef::Announce(a) => self.announce(id, a),
-            MessageRef::Retire(r) => self.forward(id, 0, ShardReq::Retire(r.worker.to_native())),
-            MessageRef::EventBatch(b) => self.events(id, b),
-            MessageRef::Placement(p) => self.placement(id, p),
-            MessageRef::StatsRequest(_) => self.stats(id),
-            MessageRef::Echo(e) => self.echo(id, e.reply_len.to_native()),
-            MessageRef::Hello(_) => Reply::Now(failure_frame(
-                id,
-                Failure::new(ErrorCode::BadFrame, "second Hello"),
-            )),
-            other => Reply::Now(failure_frame(
-                id,
-                Failure::new(
-                    ErrorCode::BadFrame,
-                    format!("{} is a reply, not a request", other.kind().name()),
-                ),
-            )),
-        };
-        if header.wants_reply() {
-            reply
-        } else {
-            // Fire-and-forget: the work still completes, only the reply is dropped.
-            if let Reply::Later(fut) = reply {
-                glommio::spawn_local(fut).detach();
-            }
-            Reply::Nothing
-        }
-    }
+    }))
+}
 
-    fn hello(&self, session: &mut Session, id: u64, h: &ArchivedHello) -> Reply {
-        let cfg = self.config();
-        let refuse = |session: &mut Session, why: Rejected, code, message: String| {
-            self.metrics().reject(why);
-            session.closing = true;
-            Reply::Now(failure_frame(id, Failure::new(code, message)))
-        };
-        if let Some(token) = &cfg.auth_token {
-            if h.auth.as_ref().map(|a| a.as_str()) != Some(token.as_str()) {
-                return refuse(
-                    session,
-                    Rejected::Unauthorized,
-                    ErrorCode::Unauthorized,
-                    "missing or wrong auth token".into(),
-                );
+/// Routes one validated message; `body` is its frame body (writes carry it to the
+/// worker's home as it is). Requests start here, in arrival order.
+pub fn handle(
+    ex: &Rc<Executor>,
+    session: &mut Session,
+    header: &Header,
+    msg: MessageRef<'_>,
+    body: &[u8],
+) -> Reply {
+    let id = header.request_id;
+    if !session.hello {
+        return match msg {
+            MessageRef::Hello(h) => hello(ex, session, id, h),
+            other => {
+                ex.metrics().reject(Rejected::NoHello);
+                session.closing = true;
+                Reply::Now(failure_frame(
+                    id,
+                    Failure::new(
+                        ErrorCode::NoHello,
+                        format!("{} before Hello", other.kind().name()),
+                    ),
+                ))
             }
+        };
+    }
+    let reply = match msg {
+        MessageRef::Query(q) => Reply::Now(ex.query(q, |a| frame(id, &a.to_wire()))),
+        MessageRef::Announce(a) => announce(ex, id, a),
+        MessageRef::Retire(r) => {
+            let worker = r.worker.to_native();
+            let done = ex.on(0, Retire { worker });
+            later(
+                id,
+                Box::pin(async move { done.await.map(|r| r.map(|()| kvix_wire::Ack {})) }),
+            )
         }
-        let block = h.token_block.to_native();
-        if block != cfg.block_size {
-            return refuse(
-                session,
-                Rejected::BlockSize,
-                ErrorCode::BlockSizeMismatch,
-                format!(
-                    "client hashes {block}-token blocks, this server {}-token blocks",
-                    cfg.block_size
-                ),
-            );
+        MessageRef::EventBatch(b) => {
+            let body = owned(body);
+            later(id, ex.on(ex.home_of(b.worker.to_native()), Events { body }))
         }
-        session.hello = true;
-        tracing::debug!(client = %h.client.as_str(), "hello");
-        Reply::Now(frame(
+        MessageRef::Placement(p) => {
+            let body = owned(body);
+            let done = ex.on(ex.home_of(p.worker.to_native()), Place { body });
+            later(
+                id,
+                Box::pin(async move { done.await.map(|r| r.map(|()| kvix_wire::Ack {})) }),
+            )
+        }
+        MessageRef::StatsRequest(_) => stats(ex, id),
+        MessageRef::Echo(e) => echo(ex, id, e.reply_len.to_native()),
+        MessageRef::Hello(_) => Reply::Now(failure_frame(
             id,
-            &Welcome {
-                server: format!("kvix-server {}", env!("CARGO_PKG_VERSION")),
-                token_block: cfg.block_size,
-                byte_chunk: BYTE_CHUNK,
-                shards: self.shards() as u32,
-                max_frame: cfg.max_frame,
-            },
-        ))
-    }
-
-    fn query(self: &std::rc::Rc<Self>, id: u64, q: &ArchivedQuery) -> Reply {
-        let started = Instant::now();
-        let plan = self.plan_query(q);
-        let ready = self.finish_query(id, plan, started);
-        match ready {
-            Ok(frame) => Reply::Now(frame),
-            Err(fut) => Reply::Later(fut),
+            Failure::new(ErrorCode::BadFrame, "second Hello"),
+        )),
+        other => Reply::Now(failure_frame(
+            id,
+            Failure::new(
+                ErrorCode::BadFrame,
+                format!("{} is a reply, not a request", other.kind().name()),
+            ),
+        )),
+    };
+    if header.wants_reply() {
+        reply
+    } else {
+        // Fire-and-forget: the work still completes, only the reply is dropped.
+        if let Reply::Later(fut) = reply {
+            glommio::spawn_local(fut).detach();
         }
-    }
-
-    fn announce(self: &std::rc::Rc<Self>, id: u64, a: &ArchivedAnnounce) -> Reply {
-        match crate::ops::announce_request(a) {
-            Ok(req) => self.forward(id, 0, ShardReq::Announce(req)),
-            Err(f) => Reply::Now(failure_frame(id, f)),
-        }
-    }
-
-    fn events(self: &std::rc::Rc<Self>, id: u64, b: &ArchivedEventBatch) -> Reply {
-        let worker = b.worker.to_native();
-        let req = FeedReq::Events {
-            worker,
-            seq: b.seq.to_native(),
-            keyspace: b.keyspace.to_native(),
-            events: b.events.iter().map(crate::ops::event_native).collect(),
-        };
-        self.forward(id, self.home_of(worker), ShardReq::Feed(req))
-    }
-
-    fn placement(self: &std::rc::Rc<Self>, id: u64, p: &ArchivedPlacement) -> Reply {
-        let worker = p.worker.to_native();
-        let req = FeedReq::Place {
-            worker,
-            keyspace: p.keyspace.to_native(),
-            chain: u64s(&p.chain).to_vec(),
-        };
-        self.forward(id, self.home_of(worker), ShardReq::Feed(req))
-    }
-
-    fn echo(&self, id: u64, reply_len: u32) -> Reply {
-        let cap = self.config().max_frame as usize - kvix_wire::HEADER_LEN - 64;
-        let payload = vec![0u8; (reply_len as usize).min(cap)];
-        Reply::Now(frame(id, &kvix_wire::Echo { payload, reply_len }))
-    }
-
-    fn stats(self: &std::rc::Rc<Self>, id: u64) -> Reply {
-        let me = self.clone();
-        Reply::Later(Box::pin(async move { frame(id, &me.gather_stats().await) }))
-    }
-
-    /// Runs `req` on shard `to` (here, or over the mesh) and frames its reply.
-    fn forward(self: &std::rc::Rc<Self>, id: u64, to: usize, req: ShardReq) -> Reply {
-        let fut = self.call(to, req);
-        Reply::Later(Box::pin(async move {
-            match fut.await {
-                Ok(rep) => reply_frame(id, rep),
-                Err(f) => failure_frame(id, f),
-            }
-        }))
+        Reply::Nothing
     }
 }
 
-/// The client-facing frame for a shard's reply to a forwarded request.
-fn reply_frame(id: u64, rep: ShardRep) -> AlignedVec {
-    match rep {
-        ShardRep::Announced(a) => frame(id, &a),
-        ShardRep::Applied(a) => frame(id, &a),
-        ShardRep::Done => frame(id, &kvix_wire::Ack {}),
-        ShardRep::Failed(f) => failure_frame(id, f),
-        other => failure_frame(
-            id,
-            Failure::new(
-                ErrorCode::Internal,
-                format!("unexpected shard reply {other:?}"),
-            ),
-        ),
+/// A frame body copied out of the read buffer, to travel with the write.
+fn owned(body: &[u8]) -> AlignedVec {
+    let mut v = AlignedVec::with_capacity(body.len());
+    v.extend_from_slice(body);
+    v
+}
+
+fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Reply {
+    let cfg = ex.config();
+    let refuse = |session: &mut Session, why: Rejected, code, message: String| {
+        ex.metrics().reject(why);
+        session.closing = true;
+        Reply::Now(failure_frame(id, Failure::new(code, message)))
+    };
+    if let Some(token) = &cfg.auth_token {
+        if h.auth.as_ref().map(|a| a.as_str()) != Some(token.as_str()) {
+            return refuse(
+                session,
+                Rejected::Unauthorized,
+                ErrorCode::Unauthorized,
+                "missing or wrong auth token".into(),
+            );
+        }
     }
+    let block = h.token_block.to_native();
+    if block != cfg.block_size {
+        return refuse(
+            session,
+            Rejected::BlockSize,
+            ErrorCode::BlockSizeMismatch,
+            format!(
+                "client hashes {block}-token blocks, this server {}-token blocks",
+                cfg.block_size
+            ),
+        );
+    }
+    session.hello = true;
+    tracing::debug!(client = %h.client.as_str(), "hello");
+    Reply::Now(frame(
+        id,
+        &Welcome {
+            server: format!("kvix-server {}", env!("CARGO_PKG_VERSION")),
+            token_block: cfg.block_size,
+            byte_chunk: BYTE_CHUNK,
+            shards: ex.executors() as u32,
+            max_frame: cfg.max_frame,
+        },
+    ))
+}
+
+fn announce(ex: &Rc<Executor>, id: u64, a: &ArchivedAnnounce) -> Reply {
+    let a: kvix_wire::Announce = kvix_wire::to_native(a);
+    if a.name.is_empty() {
+        return Reply::Now(failure_frame(
+            id,
+            Failure::new(ErrorCode::BadLane, "a worker needs a non-empty name"),
+        ));
+    }
+    let register = Register {
+        name: a.name,
+        lanes: a.lanes,
+        feed: a.feed,
+        source: a.source,
+    };
+    later(id, ex.on(0, register))
+}
+
+fn echo(ex: &Executor, id: u64, reply_len: u32) -> Reply {
+    let cap = ex.config().max_frame as usize - kvix_wire::HEADER_LEN - 64;
+    let payload = vec![0u8; (reply_len as usize).min(cap)];
+    Reply::Now(frame(id, &kvix_wire::Echo { payload, reply_len }))
+}
+
+/// Every executor's counters: the roster and index are whole on each (one copy counts),
+/// queries and events add up.
+fn stats(ex: &Rc<Executor>, id: u64) -> Reply {
+    let parts: Vec<_> = (0..ex.executors()).map(|e| ex.on(e, StatsPart)).collect();
+    Reply::Later(Box::pin(async move {
+        let mut total = Stats::default();
+        for (i, part) in parts.into_iter().enumerate() {
+            let Ok(s) = part.await else { continue };
+            if i == 0 {
+                (total.workers, total.blocks, total.memberships) =
+                    (s.workers, s.blocks, s.memberships);
+            }
+            total.queries += s.queries;
+            total.events += s.events;
+            total.shard_load.extend(s.shard_load);
+        }
+        frame(id, &total)
+    }))
 }

@@ -1,16 +1,16 @@
 //! The metrics endpoint: `GET /metrics` (Prometheus text) and `GET /healthz`, HTTP/1.1
-//! with `Connection: close`. Served by executor 0; it reads the shards' atomics only.
+//! with `Connection: close`. Served by executor 0; it reads the executors' atomics only.
 
 use std::sync::Arc;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpListener;
 
-use crate::metrics::{self, ShardMetrics};
+use crate::metrics::{self, ExecutorMetrics};
 
 const MAX_REQUEST: usize = 8 * 1024;
 
-pub async fn serve(listener: TcpListener, shards: Arc<[ShardMetrics]>) {
+pub async fn serve(listener: TcpListener, shards: Arc<[ExecutorMetrics]>) {
     loop {
         let Ok(mut stream) = listener.accept().await else {
             continue;
@@ -38,7 +38,7 @@ pub async fn serve(listener: TcpListener, shards: Arc<[ShardMetrics]>) {
     }
 }
 
-fn respond(req: &[u8], shards: &[ShardMetrics]) -> (&'static str, String) {
+fn respond(req: &[u8], shards: &[ExecutorMetrics]) -> (&'static str, String) {
     let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
     match (parts.next(), parts.next()) {
@@ -55,7 +55,7 @@ mod tests {
 
     #[test]
     fn routes() {
-        let shards = vec![ShardMetrics::default()];
+        let shards = vec![ExecutorMetrics::default()];
         assert_eq!(
             respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards).0,
             "200 OK"

@@ -1,21 +1,25 @@
 //! kvix-server: the shared prefix-cache index as a thread-per-core service.
 //!
 //! Data path, top to bottom: [`listener`] (sockets, [`steering`]) → [`conn`] (frames)
-//! → [`handler`] (messages) → [`shard`] (this core's index, [`mesh`] to the others)
-//! → `kvix_engine` (the index itself) → the answer frame back through [`conn`].
+//! → [`handler`] (messages) → [`executor`] (this core's copy of the engine) →
+//! `kvix_engine` → the answer frame back through [`conn`]. A query never leaves the
+//! executor that read it; writes go through their worker's home [`writer`] queue to
+//! every executor over the [`mesh`] ([`calls`] lists what crosses it).
 
+pub mod calls;
 pub mod config;
 pub mod conn;
+pub mod executor;
+pub mod failure;
 pub mod handler;
 pub mod http;
 pub mod ingest;
 pub mod listener;
 pub mod mesh;
 pub mod metrics;
-pub mod ops;
-pub mod shard;
 pub mod snapshot;
 pub mod steering;
+pub mod writer;
 
 use std::os::fd::FromRawFd;
 use std::rc::Rc;
@@ -24,17 +28,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use glommio::{LocalExecutorBuilder, Placement};
+use glommio::{Latency, LocalExecutorBuilder, Placement, Shares};
+use kvix_engine::{Core, EngineImage, Registry};
 
 pub use config::Config;
-use metrics::ShardMetrics;
-use ops::{ShardRep, ShardReq};
-use shard::Shard;
+use executor::Executor;
+use metrics::ExecutorMetrics;
 
 /// Per-executor I/O memory: small enough for the default 8 MiB RLIMIT_MEMLOCK.
 const IO_MEMORY: usize = 512 << 10;
 
-/// Starts one executor per shard and serves until SIGINT or SIGTERM.
+/// Starts one executor per core and serves until SIGINT or SIGTERM.
 pub fn run(config: Config) -> anyhow::Result<()> {
     let executors = config.executors();
     let group = listener::tcp_group(config.listen, executors, config.steering)?;
@@ -65,19 +69,19 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     }
     let shared = Arc::new(Shared {
         config: Arc::new(config),
-        metrics: (0..executors).map(|_| ShardMetrics::default()).collect(),
+        metrics: (0..executors).map(|_| ExecutorMetrics::default()).collect(),
         stop,
-        // No executor serves before every shard is wired to the mesh and restored.
+        // No executor serves before every executor is wired to the mesh and restored.
         ready: std::sync::Barrier::new(executors),
         restored,
         snapshot_done: AtomicBool::new(false),
     });
     let config = shared.config.clone();
-    let mesh = mesh::builder::<ShardReq, ShardRep>(executors);
+    let mesh = mesh::builder(executors);
     let cpus = config::online_cpus();
     // Printed on stdout (not the log) so scripts and tests can find a port-0 server.
     println!(
-        "kvix-server listening on tcp://{} with {executors} shards, steering {:?}",
+        "kvix-server listening on tcp://{} with {executors} executors, steering {:?}",
         group.addr, group.steering
     );
     let mut handles = Vec::with_capacity(executors);
@@ -95,7 +99,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         }
         let (shared, mesh) = (shared.clone(), mesh.clone());
         let handle = builder
-            .spawn(move || async move { executor_main(i, fd, shared, mesh).await })
+            .spawn(move || async move { executor_main(fd, shared, mesh).await })
             .map_err(|e| anyhow::anyhow!("starting executor {i}: {e}"))?;
         handles.push(handle);
     }
@@ -118,84 +122,114 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 /// What every executor starts from.
 struct Shared {
     config: Arc<Config>,
-    metrics: Arc<[ShardMetrics]>,
+    metrics: Arc<[ExecutorMetrics]>,
     stop: Arc<AtomicBool>,
     ready: std::sync::Barrier,
-    restored: Option<kvix_engine::EngineImage>,
-    /// Set by shard 0 once the shutdown snapshot is written; peers serve it until then.
+    restored: Option<EngineImage>,
+    /// Set by executor 0 once the shutdown snapshot is written; peers serve it until then.
     snapshot_done: AtomicBool,
 }
 
+/// This executor's engine and registry, restored from the snapshot if there is one.
+fn restore(shared: &Shared, me: usize, executors: usize) -> anyhow::Result<(Core, Registry)> {
+    let (mut core, mut registry) = (Core::new(), Registry::new());
+    if let Some(image) = &shared.restored {
+        let block = shared.config.block_size;
+        let entries = registry
+            .import(&image.workers, block)
+            .context("restoring the snapshot's workers")?;
+        let home = |w: u32| w as usize % executors == me;
+        core.import(&entries, &image.runs, &image.feeds, home, 0)
+            .context("restoring the snapshot's index")?;
+    }
+    Ok((core, registry))
+}
+
 async fn executor_main(
-    index: usize,
     fd: std::os::fd::RawFd,
     shared: Arc<Shared>,
-    mesh: mesh::Builder<ShardReq, ShardRep>,
+    mesh: mesh::Builder,
 ) -> anyhow::Result<()> {
-    let (config, all_metrics) = (shared.config.clone(), shared.metrics.clone());
+    let config = shared.config.clone();
     // SAFETY: the fd is a listening TCP socket created for this executor alone.
     let tcp = unsafe { glommio::net::TcpListener::from_raw_fd(fd) };
-    let shards = all_metrics.len();
-    // Shard ids come from the mesh; the executor index only picks the socket.
-    let cell: Rc<std::cell::OnceCell<Rc<Shard>>> = Rc::new(std::cell::OnceCell::new());
-    let handler_cell = cell.clone();
-    let joined = mesh::Mesh::join(mesh, move |req| {
-        let shard = handler_cell
-            .get()
-            .expect("shard built before peers call")
-            .clone();
-        shard.execute(req)
-    })
-    .await?;
-    let shard = Shard::new(config.clone(), all_metrics.clone(), joined.me(), shards);
-    shard.set_mesh(joined);
-    let _ = cell.set(shard.clone());
-    if let Some(image) = &shared.restored {
-        shard.restore(image).context("restoring the snapshot")?;
-    }
+    let gx = glommio::executor();
+    // Queries (every connection) before writes: connections run in a latency-sensitive
+    // queue, the write queue in a throughput one, and long writes yield between slices.
+    let queries = gx.create_task_queue(
+        Shares::Static(1000),
+        Latency::Matters(Duration::from_micros(50)),
+        "queries",
+    );
+    let writes = gx.create_task_queue(Shares::Static(100), Latency::NotImportant, "writes");
+    let (mesh, inbox) = mesh::Mesh::join(mesh, &shared.metrics).await?;
+    let me = mesh.me();
+    let (core, registry) = restore(&shared, me, mesh.executors())?;
+    let (jobs, queue) = glommio::channels::local_channel::new_unbounded();
+    let ex = Executor::new(
+        config.clone(),
+        shared.metrics.clone(),
+        mesh,
+        core,
+        registry,
+        jobs,
+    );
+    ex.refresh_gauges();
+    inbox.serve(&ex);
+    glommio::spawn_local_into(writer::run(ex.clone(), queue), writes)
+        .map_err(|e| anyhow::anyhow!("starting the write queue: {e}"))?
+        .detach();
     // Blocking here is fine: nothing on this executor may run before its peers are wired.
     shared.ready.wait();
-    if index == 0 && !config.metrics.is_empty() {
-        let addr = &shard.config().metrics;
+    if me == 0 && !config.metrics.is_empty() {
+        let addr = &config.metrics;
         let l = glommio::net::TcpListener::bind(addr.as_str())
             .map_err(|e| anyhow::anyhow!("binding metrics on {addr}: {e}"))?;
         let bound = l
             .local_addr()
             .map_err(|e| anyhow::anyhow!("metrics address: {e}"))?;
         println!("kvix-server metrics on http://{bound}/metrics");
-        glommio::spawn_local(http::serve(l, all_metrics.clone())).detach();
+        glommio::spawn_local(http::serve(l, shared.metrics.clone())).detach();
     }
-    if index == 0 && !config.unix.is_empty() {
+    if me == 0 && !config.unix.is_empty() {
         let unix = glommio::net::UnixListener::bind(&config.unix)
             .map_err(|e| anyhow::anyhow!("binding Unix socket {}: {e}", config.unix))?;
         println!("kvix-server listening on unix://{}", config.unix);
-        let shard = shard.clone();
-        glommio::spawn_local(async move {
-            loop {
-                match unix.accept().await {
-                    Ok(s) => spawn_conn(&shard, s),
-                    Err(e) => tracing::warn!("unix accept: {e}"),
+        let ex = ex.clone();
+        glommio::spawn_local_into(
+            async move {
+                loop {
+                    match unix.accept().await {
+                        Ok(s) => spawn_conn(&ex, s, queries),
+                        Err(e) => tracing::warn!("unix accept: {e}"),
+                    }
                 }
-            }
-        })
+            },
+            queries,
+        )
+        .map_err(|e| anyhow::anyhow!("starting the Unix listener: {e}"))?
         .detach();
     }
     let accept = {
-        let shard = shard.clone();
-        glommio::spawn_local(async move {
-            loop {
-                match tcp.accept().await {
-                    Ok(s) => {
-                        let _ = s.set_nodelay(true);
-                        spawn_conn(&shard, s);
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept: {e}");
-                        glommio::timer::sleep(Duration::from_millis(10)).await;
+        let ex = ex.clone();
+        glommio::spawn_local_into(
+            async move {
+                loop {
+                    match tcp.accept().await {
+                        Ok(s) => {
+                            let _ = s.set_nodelay(true);
+                            spawn_conn(&ex, s, queries);
+                        }
+                        Err(e) => {
+                            tracing::warn!("accept: {e}");
+                            glommio::timer::sleep(Duration::from_millis(10)).await;
+                        }
                     }
                 }
-            }
-        })
+            },
+            queries,
+        )
+        .map_err(|e| anyhow::anyhow!("starting the listener: {e}"))?
     };
     let snapshot_ticks = config.snapshot_every.saturating_mul(20);
     let mut ticks = 0u64;
@@ -203,37 +237,50 @@ async fn executor_main(
         glommio::timer::sleep(Duration::from_millis(50)).await;
         ticks += 1;
         if ticks.is_multiple_of(20) {
-            let _ = shard.expire().await;
+            ex.enqueue(writer::Job::Expire);
         }
-        if shard.me() == 0 && snapshot_ticks > 0 && ticks.is_multiple_of(snapshot_ticks) {
-            take_snapshot(&shard, false).await;
+        if me == 0 && snapshot_ticks > 0 && ticks.is_multiple_of(snapshot_ticks) {
+            take_snapshot(&ex, false).await;
         }
     }
     drop(accept);
-    if shard.me() == 0 {
-        take_snapshot(&shard, true).await;
+    if me == 0 {
+        take_snapshot(&ex, true).await;
         shared.snapshot_done.store(true, Ordering::Release);
     } else {
-        // Keep answering shard 0's export until the last snapshot is on disk.
+        // Keep answering executor 0's export until the last snapshot is on disk.
         while !shared.snapshot_done.load(Ordering::Acquire) {
             glommio::timer::sleep(Duration::from_millis(5)).await;
         }
     }
-    tracing::info!(shard = shard.me(), "executor stopping");
+    tracing::info!(executor = me, "executor stopping");
     Ok(())
 }
 
-/// Gathers and writes a snapshot when `--snapshot` is set. The file is written by a
-/// helper thread so the executor keeps serving; at shutdown we wait for it.
-async fn take_snapshot(shard: &Rc<Shard>, last: bool) {
-    let Some(path) = shard.config().snapshot.clone() else {
+/// Gathers every executor's part and writes a snapshot when `--snapshot` is set. The file
+/// is written by a helper thread so the executor keeps serving; at shutdown we wait for it.
+async fn take_snapshot(ex: &Rc<Executor>, last: bool) {
+    let Some(path) = ex.config().snapshot.clone() else {
         return;
     };
-    let image = match shard.snapshot().await {
-        Ok(image) => image,
-        Err(e) => return tracing::error!("snapshot not taken: {}", e.message),
+    let parts: Vec<_> = (0..ex.executors())
+        .map(|e| ex.on(e, calls::export::Export))
+        .collect();
+    let mut image = EngineImage {
+        workers: ex.registry().export(),
+        ..Default::default()
     };
-    let bytes = snapshot::encode(&image, shard.config().block_size);
+    for part in parts {
+        match part.await {
+            Ok(p) => {
+                image.runs.extend(p.runs);
+                image.feeds.extend(p.feeds);
+            }
+            Err(f) => return tracing::error!("snapshot not taken: {}", f.message),
+        }
+    }
+    image.feeds.sort_unstable_by_key(|(w, _)| *w);
+    let bytes = snapshot::encode(&image, ex.config().block_size);
     let writer = std::thread::spawn(move || {
         let done = snapshot::write(&path, &bytes);
         match &done {
@@ -249,26 +296,28 @@ async fn take_snapshot(shard: &Rc<Shard>, last: bool) {
 }
 
 /// Serves a new connection unless this executor is at its connection limit.
-fn spawn_conn<S>(shard: &Rc<Shard>, stream: S)
+fn spawn_conn<S>(ex: &Rc<Executor>, stream: S, queue: glommio::TaskQueueHandle)
 where
     S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
 {
-    let m = shard.metrics();
-    if m.connections_open.load(Ordering::Relaxed) as usize >= shard.config().max_connections {
+    let m = ex.metrics();
+    if m.connections_open.load(Ordering::Relaxed) as usize >= ex.config().max_connections {
         m.reject(metrics::Rejected::Overloaded);
-        let shard = shard.clone();
-        glommio::spawn_local(async move { conn::refuse_overloaded(stream, &shard).await }).detach();
+        glommio::spawn_local_into(conn::refuse_overloaded(stream), queue)
+            .map(|t| t.detach())
+            .ok();
         return;
     }
-    ShardMetrics::add(&m.connections_total, 1);
+    ExecutorMetrics::add(&m.connections_total, 1);
     m.connections_open.fetch_add(1, Ordering::Relaxed);
-    let shard = shard.clone();
-    glommio::spawn_local(async move {
-        conn::serve(stream, shard.clone()).await;
-        shard
-            .metrics()
+    let ex = ex.clone();
+    let serve = async move {
+        conn::serve(stream, ex.clone()).await;
+        ex.metrics()
             .connections_open
             .fetch_sub(1, Ordering::Relaxed);
-    })
-    .detach();
+    };
+    if let Ok(t) = glommio::spawn_local_into(serve, queue) {
+        t.detach();
+    }
 }

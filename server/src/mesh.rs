@@ -1,140 +1,165 @@
-//! Request/reply between shards over glommio's channel mesh.
+//! Typed calls between executors over glommio's channel mesh.
 //!
-//! Every shard pair has a FIFO request channel and a FIFO reply channel. A call to a
-//! peer is queued locally (never blocks the caller, so two shards calling each other
-//! cannot deadlock on full channels) and forwarded by one task per peer. Requests from
-//! one peer are started in arrival order, and a handler's synchronous prefix runs
-//! before the next one starts: what one shard sends another is applied in order.
+//! A [`Call`] is a request type with its own reply type, run on another executor by
+//! [`Mesh::invoke_on`]. What crosses the channel is the call boxed with the sending half
+//! of a oneshot for its reply: no request or reply enum, each handler its own file (see
+//! `calls/`). Calls to one peer are queued locally in call order and forwarded by one
+//! task per peer, so a caller never blocks on a full channel (two executors calling each
+//! other cannot deadlock), and a peer starts them in arrival order: the synchronous part
+//! of each call runs before the next one starts, which is what keeps one sender's writes
+//! in order everywhere.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use futures::channel::oneshot;
 use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
 
+use crate::executor::Executor;
+
 pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
 
-/// What crosses between shards: a request or a reply, tagged with the caller's token.
-pub enum Envelope<Req, Rep> {
-    Request { token: u64, req: Req },
-    Reply { token: u64, rep: Rep },
+/// A request run on another executor, with its own reply type.
+pub trait Call: Send + 'static {
+    type Reply: Send + 'static;
+
+    /// Starts the call on `on`. Whatever runs before the returned future is first polled
+    /// runs in the order calls arrived.
+    fn run(self, on: &Rc<Executor>) -> LocalFuture<Self::Reply>;
 }
 
-pub type Builder<Req, Rep> = MeshBuilder<Envelope<Req, Rep>, Full>;
+/// What crosses the mesh: a call, ready to run and answer on the receiving executor.
+type Job = Box<dyn FnOnce(&Rc<Executor>) + Send>;
 
-pub fn builder<Req: Send + 'static, Rep: Send + 'static>(shards: usize) -> Builder<Req, Rep> {
-    MeshBuilder::full(shards, 1024)
+pub type Builder = MeshBuilder<Job, Full>;
+
+pub fn builder(executors: usize) -> Builder {
+    MeshBuilder::full(executors, 1024)
 }
 
-/// This shard's end of the mesh.
-pub struct Mesh<Req, Rep> {
-    me: usize,
-    shards: usize,
-    outbox: Vec<Option<LocalSender<Envelope<Req, Rep>>>>,
-    pending: RefCell<HashMap<u64, oneshot::Sender<Rep>>>,
-    next_token: Cell<u64>,
-}
-
-/// A peer went away (its executor stopped): only during shutdown.
-#[derive(Debug, thiserror::Error)]
-#[error("shard {0} is gone")]
+/// The executor went away (only while the process stops).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("executor {0} is gone")]
 pub struct PeerGone(pub usize);
 
-impl<Req: Send + 'static, Rep: Send + 'static> Mesh<Req, Rep> {
-    /// Joins the mesh and starts the forwarding tasks; `handle` serves peers' requests.
+/// This executor's sending end of the mesh.
+pub struct Mesh {
+    me: usize,
+    outbox: Vec<Option<LocalSender<Job>>>,
+    /// Calls sent while answering a query (`kvix_query_hops_total`): zero by design.
+    hops: Arc<AtomicU64>,
+}
+
+/// This executor's receiving end: run by [`Inbox::serve`] once the executor exists.
+pub struct Inbox {
+    receivers: Receivers<Job>,
+}
+
+thread_local! {
+    /// Set while a query is being answered: any call sent then is a hop the query caused.
+    static IN_QUERY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current (synchronous) stretch of code as answering a query.
+pub struct QueryScope(());
+
+impl QueryScope {
+    pub fn enter() -> Self {
+        IN_QUERY.with(|q| q.set(true));
+        QueryScope(())
+    }
+}
+
+impl Drop for QueryScope {
+    fn drop(&mut self) {
+        IN_QUERY.with(|q| q.set(false));
+    }
+}
+
+impl Mesh {
+    /// Joins the mesh (every executor must call it) and starts the forwarding tasks.
     pub async fn join(
-        builder: Builder<Req, Rep>,
-        handle: impl Fn(Req) -> LocalFuture<Rep> + 'static,
-    ) -> anyhow::Result<Rc<Self>> {
-        let (senders, mut receivers): (Senders<_>, Receivers<_>) = builder
+        builder: Builder,
+        metrics: &[crate::metrics::ExecutorMetrics],
+    ) -> anyhow::Result<(Mesh, Inbox)> {
+        let (senders, receivers): (Senders<Job>, Receivers<Job>) = builder
             .join()
             .await
-            .map_err(|_| anyhow::anyhow!("joining the shard mesh failed"))?;
-        let (me, shards) = (senders.peer_id(), senders.nr_consumers());
+            .map_err(|e| anyhow::anyhow!("joining the executor mesh: {e}"))?;
+        let (me, executors) = (senders.peer_id(), senders.nr_consumers());
         let senders = Rc::new(senders);
-        let mut outbox = Vec::with_capacity(shards);
-        for peer in 0..shards {
-            if peer == me {
-                outbox.push(None);
-                continue;
-            }
-            let (tx, rx) = local_channel::new_unbounded();
-            let senders = senders.clone();
-            glommio::spawn_local(async move {
-                while let Some(env) = rx.recv().await {
-                    if senders.send_to(peer, env).await.is_err() {
-                        break;
-                    }
-                }
-            })
-            .detach();
-            outbox.push(Some(tx));
-        }
-        let mesh = Rc::new(Mesh {
-            me,
-            shards,
-            outbox,
-            pending: RefCell::new(HashMap::new()),
-            next_token: Cell::new(0),
-        });
-        let handle = Rc::new(handle);
-        for (peer, rx) in receivers.streams() {
-            let (mesh, handle) = (Rc::downgrade(&mesh), handle.clone());
-            glommio::spawn_local(async move {
-                while let Some(env) = rx.recv().await {
-                    let Some(mesh) = mesh.upgrade() else { break };
-                    match env {
-                        Envelope::Request { token, req } => {
-                            let fut = handle(req);
-                            glommio::spawn_local(async move {
-                                let rep = fut.await;
-                                mesh.send(peer, Envelope::Reply { token, rep });
-                            })
-                            .detach();
-                        }
-                        Envelope::Reply { token, rep } => {
-                            if let Some(waiter) = mesh.pending.borrow_mut().remove(&token) {
-                                let _ = waiter.send(rep);
+        let outbox = (0..executors)
+            .map(|peer| {
+                (peer != me).then(|| {
+                    let (tx, rx) = local_channel::new_unbounded();
+                    let senders = senders.clone();
+                    glommio::spawn_local(async move {
+                        while let Some(job) = rx.recv().await {
+                            if senders.send_to(peer, job).await.is_err() {
+                                break;
                             }
                         }
-                    }
-                }
+                    })
+                    .detach();
+                    tx
+                })
             })
-            .detach();
-        }
-        Ok(mesh)
+            .collect();
+        let hops = metrics[me].query_hops.clone();
+        Ok((Mesh { me, outbox, hops }, Inbox { receivers }))
     }
 
+    /// This executor's index in the mesh.
     pub fn me(&self) -> usize {
         self.me
     }
 
-    pub fn shards(&self) -> usize {
-        self.shards
+    pub fn executors(&self) -> usize {
+        self.outbox.len()
     }
 
-    fn send(&self, peer: usize, env: Envelope<Req, Rep>) {
-        if let Some(Some(tx)) = self.outbox.get(peer) {
-            let _ = tx.try_send(env);
-        }
-    }
-
-    /// Sends `req` to `peer` now (queued in order) and returns the wait for its reply.
-    pub fn call(
+    /// Runs `call` on executor `to` (queued now, in call order) and waits for its reply.
+    pub fn invoke_on<C: Call>(
         &self,
-        peer: usize,
-        req: Req,
-    ) -> impl Future<Output = Result<Rep, PeerGone>> + 'static {
-        debug_assert_ne!(peer, self.me, "local requests are served directly");
-        let token = self.next_token.get();
-        self.next_token.set(token.wrapping_add(1));
+        to: usize,
+        call: C,
+    ) -> impl Future<Output = Result<C::Reply, PeerGone>> + 'static {
+        debug_assert_ne!(to, self.me, "local work is done in place");
+        if IN_QUERY.with(Cell::get) {
+            self.hops.fetch_add(1, Relaxed);
+        }
         let (tx, rx) = oneshot::channel();
-        self.pending.borrow_mut().insert(token, tx);
-        self.send(peer, Envelope::Request { token, req });
-        async move { rx.await.map_err(|_| PeerGone(peer)) }
+        let job: Job = Box::new(move |on: &Rc<Executor>| {
+            let reply = call.run(on);
+            glommio::spawn_local(async move {
+                let _ = tx.send(reply.await);
+            })
+            .detach();
+        });
+        if let Some(Some(out)) = self.outbox.get(to) {
+            let _ = out.try_send(job);
+        }
+        async move { rx.await.map_err(|_| PeerGone(to)) }
+    }
+}
+
+impl Inbox {
+    /// Runs the calls other executors send to `on`, in arrival order per sender.
+    pub fn serve(mut self, on: &Rc<Executor>) {
+        for (_, rx) in self.receivers.streams() {
+            let on = Rc::downgrade(on);
+            glommio::spawn_local(async move {
+                while let Some(job) = rx.recv().await {
+                    let Some(on) = on.upgrade() else { break };
+                    job(&on);
+                }
+            })
+            .detach();
+        }
     }
 }

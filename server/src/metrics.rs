@@ -1,11 +1,11 @@
-//! Per-shard counters and histograms, rendered in Prometheus text format.
+//! Per-executor counters and histograms, rendered in Prometheus text format.
 //!
-//! Each shard writes only its own `ShardMetrics` (relaxed atomics, one writer), so
+//! Each executor writes only its own `ExecutorMetrics` (relaxed atomics, one writer), so
 //! counting costs no cross-core traffic; the metrics endpoint sums them when scraped.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -65,7 +65,7 @@ pub enum Outcome {
 }
 
 #[derive(Default)]
-pub struct ShardMetrics {
+pub struct ExecutorMetrics {
     pub queries: [AtomicU64; 3],
     pub batches: AtomicU64,
     pub batch_duplicates: AtomicU64,
@@ -75,12 +75,14 @@ pub struct ShardMetrics {
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub rejected: [AtomicU64; REJECTED.len()],
-    /// Gauges the shard refreshes after each change.
+    /// Gauges the executor refreshes after each change of its index copy.
     pub blocks: AtomicU64,
     pub memberships: AtomicU64,
     pub workers: AtomicU64,
-    /// Blocks visited by this shard's index (the skew view).
-    pub work: AtomicU64,
+    /// Calls to other executors made while answering a query: zero by design.
+    pub query_hops: Arc<AtomicU64>,
+    /// Bounded slices long writes were applied in (queries run between slices).
+    pub write_slices: AtomicU64,
     query_us: Mutex<Option<Histogram<u64>>>,
     apply_us: Mutex<Option<Histogram<u64>>>,
 }
@@ -93,7 +95,7 @@ fn record(h: &Mutex<Option<Histogram<u64>>>, d: Duration) {
     h.saturating_record(d.as_nanos().div_ceil(1000).max(1) as u64);
 }
 
-impl ShardMetrics {
+impl ExecutorMetrics {
     pub fn query(&self, outcome: Outcome, took: Duration) {
         self.queries[outcome as usize].fetch_add(1, Relaxed);
         record(&self.query_us, took);
@@ -113,14 +115,14 @@ impl ShardMetrics {
 }
 
 /// Picks one counter out of a shard's metrics.
-type Field = fn(&ShardMetrics) -> &AtomicU64;
+type Field = fn(&ExecutorMetrics) -> &AtomicU64;
 
-fn sum(shards: &[ShardMetrics], f: impl Fn(&ShardMetrics) -> &AtomicU64) -> u64 {
+fn sum(shards: &[ExecutorMetrics], f: impl Fn(&ExecutorMetrics) -> &AtomicU64) -> u64 {
     shards.iter().map(|s| f(s).load(Relaxed)).sum()
 }
 
-/// The Prometheus text exposition of every shard's metrics.
-pub fn render(shards: &[ShardMetrics]) -> String {
+/// The Prometheus text exposition of every executor's metrics.
+pub fn render(shards: &[ExecutorMetrics]) -> String {
     let mut out = String::with_capacity(4096);
     let mut counter = |name: &str, help: &str, kind: &str, rows: Vec<(String, u64)>| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -187,27 +189,36 @@ pub fn render(shards: &[ShardMetrics]) -> String {
             "counter",
             |s| &s.connections_total,
         ),
-        ("kvix_blocks", "Distinct blocks held.", "gauge", |s| {
-            &s.blocks
-        }),
         (
-            "kvix_memberships",
-            "(block, holder) memberships held.",
-            "gauge",
-            |s| &s.memberships,
+            "kvix_query_hops_total",
+            "Calls to other executors made while answering queries (zero by design: every executor answers from its own copy).",
+            "counter",
+            |s| &s.query_hops,
+        ),
+        (
+            "kvix_write_slices_total",
+            "Bounded slices that long writes were applied in, letting queries run between them.",
+            "counter",
+            |s| &s.write_slices,
         ),
     ];
     for (name, help, kind, f) in plain {
         counter(name, help, kind, vec![(String::new(), sum(shards, f))]);
     }
-    // The roster is replicated on every shard: one copy, not the sum.
-    let workers = shards.first().map_or(0, |s| s.workers.load(Relaxed));
-    counter(
-        "kvix_workers",
-        "Workers announced.",
-        "gauge",
-        vec![(String::new(), workers)],
-    );
+    // Every executor keeps a whole copy of the index and roster: one copy, not the sum.
+    let copy: [(&str, &str, Field); 3] = [
+        ("kvix_workers", "Workers announced.", |s| &s.workers),
+        ("kvix_blocks", "Distinct blocks held.", |s| &s.blocks),
+        (
+            "kvix_memberships",
+            "(block, holder) memberships held.",
+            |s| &s.memberships,
+        ),
+    ];
+    for (name, help, f) in copy {
+        let v = shards.first().map_or(0, |s| f(s).load(Relaxed));
+        counter(name, help, "gauge", vec![(String::new(), v)]);
+    }
     counter(
         "kvix_rejected_frames_total",
         "Frames or connections refused, by reason.",
@@ -223,13 +234,16 @@ pub fn render(shards: &[ShardMetrics]) -> String {
             .collect(),
     );
     counter(
-        "kvix_shard_work_total",
-        "Blocks visited per shard (skew).",
+        "kvix_executor_queries_total",
+        "Queries answered per executor (how connections spread over the cores).",
         "counter",
         shards
             .iter()
             .enumerate()
-            .map(|(i, s)| (format!("{{shard=\"{i}\"}}"), s.work.load(Relaxed)))
+            .map(|(i, s)| {
+                let q = s.queries.iter().map(|q| q.load(Relaxed)).sum();
+                (format!("{{executor=\"{i}\"}}"), q)
+            })
             .collect(),
     );
     crate::ingest::render(&mut out);
@@ -237,12 +251,13 @@ pub fn render(shards: &[ShardMetrics]) -> String {
         (
             "kvix_query_latency_us",
             "Server-side query latency.",
-            (|s: &ShardMetrics| &s.query_us) as fn(&ShardMetrics) -> &Mutex<Option<Histogram<u64>>>,
+            (|s: &ExecutorMetrics| &s.query_us)
+                as fn(&ExecutorMetrics) -> &Mutex<Option<Histogram<u64>>>,
         ),
         (
             "kvix_apply_latency_us",
             "Server-side event batch / placement apply latency.",
-            |s: &ShardMetrics| &s.apply_us,
+            |s: &ExecutorMetrics| &s.apply_us,
         ),
     ] {
         summary(&mut out, name, help, shards.iter().map(f));
@@ -283,13 +298,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn render_sums_shards_and_labels_outcomes() {
-        let shards: Vec<ShardMetrics> = (0..2).map(|_| ShardMetrics::default()).collect();
+    fn render_sums_executors_and_labels_outcomes() {
+        let shards: Vec<ExecutorMetrics> = (0..2).map(|_| ExecutorMetrics::default()).collect();
         shards[0].query(Outcome::Hit, Duration::from_micros(10));
         shards[1].query(Outcome::Hit, Duration::from_micros(30));
         shards[1].query(Outcome::Unscorable, Duration::from_micros(5));
         shards[0].reject(Rejected::Oversize);
-        shards[1].work.store(7, Relaxed);
+        shards[1].blocks.store(7, Relaxed);
+        shards[0].blocks.store(7, Relaxed);
         let text = render(&shards);
         assert!(
             text.contains("kvix_queries_total{outcome=\"hit\"} 2\n"),
@@ -298,7 +314,9 @@ mod tests {
         assert!(text.contains("kvix_queries_total{outcome=\"unscorable\"} 1\n"));
         assert!(text.contains("kvix_queries_total{outcome=\"empty\"} 0\n"));
         assert!(text.contains("kvix_rejected_frames_total{reason=\"oversize\"} 1\n"));
-        assert!(text.contains("kvix_shard_work_total{shard=\"1\"} 7\n"));
+        assert!(text.contains("kvix_blocks 7\n"), "one copy, not the sum");
+        assert!(text.contains("kvix_executor_queries_total{executor=\"1\"} 2\n"));
+        assert!(text.contains("kvix_query_hops_total 0\n"));
         assert!(text.contains("kvix_query_latency_us_count 3\n"));
     }
 }

@@ -23,7 +23,7 @@ use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: &[u8; 8] = b"KVIXSNAP";
-pub const SNAPSHOT_VERSION: u32 = 1;
+pub const SNAPSHOT_VERSION: u32 = 2;
 const HEADER: usize = 32;
 
 #[derive(Debug, Error)]
@@ -151,6 +151,7 @@ mod tests {
             runs: vec![RunImage {
                 ks: 7,
                 start: 0,
+                parent: None,
                 hashes: vec![1, 2, 3],
                 holders: vec![(0, 0)],
             }],

@@ -69,6 +69,7 @@ fn store(conn: &mut Conn, worker: u32, seq: u64, keyspace: &Keyspace, chain: &[u
         events: vec![Event::Stored {
             lane: 0,
             start: 0,
+            parent: None,
             chain: chain.to_vec(),
             engine: vec![],
         }],
@@ -114,7 +115,7 @@ fn best_is(out: &QueryOutcome, name: &str, blocks: u32) -> bool {
 
 #[tokio::test]
 async fn announced_workers_fed_by_events_and_placements_score_by_name() {
-    let server = Server::start(&["--cores", "2", "--segment", "4"]);
+    let server = Server::start(&["--cores", "2"]);
     let c = Client::connect(config(tcp(&server))).await.unwrap();
     assert!(c.is_connected());
     let a = c.announce("ev-a", full(), Feed::Events).await.unwrap();
@@ -472,7 +473,7 @@ async fn the_unix_socket_transport_against_the_real_server() {
 
 #[test]
 fn the_blocking_client_against_the_real_server() {
-    let server = Server::start(&["--cores", "2", "--segment", "4"]);
+    let server = Server::start(&["--cores", "2"]);
     let c = BlockingClient::connect(ClientConfig {
         spin_before_park: Some(Duration::from_micros(100)),
         ..config(tcp(&server))

@@ -275,7 +275,7 @@ fn drive(encoding: &str) {
     }
     let dir = std::env::temp_dir().join(format!("kvix-ingest-{encoding}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let server = Server::start(&["--cores", "2", "--segment", "4"]);
+    let server = Server::start(&["--cores", "2"]);
     let mut publisher = Publisher::start(&scenario(encoding), &dir);
     let mut c = server.session();
     let (pub_port, replay_port) = publisher.ports;

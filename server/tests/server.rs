@@ -13,6 +13,7 @@ fn stored(lane: u8, start: u32, chain: &[u64]) -> Event {
     Event::Stored {
         lane,
         start,
+        parent: None,
         chain: chain.to_vec(),
         engine: vec![],
     }
@@ -114,7 +115,7 @@ fn auth_token_is_required_when_configured() {
 
 #[test]
 fn events_then_queries_score_the_holders_best_first() {
-    let server = Server::start(&["--cores", "2", "--segment", "4"]);
+    let server = Server::start(&["--cores", "2"]);
     let mut c = server.session();
     let ks = Keyspace::tokens("m");
     let a = c.announce("a", full(), Feed::Events).unwrap();
@@ -330,7 +331,7 @@ fn hybrid_worker_with_an_empty_lane_scores_zero_and_counts_unscorable() {
 
 #[test]
 fn placements_fire_and_forget_and_are_capped() {
-    let server = Server::start(&["--cores", "2", "--segment", "2"]);
+    let server = Server::start(&["--cores", "2"]);
     let mut c = server.session();
     let ks = Keyspace::tokens("m");
     let w = c
@@ -382,7 +383,7 @@ fn placements_fire_and_forget_and_are_capped() {
 
 #[test]
 fn pipelined_requests_are_all_answered_by_id() {
-    let server = Server::start(&["--cores", "2", "--segment", "4"]);
+    let server = Server::start(&["--cores", "2"]);
     let mut c = server.session();
     let ks = Keyspace::tokens("m");
     let w = c.announce("a", full(), Feed::Events).unwrap().worker;
@@ -415,7 +416,7 @@ fn answers_do_not_depend_on_the_shard_count() {
     let ks = Keyspace::tokens("m");
     let mut results = Vec::new();
     for cores in ["1", "2", "4"] {
-        let server = Server::start(&["--cores", cores, "--segment", "3", "--pin", "false"]);
+        let server = Server::start(&["--cores", cores, "--pin", "false"]);
         let mut c = server.session();
         let mut ids = Vec::new();
         for w in 0..6u32 {
@@ -535,7 +536,7 @@ fn unix_socket_speaks_the_same_protocol() {
 
 #[test]
 fn stats_sum_the_shards() {
-    let server = Server::start(&["--cores", "2", "--segment", "1"]);
+    let server = Server::start(&["--cores", "2"]);
     let mut c = server.session();
     let ks = Keyspace::tokens("m");
     let w = c.announce("a", full(), Feed::Events).unwrap().worker;

@@ -18,15 +18,13 @@ fn start(path: &std::path::Path, cores: &str) -> Server {
         cores,
         "--pin",
         "false",
-        "--segment",
-        "4",
         "--snapshot",
         path.to_str().unwrap(),
     ])
 }
 
 #[test]
-fn state_survives_a_restart_even_with_another_shard_count() {
+fn state_survives_a_restart_even_with_another_executor_count() {
     let path = snapshot_path("restart");
     let ks = Keyspace::tokens("m");
     let chain = chain_of(&ks, 0, 30);
@@ -51,6 +49,7 @@ fn state_survives_a_restart_even_with_another_shard_count() {
     let stored = Event::Stored {
         lane: 0,
         start: 0,
+        parent: None,
         chain: chain.clone(),
         engine,
     };

@@ -2,7 +2,12 @@
 //! block 0 by the keyspace seed. Equal chain hash ⇒ equal whole prefix.
 //!
 //! Only whole blocks are hashed; a trailing partial block has no hash (no engine can
-//! reuse it). Any change here is a protocol version bump: `tests/golden.rs` pins it.
+//! reuse it). Any change here bumps [`CHAIN_HASH_VERSION`] and the protocol version:
+//! `tests/golden.rs` pins it.
+
+/// The chain hash function's version. Protocol versions 1 and 2 share chain hash 1
+/// (version 2 changed only the layout of `Event::Stored`).
+pub const CHAIN_HASH_VERSION: u16 = 1;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 

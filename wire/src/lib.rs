@@ -19,6 +19,7 @@ pub type WorkerId = u32;
 pub mod codec;
 pub mod frame;
 pub mod message;
+pub mod reader;
 
 pub use codec::{
     encode, encode_into, split_frame, to_native, u64s, Body, EncodeError, Frame, Kind, MessageRef,
@@ -27,5 +28,6 @@ pub use frame::{
     FrameError, Header, DEFAULT_MAX_FRAME, FLAG_NO_REPLY, HEADER_LEN, PROTOCOL_VERSION,
 };
 pub use message::*;
+pub use reader::FrameReader;
 /// The aligned buffer frames are encoded into and read from (16-byte aligned).
 pub type AlignedVec = rkyv::util::AlignedVec<16>;

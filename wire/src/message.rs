@@ -145,11 +145,14 @@ pub struct Retire {
 #[rkyv(derive(Debug))]
 pub enum Event {
     /// Blocks `start .. start + chain.len()` of a chain are now held by `lane`.
-    /// `engine` is empty or holds one engine hash per engine block of the lane, for
-    /// removals that name engine hashes.
+    /// `parent` is the chain hash of block `start − 1` when the producer knows it (a
+    /// decode-style store of one block names its parent): the index then extends the
+    /// parent's run instead of opening a new one. `engine` is empty or holds one engine
+    /// hash per engine block of the lane, for removals that name engine hashes.
     Stored {
         lane: u8,
         start: u32,
+        parent: Option<u64>,
         chain: Vec<u64>,
         engine: Vec<u64>,
     },

@@ -2,8 +2,8 @@
 //! version bump. `KVIX_WRITE_GOLDEN=1 cargo test -p kvix-wire --test golden` rewrites
 //! the file (only ever together with PROTOCOL_VERSION).
 
-use kvix_wire::chain::{byte_chain, token_chain};
-use kvix_wire::{ChunkKind, Keyspace, PROTOCOL_VERSION};
+use kvix_wire::chain::{byte_chain, token_chain, CHAIN_HASH_VERSION};
+use kvix_wire::{ChunkKind, Keyspace};
 
 const PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/chain_v1.txt");
 
@@ -38,7 +38,7 @@ fn keyspaces() -> Vec<(&'static str, Keyspace)> {
 /// Every vector as `name value` lines, computed by the current implementation.
 fn vectors() -> String {
     let mut out =
-        format!("# kvix chain hash golden vectors, protocol version {PROTOCOL_VERSION}\n");
+        format!("# kvix chain hash golden vectors, chain hash version {CHAIN_HASH_VERSION}\n");
     let tokens: Vec<u32> = (0..64u32)
         .map(|i| i.wrapping_mul(2_654_435_761) % 152_000)
         .collect();
@@ -93,7 +93,7 @@ fn chain_hashes_match_the_golden_file() {
         assert_eq!(
             got,
             want,
-            "golden vector line {} changed: that is a protocol version bump",
+            "golden vector line {} changed: that is a chain hash (and protocol) version bump",
             line + 1
         );
     }

@@ -52,12 +52,14 @@ fn event() -> impl Strategy<Value = Event> {
         (
             any::<u8>(),
             any::<u32>(),
+            any::<Option<u64>>(),
             vec(any::<u64>(), 0..40),
             vec(any::<u64>(), 0..10)
         )
-            .prop_map(|(lane, start, chain, engine)| Event::Stored {
+            .prop_map(|(lane, start, parent, chain, engine)| Event::Stored {
                 lane,
                 start,
+                parent,
                 chain,
                 engine
             }),

@@ -33,6 +33,7 @@ fn apply(c: &mut Criterion) {
                     Event::Stored {
                         lane: 0,
                         start: 64,
+                        parent: None,
                         chain: tail,
                         engine,
                     }

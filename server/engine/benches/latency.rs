@@ -11,8 +11,8 @@ use kvix_engine::Answer;
 fn main() {
     // `cargo bench` passes `--bench`; anything else is ignored.
     let rounds = 20_000;
-    for shards in [1, 4] {
-        let (mut e, prompt) = common::fleet(shards, 20);
+    {
+        let (mut e, prompt) = common::fleet(20);
         let mut out = Answer::default();
         for _ in 0..2_000 {
             e.query_into(common::KS, &prompt, None, 0, false, &mut out);
@@ -27,7 +27,7 @@ fn main() {
         ns.sort_unstable();
         let q = |f: f64| ns[((ns.len() as f64 * f) as usize).min(ns.len() - 1)] as f64 / 1000.0;
         println!(
-            "query 1250 blocks x 240 workers, shards={shards}: p50 {:.2} us  p99 {:.2} us  p99.9 {:.2} us  max {:.2} us  ({} scores)",
+            "query 1250 blocks x 240 workers: p50 {:.2} us  p99 {:.2} us  p99.9 {:.2} us  max {:.2} us  ({} scores)",
             q(0.50),
             q(0.99),
             q(0.999),

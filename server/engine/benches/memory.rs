@@ -27,7 +27,7 @@ fn main() {
     let base = counting::live();
     let mut ix = BlockIndex::new();
     for (c, ch) in chains.iter().enumerate() {
-        ix.insert(ks, Holder::new(c as u32 % 240, 0), 0, ch)
+        ix.insert(ks, Holder::new(c as u32 % 240, 0), 0, None, ch)
             .unwrap();
     }
     let one = counting::live() - base;
@@ -42,8 +42,14 @@ fn main() {
     let mid = counting::live();
     for (c, ch) in chains.iter().enumerate() {
         for extra in 1..=3u32 {
-            ix.insert(ks, Holder::new((c as u32 + extra * 7) % 240, 0), 0, ch)
-                .unwrap();
+            ix.insert(
+                ks,
+                Holder::new((c as u32 + extra * 7) % 240, 0),
+                0,
+                None,
+                ch,
+            )
+            .unwrap();
         }
     }
     let extra = counting::live() - mid;
@@ -61,7 +67,8 @@ fn main() {
     for (c, ch) in chains.iter().enumerate() {
         for (i, depth) in [30usize, 60, 90].into_iter().enumerate() {
             let w = (c as u32 + 100 + i as u32) % 240;
-            ix.insert(ks, Holder::new(w, 0), 0, &ch[..depth]).unwrap();
+            ix.insert(ks, Holder::new(w, 0), 0, None, &ch[..depth])
+                .unwrap();
         }
     }
     let extra = counting::live() - mid;
@@ -88,10 +95,17 @@ fn main() {
     let base = counting::live();
     let mut ix = BlockIndex::new();
     for (c, ch) in chains.iter().enumerate().take(1000) {
-        ix.insert(ks, Holder::new(c as u32, 0), 0, ch).unwrap();
+        ix.insert(ks, Holder::new(c as u32, 0), 0, None, ch)
+            .unwrap();
         for p in (0..LEN as usize).step_by(2) {
-            ix.insert(ks, Holder::new(c as u32 + 1, 0), p as u32, &ch[p..p + 1])
-                .unwrap();
+            ix.insert(
+                ks,
+                Holder::new(c as u32 + 1, 0),
+                p as u32,
+                None,
+                &ch[p..p + 1],
+            )
+            .unwrap();
         }
     }
     println!(
@@ -117,6 +131,7 @@ fn main() {
         .map(|ch| Event::Stored {
             lane: 0,
             start: 0,
+            parent: None,
             chain: ch.clone(),
             engine: ch.iter().map(|h| h ^ 0xe).collect(),
         })

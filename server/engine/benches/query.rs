@@ -7,16 +7,16 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use kvix_engine::Answer;
 
 fn query(c: &mut Criterion) {
-    for shards in [1, 4] {
-        let (mut e, prompt) = common::fleet(shards, 20);
+    {
+        let (mut e, prompt) = common::fleet(20);
         let mut out = Answer::default();
-        c.bench_function(&format!("query_1250x240_shards{shards}"), |b| {
+        c.bench_function("query_1250x240", |b| {
             b.iter(|| {
                 e.query_into(common::KS, black_box(&prompt), None, 0, false, &mut out);
                 black_box(out.scores.len())
             })
         });
-        c.bench_function(&format!("query_1250x240_top8_shards{shards}"), |b| {
+        c.bench_function("query_1250x240_top8", |b| {
             b.iter(|| {
                 e.query_into(common::KS, black_box(&prompt), None, 8, false, &mut out);
                 black_box(out.scores.len())
@@ -24,7 +24,7 @@ fn query(c: &mut Criterion) {
         });
     }
     // A miss: nothing of the prompt is held (one lookup per block).
-    let (mut e, _) = common::fleet(1, 20);
+    let (mut e, _) = common::fleet(20);
     let miss = common::chain(999_999, 1250);
     let mut out = Answer::default();
     c.bench_function("query_1250_miss", |b| {

@@ -1,38 +1,20 @@
-//! The single-threaded composition: roster, feeds and `shards` block indexes routed by
-//! [`Sharding`]. The server runs the same parts spread over cores; tests and benches use
-//! this. Any shard count gives the same answers as one shard.
+//! The whole engine on one thread: the registry (names → ids) and one [`Core`] that is
+//! home to every worker. Tests and benches use this; the server runs the same `Core`
+//! once per executor, so both apply batches whole and answer the same way.
 
-use kvix_wire::{Event, Feed, Lane, WorkerId};
+use kvix_wire::{Feed, Lane, WorkerId};
 
-use crate::coverage::Coverage;
+use crate::core::Core;
 use crate::error::EngineError;
-use crate::feed::{ApplyReport, BlockOp, FeedState};
+use crate::feed::{ApplyReport, EventView};
 use crate::index::BlockIndex;
-use crate::roster::{AnnounceOutcome, Roster};
-use crate::score::Ranker;
-use crate::sharding::Sharding;
+use crate::ops::Update;
+use crate::roster::{AnnounceOutcome, Registry, Roster};
 use crate::Ks;
 
 pub use crate::score::Answer;
 
-/// How an [`Engine`] is set up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineConfig {
-    /// The server's token block size (tokens per keyspace block in token keyspaces).
-    pub token_block: u32,
-    pub sharding: Sharding,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            token_block: 16,
-            sharding: Sharding::default(),
-        }
-    }
-}
-
-/// Counters over all shards.
+/// Counters of an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EngineStats {
     pub workers: u32,
@@ -44,48 +26,39 @@ pub struct EngineStats {
     pub runs: u64,
 }
 
-/// Roster + feeds + sharded block indexes on one thread.
+/// Registry + one core, on one thread.
 pub struct Engine {
-    cfg: EngineConfig,
-    roster: Roster,
-    feeds: Vec<Option<FeedState>>,
-    shards: Vec<BlockIndex>,
-    cov: Coverage,
-    ranker: Ranker,
+    token_block: u32,
+    registry: Registry,
+    core: Core,
+    update: Update,
 }
 
 impl Engine {
-    /// One shard, default segment.
+    /// An engine hashing `token_block`-token blocks in token keyspaces.
     pub fn new(token_block: u32) -> Self {
-        Self::with_config(EngineConfig {
-            token_block,
-            ..Default::default()
-        })
-    }
-
-    pub fn with_config(cfg: EngineConfig) -> Self {
         Engine {
-            cfg,
-            roster: Roster::new(),
-            feeds: Vec::new(),
-            shards: (0..cfg.sharding.shards.max(1))
-                .map(|_| BlockIndex::new())
-                .collect(),
-            cov: Coverage::new(),
-            ranker: Ranker::new(),
+            token_block,
+            registry: Registry::new(),
+            core: Core::new(),
+            update: Update::new(),
         }
     }
 
-    pub fn config(&self) -> EngineConfig {
-        self.cfg
+    pub fn token_block(&self) -> u32 {
+        self.token_block
     }
 
     pub fn roster(&self) -> &Roster {
-        &self.roster
+        self.core.roster()
     }
 
-    pub fn shards(&self) -> &[BlockIndex] {
-        &self.shards
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn index(&self) -> &BlockIndex {
+        self.core.index()
     }
 
     /// Registers (or re-registers) a worker. A changed roster or feed drops the worker's
@@ -96,56 +69,39 @@ impl Engine {
         lanes: &[Lane],
         feed: Feed,
     ) -> Result<(WorkerId, AnnounceOutcome), EngineError> {
-        let (id, outcome) = self
-            .roster
-            .announce(name, lanes, feed, self.cfg.token_block)?;
-        if outcome != AnnounceOutcome::Unchanged {
-            self.drop_worker(id);
-            if self.feeds.len() <= id as usize {
-                self.feeds.resize_with(id as usize + 1, || None);
-            }
-            self.feeds[id as usize] = Some(FeedState::new(feed, lanes.len()));
-        }
+        let (entry, outcome) = self
+            .registry
+            .register(name, lanes, feed, self.token_block)?;
+        let id = entry.id;
+        let mut u = std::mem::take(&mut self.update);
+        u.clear();
+        self.core.register(entry, outcome, &mut u);
+        let done = self.core.apply(&u);
+        self.update = u;
+        done?;
         Ok((id, outcome))
     }
 
     /// Forgets a worker and everything it holds.
     pub fn retire(&mut self, worker: WorkerId) -> Result<(), EngineError> {
-        self.roster.retire(worker)?;
-        self.drop_worker(worker);
-        self.feeds[worker as usize] = None;
-        Ok(())
+        self.registry.retire(worker)?;
+        self.write(|core, u| core.retire(worker, u))
     }
 
     /// Forgets a worker's sequence baseline (its producer restarted counting from 0).
     pub fn reset_sequence(&mut self, worker: WorkerId) -> Result<(), EngineError> {
-        match self.feed_mut(worker)? {
-            FeedState::Events(f) => {
-                f.sequencer().reset();
-                Ok(())
-            }
-            other => Err(wrong_feed(worker, other, "events")),
-        }
+        self.core.reset_sequence(worker)
     }
 
-    /// Applies one event batch of `worker`, in keyspace `ks`.
-    pub fn apply(
+    /// Applies one event batch of `worker`, in keyspace `ks`: whole, or refused whole.
+    pub fn apply<E: EventView>(
         &mut self,
         worker: WorkerId,
         seq: u64,
         ks: Ks,
-        events: &[Event],
+        events: &[E],
     ) -> Result<ApplyReport, EngineError> {
-        let entry = self.roster.worker(worker)?;
-        let lane_blocks = entry.lane_blocks_in(ks.kind)?;
-        let feed = feed_of(&mut self.feeds, worker)?;
-        let FeedState::Events(feed) = feed else {
-            return Err(wrong_feed(worker, feed, "events"));
-        };
-        let mut ops = Vec::new();
-        let report = feed.apply(worker, seq, ks.seed, lane_blocks, events, &mut ops);
-        self.route(&ops)?;
-        Ok(report)
+        self.write(|core, u| core.events(worker, seq, ks, events, u))
     }
 
     /// A gateway placed `chain` on `worker` at `now_ms`.
@@ -156,26 +112,32 @@ impl Engine {
         chain: &[u64],
         now_ms: u64,
     ) -> Result<(), EngineError> {
-        self.roster.worker(worker)?.lane_blocks_in(ks.kind)?;
-        let feed = feed_of(&mut self.feeds, worker)?;
-        let FeedState::Placements(feed) = feed else {
-            return Err(wrong_feed(worker, feed, "placements"));
-        };
-        let mut ops = Vec::new();
-        feed.place(worker, ks.seed, chain, now_ms, &mut ops);
-        self.route(&ops)
+        self.write(|core, u| core.place(worker, ks, chain, now_ms, u))
     }
 
     /// Expires placements older than their TTL; returns how many blocks were cut.
     pub fn expire(&mut self, now_ms: u64) -> Result<u64, EngineError> {
-        let mut ops = Vec::new();
-        for (w, feed) in self.feeds.iter_mut().enumerate() {
-            if let Some(FeedState::Placements(f)) = feed {
-                f.expire(w as WorkerId, now_ms, &mut ops);
-            }
-        }
-        self.route(&ops)?;
-        Ok(ops.len() as u64)
+        self.write(|core, u| {
+            core.expire(now_ms, u);
+            Ok(u.ops.blocks())
+        })
+    }
+
+    /// Runs a home-side write, then applies its update.
+    fn write<T>(
+        &mut self,
+        f: impl FnOnce(&mut Core, &mut Update) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let mut u = std::mem::take(&mut self.update);
+        u.clear();
+        let out = f(&mut self.core, &mut u);
+        let done = match out {
+            Ok(_) => self.core.apply(&u).map_err(EngineError::from),
+            Err(_) => Ok(()),
+        };
+        self.update = u;
+        done?;
+        out
     }
 
     /// Who can reuse how much of `chain` in `ks` (see [`Answer`]). `candidates`: only
@@ -203,121 +165,39 @@ impl Engine {
         want_runs: bool,
         out: &mut Answer,
     ) {
-        let chain = &chain[..chain.len().min(u32::MAX as usize)];
-        self.cov.reset(candidates);
-        for piece in self.cfg.sharding.split(ks.seed, 0, chain) {
-            self.shards[piece.shard as usize].coverage(
-                ks.seed,
-                piece.start,
-                piece.chain,
-                &mut self.cov,
-            );
-        }
-        let roster = &self.roster;
-        self.ranker.rank(
-            &self.cov,
-            chain.len() as u32,
-            top_k,
-            want_runs,
-            |w| roster.get(w).and_then(|e| e.rules_in(ks.kind)),
-            out,
-        );
+        self.core
+            .query_into(ks, chain, candidates, top_k, want_runs, out);
     }
 
     pub fn stats(&self) -> EngineStats {
+        let ix = self.core.index();
         EngineStats {
-            workers: self.roster.len(),
-            blocks: self.shards.iter().map(BlockIndex::blocks).sum(),
-            memberships: self.shards.iter().map(BlockIndex::memberships).sum(),
-            runs: self.shards.iter().map(|s| s.runs() as u64).sum(),
+            workers: self.core.roster().len(),
+            blocks: ix.blocks(),
+            memberships: ix.memberships(),
+            runs: ix.runs() as u64,
         }
     }
 
     /// The whole engine as plain data at `now_ms` (see [`crate::image`]).
     pub fn export(&self, now_ms: u64) -> crate::EngineImage {
         crate::EngineImage {
-            workers: self.roster.export(),
-            runs: self.shards.iter().flat_map(BlockIndex::export).collect(),
-            feeds: self
-                .feeds
-                .iter()
-                .enumerate()
-                .filter_map(|(w, f)| f.as_ref().map(|f| (w as WorkerId, f.export(now_ms))))
-                .collect(),
+            workers: self.registry.export(),
+            runs: self.core.export_runs(|_| true),
+            feeds: self.core.export_feeds(now_ms),
         }
     }
 
-    /// Restores an image into a fresh engine (any shard count) at `now_ms`.
+    /// Restores an image into a fresh engine at `now_ms`.
     pub fn import(&mut self, image: &crate::EngineImage, now_ms: u64) -> Result<(), EngineError> {
-        self.roster.import(&image.workers, self.cfg.token_block)?;
-        for w in self.roster.iter() {
-            if self.feeds.len() <= w.id as usize {
-                self.feeds.resize_with(w.id as usize + 1, || None);
-            }
-            self.feeds[w.id as usize] = Some(FeedState::new(w.feed, w.lanes.len()));
-        }
-        for (w, img) in &image.feeds {
-            if let Some(Some(f)) = self.feeds.get_mut(*w as usize) {
-                f.import(img, now_ms);
-            }
-        }
-        let sharding = self.cfg.sharding;
-        for run in &image.runs {
-            for p in sharding.split(run.ks, run.start, &run.hashes) {
-                self.shards[p.shard as usize].import(run.ks, p.start, p.chain, &run.holders)?;
-            }
-        }
-        Ok(())
+        let entries = self.registry.import(&image.workers, self.token_block)?;
+        self.core
+            .import(&entries, &image.runs, &image.feeds, |_| true, now_ms)
     }
 
-    /// Checks every shard's invariants; for tests.
+    /// Checks the index's invariants; for tests.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.shards
-            .iter()
-            .try_for_each(BlockIndex::check_invariants)
-    }
-
-    fn feed_mut(&mut self, worker: WorkerId) -> Result<&mut FeedState, EngineError> {
-        self.roster.worker(worker)?;
-        feed_of(&mut self.feeds, worker)
-    }
-
-    fn drop_worker(&mut self, worker: WorkerId) {
-        for s in &mut self.shards {
-            s.drop_worker(worker);
-        }
-    }
-
-    /// Sends each operation to the shard(s) owning its positions.
-    fn route(&mut self, ops: &[BlockOp<'_>]) -> Result<(), EngineError> {
-        let (sharding, shards) = (self.cfg.sharding, &mut self.shards);
-        let mut result = Ok(());
-        for op in ops {
-            sharding.route(op, |s, piece| {
-                if result.is_ok() {
-                    result = shards[s as usize].apply(&piece);
-                }
-            });
-        }
-        Ok(result?)
-    }
-}
-
-fn feed_of(
-    feeds: &mut [Option<FeedState>],
-    worker: WorkerId,
-) -> Result<&mut FeedState, EngineError> {
-    feeds
-        .get_mut(worker as usize)
-        .and_then(Option::as_mut)
-        .ok_or(EngineError::UnknownWorker(worker))
-}
-
-fn wrong_feed(worker: WorkerId, has: &FeedState, wanted: &'static str) -> EngineError {
-    EngineError::WrongFeed {
-        worker,
-        has: has.kind(),
-        wanted,
+        self.core.index().check_invariants()
     }
 }

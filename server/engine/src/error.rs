@@ -11,8 +11,6 @@ pub enum IndexError {
     BadHolder { worker: WorkerId, lane: u8 },
     #[error("blocks from position {start} for {len} blocks run past position 2^32-1")]
     PositionOverflow { start: u32, len: usize },
-    #[error("sharding needs positive shards and segment (got {shards} shards, segment {segment})")]
-    BadSharding { shards: u32, segment: u32 },
 }
 
 /// A lane roster (or an announce) that is refused.
@@ -54,7 +52,7 @@ pub enum RosterError {
     },
 }
 
-/// One event of a batch that was skipped (the rest of the batch still applies).
+/// Why one event of a batch is refused (which refuses the whole batch).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EventError {
     #[error("lane {lane} is not in the worker's roster of {lanes} lanes")]
@@ -86,6 +84,13 @@ pub enum EngineError {
         worker: WorkerId,
         has: &'static str,
         wanted: &'static str,
+    },
+    #[error("event {index} of batch {seq} refused, nothing of the batch applied: {source}")]
+    Refused {
+        seq: u64,
+        index: u32,
+        #[source]
+        source: EventError,
     },
     #[error(transparent)]
     Roster(#[from] RosterError),

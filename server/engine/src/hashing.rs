@@ -1,7 +1,7 @@
-//! Hashing for the engine's maps. Block keys are already well mixed, so the hasher
+//! Hashing for the engine's tables. Chain hashes are already well mixed, so the hasher
 //! only folds its input (no SipHash on the hot path).
 
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// A multiply-fold hasher (FxHash style); inputs that are not mixed yet get mixed here.
 #[derive(Default, Clone, Copy)]
@@ -47,48 +47,25 @@ impl Hasher for Fold {
 pub(crate) type FoldBuild = BuildHasherDefault<Fold>;
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, FoldBuild>;
 
-/// A block's map key: (keyspace, position, chain hash) mixed into 64 bits and stored as
-/// two u32 halves, so a `(BlockKey, u32)` map slot is 12 bytes instead of 16.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BlockKey([u32; 2]);
-
-impl BlockKey {
-    pub(crate) fn new(ks: u64, pos: u32, hash: u64) -> Self {
-        // Equal hashes at other positions or keyspaces must land elsewhere; the owner
-        // of a key still verifies the full identity, so a collision is never a false hit.
-        let x = fmix(hash ^ fmix(ks ^ (pos as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)));
-        BlockKey([(x >> 32) as u32, x as u32])
-    }
+/// The table hash of a block: its chain hash in keyspace `ks` (a small per-table index
+/// or a seed). Positions are not mixed in: a chain hash already names its whole prefix,
+/// and every table compares the full identity (position included) on a hit.
+pub(crate) fn block_hash(ks: u64, hash: u64) -> u64 {
+    fmix(hash ^ fmix(ks.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
 }
 
-impl Hash for BlockKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64((self.0[0] as u64) << 32 | self.0[1] as u64);
+/// Hash of a sorted holder set.
+pub(crate) fn set_hash(holders: &[u32]) -> u64 {
+    let mut h = Fold::default();
+    h.write_u64(holders.len() as u64);
+    for &x in holders {
+        h.write_u32(x);
     }
+    fmix(h.finish())
 }
 
-/// Identity for already-mixed keys.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct Ident(u64);
-
-impl Hasher for Ident {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ *b as u64;
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
-pub(crate) type BlockMap<V> = std::collections::HashMap<BlockKey, V, BuildHasherDefault<Ident>>;
-
-/// murmur3's 64-bit finalizer.
-fn fmix(mut x: u64) -> u64 {
+/// murmur3's 64-bit finalizer: a bijection on u64.
+pub(crate) fn fmix(mut x: u64) -> u64 {
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
@@ -101,11 +78,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn block_keys_separate_positions_and_keyspaces() {
-        let k = BlockKey::new(1, 5, 99);
-        assert_ne!(k, BlockKey::new(1, 6, 99));
-        assert_ne!(k, BlockKey::new(2, 5, 99));
-        assert_eq!(k, BlockKey::new(1, 5, 99));
-        assert_eq!(std::mem::size_of::<(BlockKey, u32)>(), 12);
+    fn block_hashes_separate_keyspaces_and_set_hashes_lengths() {
+        assert_ne!(block_hash(1, 99), block_hash(2, 99));
+        assert_eq!(block_hash(1, 99), block_hash(1, 99));
+        assert_ne!(set_hash(&[1]), set_hash(&[1, 0]));
     }
 }

@@ -6,23 +6,24 @@ use kvix_wire::{Feed, Lane, WorkerId};
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// One run of a block index: blocks `start..start + hashes.len()` of keyspace `ks`,
-/// held by every `(worker, lane)` of `holders`.
+/// held by every `(worker, lane)` of `holders`; `parent` is the chain hash of block
+/// `start - 1` when known.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct RunImage {
     pub ks: u64,
     pub start: u32,
+    pub parent: Option<u64>,
     pub hashes: Vec<u64>,
     pub holders: Vec<(u32, u8)>,
 }
 
 /// A removal name of an event feed: `name` (engine or chain hash) on `lane` stands for
-/// the keyspace blocks `pos..pos + chain.len()` of `ks`.
+/// the keyspace blocks of `ks` whose chain hashes are `chain`.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct NameImage {
     pub lane: u8,
     pub name: u64,
     pub ks: u64,
-    pub pos: u32,
     pub chain: Vec<u64>,
 }
 
@@ -63,7 +64,7 @@ pub struct WorkerImage {
     pub active: bool,
 }
 
-/// A whole engine: roster, every shard's runs, the feeds.
+/// A whole engine: the registry, the index's runs, the feeds.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct EngineImage {
     pub workers: Vec<WorkerImage>,

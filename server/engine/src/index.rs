@@ -1,40 +1,47 @@
-//! One shard's block store.
+//! The block store of one executor: every block held by anyone, and by whom.
 //!
 //! Blocks are grouped into *runs*: consecutive positions of one chain held by the same
 //! holder set. A run stores its chain hashes contiguously and points at an interned
 //! holder set, so a prefix shared by 240 workers is one run and one set, and a query
-//! walks it by comparing hashes in order. A per-block map (`(keyspace, position, hash)`
-//! → run) finds where a chain enters the shard, where it re-enters after a run ends or
-//! diverges, and where an event lands mid-run.
+//! walks it by comparing hashes in order. A block table (one 8-byte slot per block:
+//! run id and position, hashed from the block's chain hash) finds where a query enters
+//! a chain, where it re-enters after a divergence, and where an event lands mid-run.
+//! The table stores no key of its own: a slot is compared and rehashed through the run
+//! it points at, and the comparison checks the whole identity (keyspace, position,
+//! chain hash), so two blocks whose hashes collide are simply two slots.
 //!
-//! Runs split when a holder joins or leaves part of them (the larger side keeps its
-//! slot, so only the smaller side's map entries move) and merge back when neighbours on
-//! the same chain end up with equal sets. Chain adjacency is known from two links kept
-//! per run: `parent` (the hash before the run's first block, verified by lookup) and a
-//! `next` hint (validated on use), so a stale link is never trusted.
+//! A store that names its parent extends the parent's run when the parent is that run's
+//! last block and the run is held by exactly the storing holder: decode-style streams
+//! (one block per event) build the same long runs as one big store. Runs split when a
+//! holder joins or leaves part of them (the larger side keeps its id, so only the
+//! smaller side's slots move) and merge back when neighbours on the same chain end up
+//! with equal sets. Adjacency is known from `parent` (the hash before a run's first
+//! block, verified by lookup) and a `next` hint (validated on use).
 
 use smallvec::SmallVec;
 
-use crate::coverage::Coverage;
 use crate::error::IndexError;
-use crate::hashing::{BlockKey, BlockMap, FastMap};
+use crate::hashing::{block_hash, FastMap};
 use crate::sets::{SetId, SetPool};
+use crate::table::Table;
 use crate::Holder;
 use kvix_wire::WorkerId;
 
 const NIL: u32 = u32::MAX;
+/// Set in `Node::ks` when `parent` is known.
+const HAS_PARENT: u32 = 1 << 31;
 
 struct Node {
-    ks: u64,
-    /// Chain hash of the block at `start - 1` on this run's chain, when `has_parent`.
+    hashes: SmallVec<[u64; 2]>,
+    /// Chain hash of the block at `start - 1` on this run's chain, when `HAS_PARENT`.
     parent: u64,
     start: u32,
     /// Holder set; `NIL` marks a free node.
     set: SetId,
     /// A run that may continue this chain at `end()`; checked by [`BlockIndex::follows`].
     next: u32,
-    has_parent: bool,
-    hashes: SmallVec<[u64; 2]>,
+    /// Keyspace index, and the `HAS_PARENT` flag.
+    ks: u32,
 }
 
 impl Node {
@@ -45,17 +52,80 @@ impl Node {
     fn len(&self) -> u64 {
         self.hashes.len() as u64
     }
+
+    fn ksi(&self) -> u32 {
+        self.ks & !HAS_PARENT
+    }
+
+    fn has_parent(&self) -> bool {
+        self.ks & HAS_PARENT != 0
+    }
+
+    fn set_parent(&mut self, parent: u64) {
+        self.parent = parent;
+        self.ks |= HAS_PARENT;
+    }
 }
 
-/// One shard's blocks and who holds them (see the module docs).
+/// A block's table slot: the run holding it and its position.
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    run: u32,
+    pos: u32,
+}
+
+// SAFETY: two integers.
+unsafe impl crate::table::Zeroable for Slot {}
+
+fn slot_is(nodes: &[Node], s: &Slot, ks: u32, pos: u32, hash: u64) -> bool {
+    s.pos == pos && {
+        let n = &nodes[s.run as usize];
+        n.ksi() == ks && n.hashes.get(pos.wrapping_sub(n.start) as usize) == Some(&hash)
+    }
+}
+
+/// Keyspace seeds as small indexes (nodes store the index, not the seed).
+#[derive(Default)]
+struct Keyspaces {
+    seeds: Vec<u64>,
+    ids: FastMap<u64, u32>,
+}
+
+impl Keyspaces {
+    fn get(&self, seed: u64) -> Option<u32> {
+        self.ids.get(&seed).copied()
+    }
+
+    fn intern(&mut self, seed: u64) -> u32 {
+        if let Some(i) = self.get(seed) {
+            return i;
+        }
+        let i = self.seeds.len() as u32;
+        self.seeds.push(seed);
+        self.ids.insert(seed, i);
+        i
+    }
+}
+
+/// The blocks held and who holds them (see the module docs).
 #[derive(Default)]
 pub struct BlockIndex {
     nodes: Vec<Node>,
     free: Vec<u32>,
-    map: BlockMap<u32>,
+    table: Table<Slot>,
     sets: SetPool,
+    keyspaces: Keyspaces,
     memberships: u64,
-    collisions: u64,
+    /// Per packed holder: blocks held, and the run its last insert ended in.
+    held: FastMap<u32, Held>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    blocks: u64,
+    /// A hint (checked before use): a decode stream's next store names this run's last
+    /// block as its parent, and so extends it without a table lookup.
+    last: u32,
 }
 
 impl BlockIndex {
@@ -65,7 +135,7 @@ impl BlockIndex {
 
     /// Distinct blocks held.
     pub fn blocks(&self) -> u64 {
-        self.map.len() as u64
+        self.table.len() as u64
     }
 
     /// (block, holder) pairs.
@@ -73,91 +143,168 @@ impl BlockIndex {
         self.memberships
     }
 
-    /// Runs (nodes) in use: how compressed the store is.
+    /// Runs in use: how compressed the store is.
     pub fn runs(&self) -> usize {
         self.nodes.len() - self.free.len()
     }
 
-    /// Blocks refused because their 64-bit key was taken by a different block.
-    pub fn collisions(&self) -> u64 {
-        self.collisions
+    /// Blocks `holder` holds.
+    pub fn held_by(&self, holder: Holder) -> u64 {
+        holder
+            .pack()
+            .ok()
+            .and_then(|h| self.held.get(&h))
+            .map_or(0, |c| c.blocks)
     }
 
-    /// Records that `holder` holds block `start + j` with chain hash `chain[j]`.
+    /// Records that `holder` holds block `start + j` with chain hash `chain[j]`; `parent`
+    /// is the chain hash of block `start - 1`, when known.
     pub fn insert(
         &mut self,
         ks: u64,
         holder: Holder,
         start: u32,
+        parent: Option<u64>,
         chain: &[u64],
     ) -> Result<(), IndexError> {
         let h = holder.pack()?;
         check_span(start, chain.len())?;
-        let mut j = 0;
+        if chain.is_empty() {
+            return Ok(());
+        }
+        let ks = self.keyspaces.intern(ks);
+        let parent = parent.filter(|_| start > 0);
         // The run whose last block is the chain's block before `j`, if any.
-        let mut prev = NIL;
+        let mut prev = match parent {
+            Some(p) => self
+                .last_of(h)
+                .filter(|&r| self.ends_with(r, ks, start, p))
+                .or_else(|| self.find(ks, start - 1, p))
+                .filter(|&r| self.node(r).end() == start)
+                .unwrap_or(NIL),
+            None => NIL,
+        };
+        let mut j = 0;
         while j < chain.len() {
             let pos = start + j as u32;
-            let parent = j.checked_sub(1).map(|p| chain[p]);
-            let (mut n, r) = match self.locate(ks, pos, chain[j]) {
-                Some(n) => {
-                    let r = self.matching(n, pos, &chain[j..]);
-                    (self.add_holder(n, pos, r, h), r)
-                }
-                None => match self.insert_fresh(ks, pos, &chain[j..], h, parent) {
-                    Some((n, r)) => (n, r),
-                    None => {
-                        j += 1;
-                        prev = NIL;
-                        continue;
+            let before = if j > 0 { Some(chain[j - 1]) } else { parent };
+            // Extending the holder's own run: no lookup before the insert's own probe.
+            let extended = (prev != NIL && self.extends(prev, pos, h))
+                .then(|| self.insert_fresh(ks, pos, &chain[j..], h, before, prev))
+                .filter(|&(_, k)| k > 0);
+            let (mut n, r) = match extended {
+                Some(done) => done,
+                None => match self.find(ks, pos, chain[j]) {
+                    Some(n) => {
+                        let r = self.matching(n, pos, &chain[j..]);
+                        (self.add_holder(n, pos, r, h), r)
                     }
+                    None => self.insert_fresh(ks, pos, &chain[j..], h, before, prev),
                 },
             };
-            if prev != NIL && self.nodes[n as usize].start == pos {
-                n = self.link(prev, n, chain[j - 1]);
+            if let (true, Some(b)) = (prev != NIL && n != prev, before) {
+                if self.node(n).start == pos {
+                    n = self.link(prev, n, b);
+                }
             }
             j += r;
-            prev = if pos + r as u32 == self.nodes[n as usize].end() {
+            prev = if pos + r as u32 == self.node(n).end() {
                 n
             } else {
                 NIL
             };
         }
+        if let Some(c) = self.held.get_mut(&h) {
+            c.last = prev;
+        }
         Ok(())
     }
 
-    /// Forgets that `holder` holds block `pos` with chain hash `hash`; false when it did not.
-    pub fn remove(
-        &mut self,
-        ks: u64,
-        holder: Holder,
-        pos: u32,
-        hash: u64,
-    ) -> Result<bool, IndexError> {
+    /// The run `h`'s last insert ended in, if it is still live.
+    fn last_of(&self, h: u32) -> Option<u32> {
+        let r = self.held.get(&h)?.last;
+        (r != NIL && self.node(r).set != NIL).then_some(r)
+    }
+
+    /// Whether run `r` is in keyspace `ks` and ends with block `end - 1` = `hash`.
+    fn ends_with(&self, r: u32, ks: u32, end: u32, hash: u64) -> bool {
+        let n = self.node(r);
+        n.ksi() == ks && n.end() == end && n.hashes.last() == Some(&hash)
+    }
+
+    /// Whether holder `h` may append block `pos` to run `r` (it alone holds `r`, which
+    /// ends right before `pos`).
+    fn extends(&self, r: u32, pos: u32, h: u32) -> bool {
+        self.node(r).end() == pos && self.sets.is_only(self.node(r).set, h)
+    }
+
+    /// Forgets that `holder` holds the blocks with chain hashes `hashes` (in any order;
+    /// a stretch of one run, ascending or descending, is taken off in one piece); returns
+    /// how many it held.
+    pub fn remove(&mut self, ks: u64, holder: Holder, hashes: &[u64]) -> Result<u64, IndexError> {
         let h = holder.pack()?;
-        let Some(n) = self.locate(ks, pos, hash) else {
-            return Ok(false);
+        let Some(ks) = self.keyspaces.get(ks) else {
+            return Ok(0);
         };
-        if !self.sets.contains(self.nodes[n as usize].set, h) {
-            return Ok(false);
+        self.prefetch(ks, hashes);
+        let (mut j, mut removed) = (0, 0u64);
+        while j < hashes.len() {
+            let Some((n, pos)) = self.find_held(ks, hashes[j], h) else {
+                j += 1;
+                continue;
+            };
+            // How far the following hashes run on in this run, up or down.
+            let node = self.node(n);
+            let at = (pos - node.start) as usize;
+            let up = node.hashes[at..]
+                .iter()
+                .zip(&hashes[j..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            let down = node.hashes[..=at]
+                .iter()
+                .rev()
+                .zip(&hashes[j..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            let (from, len) = if up >= down {
+                (pos, up)
+            } else {
+                (pos + 1 - down as u32, down)
+            };
+            self.remove_from(n, from, len, h);
+            removed += len as u64;
+            j += len;
         }
-        let m = self.isolate(n, pos, pos + 1);
-        match self.sets.without(self.nodes[m as usize].set, |x| x == h) {
-            Some(s) => {
-                self.set_set(m, s);
-                self.merge_around(m);
+        Ok(removed)
+    }
+
+    /// Drops `holder` from every run holding one of the blocks `hashes` name: the blocks
+    /// its feed knows it holds. Costs a lookup per hint and a set change per run, not a
+    /// pass over every run.
+    pub fn drop_runs(&mut self, ks: u64, holder: Holder, hashes: &[u64]) {
+        let (Ok(h), Some(ks)) = (holder.pack(), self.keyspaces.get(ks)) else {
+            return;
+        };
+        self.prefetch(ks, hashes);
+        for &hash in hashes {
+            if self.held.get(&h).map_or(0, |c| c.blocks) == 0 {
+                break;
             }
-            None => self.delete_node(m),
+            if let Some((n, _)) = self.find_held(ks, hash, h) {
+                let (start, len) = (self.node(n).start, self.node(n).hashes.len());
+                self.remove_from(n, start, len, h);
+            }
         }
-        Ok(true)
     }
 
     /// Whether `holder` holds block `pos` with chain hash `hash`.
     pub fn holds(&self, ks: u64, holder: Holder, pos: u32, hash: u64) -> bool {
-        match (holder.pack(), self.locate(ks, pos, hash)) {
-            (Ok(h), Some(n)) => self.sets.contains(self.nodes[n as usize].set, h),
-            _ => false,
-        }
+        let (Ok(h), Some(ks)) = (holder.pack(), self.keyspaces.get(ks)) else {
+            return false;
+        };
+        self.find(ks, pos, hash)
+            .is_some_and(|n| self.sets.contains(self.node(n).set, h))
     }
 
     /// Drops every block membership of one holder. Costs a pass over all runs.
@@ -172,59 +319,78 @@ impl BlockIndex {
         self.drop_where(|x| x >> 4 == worker);
     }
 
-    /// Adds to `out` the runs of every admitted holder over blocks `start + j` whose hash
-    /// is `chain[j]`. Positions in `out` are absolute; `start` may be any position (a
-    /// shard's piece of a query starts at a segment boundary with nothing before it here).
-    pub fn coverage(&self, ks: u64, start: u32, chain: &[u64], out: &mut Coverage) {
-        let len = chain.len().min((u32::MAX - start) as usize);
-        let mut j = 0;
-        let mut prev = NIL;
+    /// Calls `visit(a, b, holders)` for each stretch `[a, b)` of `chain` (positions from
+    /// 0) that one run covers, in position order, with the run's sorted packed holders.
+    /// A position nobody holds costs one lookup; later positions are still visited (a
+    /// sliding-window lane may hold them without the earlier ones).
+    pub fn walk(&self, ks: u64, chain: &[u64], mut visit: impl FnMut(u32, u32, &[u32])) {
+        let Some(ks) = self.keyspaces.get(ks) else {
+            return;
+        };
+        let len = chain.len().min(u32::MAX as usize);
+        let (mut j, mut prev) = (0usize, NIL);
         while j < len {
-            let pos = start + j as u32;
+            let pos = j as u32;
             // A run's `next` hint usually names the run that continues this chain:
-            // following it saves the map lookup at a run boundary.
-            let hinted = (prev != NIL)
-                .then(|| self.nodes[prev as usize].next)
-                .filter(|&nx| {
-                    nx != NIL
-                        && self.follows(prev, nx)
-                        && self.nodes[nx as usize].hashes[0] == chain[j]
-                });
-            let Some(n) = hinted.or_else(|| self.locate(ks, pos, chain[j])) else {
+            // following it saves the lookup at a run boundary.
+            let hinted = (prev != NIL).then(|| self.node(prev).next).filter(|&nx| {
+                nx != NIL && self.follows(prev, nx) && self.node(nx).hashes[0] == chain[j]
+            });
+            let Some(n) = hinted.or_else(|| self.find(ks, pos, chain[j])) else {
                 j += 1;
                 prev = NIL;
                 continue;
             };
             let r = self.matching(n, pos, &chain[j..len]);
-            out.add_set(
-                self.sets.holders(self.nodes[n as usize].set),
-                pos,
-                pos + r as u32,
-            );
+            let end = pos + r as u32;
+            visit(pos, end, self.sets.holders(self.node(n).set));
             j += r;
-            prev = if pos + r as u32 == self.nodes[n as usize].end() {
-                n
-            } else {
-                NIL
-            };
+            prev = if end == self.node(n).end() { n } else { NIL };
         }
     }
 
-    /// The run holding block (`ks`, `pos`, `hash`), verified against the run itself.
-    fn locate(&self, ks: u64, pos: u32, hash: u64) -> Option<u32> {
-        let n = *self.map.get(&BlockKey::new(ks, pos, hash))?;
-        let node = &self.nodes[n as usize];
-        let hit = node.set != NIL
-            && node.ks == ks
-            && pos >= node.start
-            && pos < node.end()
-            && node.hashes[(pos - node.start) as usize] == hash;
-        hit.then_some(n)
+    fn node(&self, n: u32) -> &Node {
+        &self.nodes[n as usize]
+    }
+
+    fn node_mut(&mut self, n: u32) -> &mut Node {
+        &mut self.nodes[n as usize]
+    }
+
+    /// The run holding block (`ks`, `pos`, `hash`).
+    fn find(&self, ks: u32, pos: u32, hash: u64) -> Option<u32> {
+        let nodes = &self.nodes;
+        self.table
+            .find(block_hash(ks as u64, hash), |s| {
+                slot_is(nodes, s, ks, pos, hash)
+            })
+            .map(|s| s.run)
+    }
+
+    /// The run and position of a block with chain hash `hash` in `ks` that packed holder
+    /// `h` holds (a chain hash names its prefix, so there is one, short of a collision).
+    fn find_held(&self, ks: u32, hash: u64, h: u32) -> Option<(u32, u32)> {
+        self.table
+            .candidates(block_hash(ks as u64, hash))
+            .find(|s| {
+                let n = self.node(s.run);
+                n.ksi() == ks
+                    && n.hashes[(s.pos - n.start) as usize] == hash
+                    && self.sets.contains(n.set, h)
+            })
+            .map(|s| (s.run, s.pos))
+    }
+
+    /// Starts loading the table buckets of the blocks `hashes` name.
+    fn prefetch(&self, ks: u32, hashes: &[u64]) {
+        for &h in hashes.iter().take(64) {
+            self.table.prefetch(block_hash(ks as u64, h));
+        }
     }
 
     /// How many hashes of `chain` match run `n` from position `pos` on.
     fn matching(&self, n: u32, pos: u32, chain: &[u64]) -> usize {
-        let node = &self.nodes[n as usize];
+        let node = self.node(n);
         node.hashes[(pos - node.start) as usize..]
             .iter()
             .zip(chain)
@@ -235,82 +401,140 @@ impl BlockIndex {
     /// Adds holder `h` to the `len` blocks of run `n` from `pos`; returns the run that
     /// now holds them.
     fn add_holder(&mut self, n: u32, pos: u32, len: usize, h: u32) -> u32 {
-        if self.sets.contains(self.nodes[n as usize].set, h) {
+        if self.sets.contains(self.node(n).set, h) {
             return n;
         }
         let m = self.isolate(n, pos, pos + len as u32);
-        let s = self.sets.with_added(self.nodes[m as usize].set, h);
+        let s = self.sets.with_added(self.node(m).set, h);
         self.set_set(m, s);
         self.merge_around(m)
+    }
+
+    /// Takes holder `h` off the `len` blocks of run `n` from `pos`.
+    fn remove_from(&mut self, n: u32, pos: u32, len: usize, h: u32) {
+        let node = self.node(n);
+        let (start, end) = (node.start, node.end());
+        let stop = pos + len as u32;
+        if self.sets.is_only(node.set, h) && (pos == start || stop == end) {
+            if pos == start && stop == end {
+                return self.delete_node(n);
+            }
+            // A lone holder evicting a run's head or tail: trim the run in place.
+            self.unmap(n, pos, stop);
+            let node = self.node_mut(n);
+            if stop == end {
+                node.hashes.truncate((pos - start) as usize);
+            } else {
+                let parent = node.hashes[len - 1];
+                node.hashes.drain(..len);
+                node.start = stop;
+                node.set_parent(parent);
+            }
+            shrink(&mut self.node_mut(n).hashes);
+            self.memberships -= len as u64;
+            self.count(h, -(len as i64));
+            return;
+        }
+        let m = self.isolate(n, pos, stop);
+        match self.sets.without(self.node(m).set, |x| x == h) {
+            Some(s) => {
+                self.set_set(m, s);
+                self.merge_around(m);
+            }
+            None => self.delete_node(m),
+        }
     }
 
     /// Records what an insert walk learnt: run `b` (starting at `a`'s end) continues
     /// `a`'s chain, whose last hash is `parent`. Merges them when their sets agree.
     fn link(&mut self, a: u32, b: u32, parent: u64) -> u32 {
-        let node = &mut self.nodes[b as usize];
-        if !node.has_parent {
-            node.has_parent = true;
-            node.parent = parent;
+        if !self.node(b).has_parent() {
+            self.node_mut(b).set_parent(parent);
         }
         if !self.follows(a, b) {
             return b;
         }
-        if self.nodes[a as usize].set == self.nodes[b as usize].set {
+        if self.node(a).set == self.node(b).set {
             return self.merge(a, b);
         }
-        self.nodes[a as usize].next = b;
+        self.node_mut(a).next = b;
         b
     }
 
-    /// Stores absent blocks from `pos` for holder `h` as a new run, up to the first block
-    /// that is present (or whose key is taken). Returns the run and how many blocks it
-    /// took, or `None` when the first block's key is taken by another block.
+    /// Stores absent blocks from `pos` for holder `h`, up to the first present one:
+    /// appended to `prev` when it ends at `pos` and `h` alone holds it, else as a new
+    /// run after `before`. Returns the run and how many blocks it took (at least one).
     fn insert_fresh(
         &mut self,
-        ks: u64,
+        ks: u32,
         pos: u32,
         chain: &[u64],
         h: u32,
-        parent: Option<u64>,
-    ) -> Option<(u32, usize)> {
-        use std::collections::hash_map::Entry;
-        let n = self.alloc(Node {
-            ks,
-            parent: parent.unwrap_or(0),
-            start: pos,
-            set: NIL,
-            next: NIL,
-            has_parent: parent.is_some(),
-            hashes: SmallVec::new(),
-        });
+        before: Option<u64>,
+        prev: u32,
+    ) -> (u32, usize) {
+        let extend = prev != NIL && self.extends(prev, pos, h);
+        let dest = if extend {
+            prev
+        } else {
+            let mut node = Node {
+                hashes: SmallVec::new(),
+                parent: 0,
+                start: pos,
+                set: NIL,
+                next: NIL,
+                ks,
+            };
+            if let Some(b) = before {
+                node.set_parent(b);
+            }
+            self.alloc(node)
+        };
+        grow(&mut self.node_mut(dest).hashes, chain.len());
+        self.reserve_slots(chain.len());
+        self.prefetch(ks, chain);
         let mut k = 0;
         while k < chain.len() {
-            match self.map.entry(BlockKey::new(ks, pos + k as u32, chain[k])) {
-                Entry::Vacant(e) => {
-                    e.insert(n);
-                    self.nodes[n as usize].hashes.push(chain[k]);
-                    k += 1;
-                }
-                Entry::Occupied(_) => break,
+            let (p, hash) = (pos + k as u32, chain[k]);
+            let nodes = &self.nodes;
+            let slot = Slot { run: dest, pos: p };
+            if self
+                .table
+                .insert_absent(
+                    block_hash(ks as u64, hash),
+                    |s| slot_is(nodes, s, ks, p, hash),
+                    slot,
+                )
+                .is_some()
+            {
+                break;
             }
+            self.nodes[dest as usize].hashes.push(hash);
+            k += 1;
         }
+        shrink(&mut self.node_mut(dest).hashes);
         if k == 0 {
-            // `locate` found no such block, yet its key is taken: a 64-bit collision with
-            // another block. Refuse this one block rather than mix the two up.
-            self.free.push(n);
-            self.collisions += 1;
-            return None;
+            // The first block is there after all: only an extension attempt gets here.
+            if !extend {
+                self.node_mut(dest).hashes = SmallVec::new();
+                self.free.push(dest);
+            }
+            return (dest, 0);
         }
-        self.nodes[n as usize].set = self.sets.singleton(h);
+        if !extend {
+            let s = self.sets.singleton(h);
+            self.node_mut(dest).set = s;
+        }
         self.memberships += k as u64;
-        Some((self.merge_around(n), k))
+        self.count(h, k as i64);
+        (dest, k)
     }
 
     fn drop_where(&mut self, drop: impl Fn(u32) -> bool + Copy) {
         let mut memo: FastMap<SetId, Option<SetId>> = FastMap::default();
         let mut changed = Vec::new();
         for n in 0..self.nodes.len() as u32 {
-            let s = self.nodes[n as usize].set;
+            let s = self.node(n).set;
             if s == NIL || !self.sets.holders(s).iter().any(|x| drop(*x)) {
                 continue;
             }
@@ -338,73 +562,102 @@ impl BlockIndex {
             }
         }
         for n in changed {
-            if self.nodes[n as usize].set != NIL {
+            if self.node(n).set != NIL {
                 self.merge_around(n);
             }
         }
-        self.maybe_shrink_map();
     }
 
-    /// Replaces run `m`'s set by `s` (already acquired), keeping the membership count.
+    /// Replaces run `m`'s set by `s` (already acquired), keeping the counts.
     fn set_set(&mut self, m: u32, s: SetId) {
-        let node = &mut self.nodes[m as usize];
-        let old = std::mem::replace(&mut node.set, s);
-        let len = node.len();
-        self.memberships =
-            self.memberships + len * self.sets.len(s) as u64 - len * self.sets.len(old) as u64;
+        let old = std::mem::replace(&mut self.node_mut(m).set, s);
+        let len = self.node(m).len() as i64;
+        let (a, b) = (self.sets.holders(old), self.sets.holders(s));
+        let mut deltas: SmallVec<[(u32, i64); 4]> = SmallVec::new();
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() || j < b.len() {
+            match (a.get(i), b.get(j)) {
+                (Some(x), Some(y)) if x == y => (i, j) = (i + 1, j + 1),
+                (Some(&x), Some(&y)) if x < y => {
+                    deltas.push((x, -len));
+                    i += 1;
+                }
+                (Some(&x), None) => {
+                    deltas.push((x, -len));
+                    i += 1;
+                }
+                (_, Some(&y)) => {
+                    deltas.push((y, len));
+                    j += 1;
+                }
+                (None, None) => unreachable!(),
+            }
+        }
+        for (h, d) in deltas {
+            self.memberships = (self.memberships as i64 + d) as u64;
+            self.count(h, d);
+        }
         self.sets.release(old);
+    }
+
+    fn count(&mut self, h: u32, d: i64) {
+        let c = self.held.entry(h).or_insert(Held {
+            blocks: 0,
+            last: NIL,
+        });
+        c.blocks = (c.blocks as i64 + d) as u64;
+        if c.blocks == 0 {
+            self.held.remove(&h);
+        }
     }
 
     /// Cuts run `n` so that exactly `[a, b)` is one run, and returns that run.
     fn isolate(&mut self, mut n: u32, a: u32, b: u32) -> u32 {
-        if a > self.nodes[n as usize].start {
+        if a > self.node(n).start {
             n = self.cut(n, a).1;
         }
-        if b < self.nodes[n as usize].end() {
+        if b < self.node(n).end() {
             n = self.cut(n, b).0;
         }
         n
     }
 
     /// Splits run `n` before position `at` (strictly inside it) into (left, right); the
-    /// longer side stays in `n`, so only the shorter side's map entries are rewritten.
+    /// longer side stays in `n`, so only the shorter side's slots are rewritten.
     fn cut(&mut self, n: u32, at: u32) -> (u32, u32) {
-        let node = &self.nodes[n as usize];
+        let node = self.node(n);
         let off = (at - node.start) as usize;
         let keep_left = off * 2 >= node.hashes.len();
-        let (ks, set) = (node.ks, node.set);
+        let (ks, set) = (node.ksi(), node.set);
         let fresh = if keep_left {
-            let tail: SmallVec<[u64; 2]> = node.hashes[off..].into();
-            let new = Node {
-                ks,
-                parent: node.hashes[off - 1],
+            let mut new = Node {
+                hashes: node.hashes[off..].into(),
+                parent: 0,
                 start: at,
                 set,
                 next: node.next,
-                has_parent: true,
-                hashes: tail,
+                ks,
             };
+            new.set_parent(node.hashes[off - 1]);
             let id = self.alloc(new);
-            let node = &mut self.nodes[n as usize];
+            let node = self.node_mut(n);
             node.hashes.truncate(off);
             node.next = id;
             shrink(&mut node.hashes);
             id
         } else {
-            let head: SmallVec<[u64; 2]> = node.hashes[..off].into();
             let new = Node {
-                ks,
+                hashes: node.hashes[..off].into(),
                 parent: node.parent,
                 start: node.start,
                 set,
                 next: n,
-                has_parent: node.has_parent,
-                hashes: head,
+                ks: node.ks,
             };
             let id = self.alloc(new);
-            let node = &mut self.nodes[n as usize];
-            node.parent = node.hashes[off - 1];
-            node.has_parent = true;
+            let node = self.node_mut(n);
+            let parent = node.hashes[off - 1];
+            node.set_parent(parent);
             node.hashes.drain(..off);
             node.start = at;
             shrink(&mut node.hashes);
@@ -412,7 +665,7 @@ impl BlockIndex {
             id
         };
         self.sets.acquire(set);
-        self.repoint(fresh);
+        self.repoint(n, fresh);
         if keep_left {
             (n, fresh)
         } else {
@@ -420,26 +673,37 @@ impl BlockIndex {
         }
     }
 
-    /// Points the map entries of every block of run `n` at `n`.
-    fn repoint(&mut self, n: u32) {
-        let node = &self.nodes[n as usize];
+    /// Points the slots of every block of run `new` (which were `old`'s) at `new`.
+    fn repoint(&mut self, old: u32, new: u32) {
+        let node = &self.nodes[new as usize];
         for (i, &h) in node.hashes.iter().enumerate() {
-            if let Some(v) = self
-                .map
-                .get_mut(&BlockKey::new(node.ks, node.start + i as u32, h))
-            {
-                *v = n;
+            let pos = node.start + i as u32;
+            if let Some(s) = self.table.find_mut(block_hash(node.ksi() as u64, h), |s| {
+                s.run == old && s.pos == pos
+            }) {
+                s.run = new;
             }
+        }
+    }
+
+    /// Removes the slots of run `n`'s blocks in `[a, b)`.
+    fn unmap(&mut self, n: u32, a: u32, b: u32) {
+        let node = &self.nodes[n as usize];
+        for pos in a..b {
+            let h = node.hashes[(pos - node.start) as usize];
+            self.table.remove(block_hash(node.ksi() as u64, h), |s| {
+                s.run == n && s.pos == pos
+            });
         }
     }
 
     /// Whether run `b` continues run `a`'s chain right after it.
     fn follows(&self, a: u32, b: u32) -> bool {
-        let (x, y) = (&self.nodes[a as usize], &self.nodes[b as usize]);
+        let (x, y) = (self.node(a), self.node(b));
         a != b
             && y.set != NIL
-            && y.ks == x.ks
-            && y.has_parent
+            && y.ksi() == x.ksi()
+            && y.has_parent()
             && y.start == x.end()
             && x.hashes.last() == Some(&y.parent)
     }
@@ -451,29 +715,26 @@ impl BlockIndex {
     }
 
     fn merge_left(&mut self, n: u32) -> u32 {
-        let node = &self.nodes[n as usize];
-        if !node.has_parent || node.start == 0 {
+        let node = self.node(n);
+        if !node.has_parent() || node.start == 0 {
             return n;
         }
-        let Some(l) = self.locate(node.ks, node.start - 1, node.parent) else {
+        let Some(l) = self.find(node.ksi(), node.start - 1, node.parent) else {
             return n;
         };
-        if self.nodes[l as usize].end() != node.start {
+        if self.node(l).end() != node.start {
             return n; // the parent sits inside a run that goes on along another branch
         }
-        if self.nodes[l as usize].set == node.set {
+        if self.node(l).set == node.set {
             return self.merge(l, n);
         }
-        self.nodes[l as usize].next = n;
+        self.node_mut(l).next = n;
         n
     }
 
     fn merge_right(&mut self, n: u32) -> u32 {
-        let nx = self.nodes[n as usize].next;
-        if nx != NIL
-            && self.follows(n, nx)
-            && self.nodes[nx as usize].set == self.nodes[n as usize].set
-        {
+        let nx = self.node(n).next;
+        if nx != NIL && self.follows(n, nx) && self.node(nx).set == self.node(n).set {
             return self.merge(n, nx);
         }
         n
@@ -481,32 +742,36 @@ impl BlockIndex {
 
     /// Joins run `b` onto run `a` (`b` follows `a`, equal sets); the longer one survives.
     fn merge(&mut self, a: u32, b: u32) -> u32 {
-        let (keep, gone) = if self.nodes[a as usize].len() >= self.nodes[b as usize].len() {
+        let (keep, gone) = if self.node(a).len() >= self.node(b).len() {
             (a, b)
         } else {
             (b, a)
         };
-        let moved = std::mem::take(&mut self.nodes[gone as usize].hashes);
-        let g = &self.nodes[gone as usize];
-        let (g_start, g_parent, g_has_parent, g_next) = (g.start, g.parent, g.has_parent, g.next);
-        let k = &mut self.nodes[keep as usize];
+        let moved = std::mem::take(&mut self.node_mut(gone).hashes);
+        let g = self.node(gone);
+        let (g_start, g_parent, g_ks, g_next) = (g.start, g.parent, g.ks, g.next);
+        let k = self.node_mut(keep);
         if keep == a {
+            grow(&mut k.hashes, moved.len());
             k.hashes.extend_from_slice(&moved);
             k.next = g_next;
         } else {
             k.hashes.insert_from_slice(0, &moved);
             k.start = g_start;
             k.parent = g_parent;
-            k.has_parent = g_has_parent;
+            k.ks = g_ks;
         }
-        let ks = k.ks;
+        let ks = k.ksi() as u64;
         for (i, &h) in moved.iter().enumerate() {
-            if let Some(v) = self.map.get_mut(&BlockKey::new(ks, g_start + i as u32, h)) {
-                *v = keep;
+            let pos = g_start + i as u32;
+            if let Some(s) = self
+                .table
+                .find_mut(block_hash(ks, h), |s| s.run == gone && s.pos == pos)
+            {
+                s.run = keep;
             }
         }
-        let s = self.nodes[gone as usize].set;
-        self.nodes[gone as usize].set = NIL;
+        let s = std::mem::replace(&mut self.node_mut(gone).set, NIL);
         self.sets.release(s);
         self.free.push(gone);
         if keep == b {
@@ -518,30 +783,32 @@ impl BlockIndex {
     /// Run `new` now begins where run `old` began: the left neighbour's `next` hint, if it
     /// named `old`, is pointed at `new` (so hints survive cuts and merges).
     fn retarget_left(&mut self, old: u32, new: u32) {
-        let node = &self.nodes[new as usize];
-        if !node.has_parent || node.start == 0 {
+        let node = self.node(new);
+        if !node.has_parent() || node.start == 0 {
             return;
         }
-        if let Some(l) = self.locate(node.ks, node.start - 1, node.parent) {
-            if self.nodes[l as usize].next == old {
-                self.nodes[l as usize].next = new;
+        if let Some(l) = self.find(node.ksi(), node.start - 1, node.parent) {
+            if self.node(l).next == old {
+                self.node_mut(l).next = new;
             }
         }
     }
 
     /// Removes run `m` and all its blocks.
     fn delete_node(&mut self, m: u32) {
-        let node = &mut self.nodes[m as usize];
-        let hashes = std::mem::take(&mut node.hashes);
-        let (ks, start, set) = (node.ks, node.start, node.set);
-        node.set = NIL;
-        for (i, &h) in hashes.iter().enumerate() {
-            self.map.remove(&BlockKey::new(ks, start + i as u32, h));
+        let (start, end) = (self.node(m).start, self.node(m).end());
+        self.unmap(m, start, end);
+        let len = self.node(m).len() as i64;
+        let set = std::mem::replace(&mut self.node_mut(m).set, NIL);
+        for i in 0..self.sets.len(set) {
+            let h = self.sets.holders(set)[i];
+            self.count(h, -len);
         }
-        self.memberships -= hashes.len() as u64 * self.sets.len(set) as u64;
+        self.memberships -= len as u64 * self.sets.len(set) as u64;
         self.sets.release(set);
+        self.node_mut(m).hashes = SmallVec::new();
         self.free.push(m);
-        self.maybe_shrink_map();
+        self.maybe_shrink_table();
     }
 
     fn alloc(&mut self, node: Node) -> u32 {
@@ -557,73 +824,96 @@ impl BlockIndex {
         }
     }
 
-    /// Gives memory back once the map is mostly empty (amortized: it halves at most).
-    fn maybe_shrink_map(&mut self) {
-        let (len, cap) = (self.map.len(), self.map.capacity());
-        if cap > 64 && len < cap / 4 {
-            self.map.shrink_to(len * 2);
+    /// Makes room for `more` slots. A table that must grow is rebuilt by walking the runs
+    /// in order: a slot's hash lives in its run, and reading runs front to back is far
+    /// cheaper than the random run lookups of rehashing the old table slot by slot.
+    fn reserve_slots(&mut self, more: usize) {
+        if !self.table.fits(more) {
+            let cap = crate::table::grown(self.table.len() + more, self.table.capacity());
+            self.rebuild_table(cap);
         }
     }
 
-    /// Applies one block operation (already routed to this shard).
-    pub fn apply(&mut self, op: &crate::BlockOp<'_>) -> Result<(), IndexError> {
-        match *op {
-            crate::BlockOp::Insert {
-                ks,
-                holder,
-                start,
-                chain,
-            } => self.insert(ks, holder, start, chain),
-            crate::BlockOp::Remove {
-                ks,
-                holder,
-                pos,
-                hash,
-            } => self.remove(ks, holder, pos, hash).map(drop),
-            crate::BlockOp::DropWorker { worker } => {
-                self.drop_worker(worker);
-                Ok(())
-            }
+    /// Gives memory back once the table is mostly empty (amortized: it halves at most).
+    fn maybe_shrink_table(&mut self) {
+        let (len, cap) = (self.table.len(), self.table.capacity());
+        if cap > 64 && len < cap / 4 {
+            self.rebuild_table(len * 2);
         }
+    }
+
+    fn rebuild_table(&mut self, capacity: usize) {
+        let mut table = Table::with_capacity(capacity);
+        let live = self.nodes.iter().enumerate().filter(|(_, n)| n.set != NIL);
+        table.extend(live.flat_map(|(n, node)| {
+            node.hashes.iter().enumerate().map(move |(i, &h)| {
+                let slot = Slot {
+                    run: n as u32,
+                    pos: node.start + i as u32,
+                };
+                (block_hash(node.ksi() as u64, h), slot)
+            })
+        }));
+        self.table = table;
     }
 
     /// Every live run, for a snapshot; [`BlockIndex::import`] rebuilds the same index.
     pub fn export(&self) -> Vec<crate::RunImage> {
-        self.nodes
-            .iter()
-            .filter(|n| n.set != NIL)
-            .map(|n| crate::RunImage {
-                ks: n.ks,
-                start: n.start,
-                hashes: n.hashes.to_vec(),
-                holders: self
-                    .sets
-                    .holders(n.set)
-                    .iter()
-                    .map(|&h| {
-                        let h = Holder::unpack(h);
-                        (h.worker, h.lane)
-                    })
-                    .collect(),
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.export_some(&mut 0, u64::MAX, |_| true, &mut out);
+        out
     }
 
-    /// Inserts an exported run (or the part of it this shard owns).
-    pub fn import(
-        &mut self,
-        ks: u64,
-        start: u32,
-        hashes: &[u64],
-        holders: &[(u32, u8)],
-    ) -> Result<(), IndexError> {
-        for &(worker, lane) in holders {
-            self.insert(ks, Holder::new(worker, lane), start, hashes)?;
+    /// Exports about `budget` blocks' worth of runs from run slot `*cursor` on, with only
+    /// the holders whose worker `keep` selects (runs left with none are skipped); true once
+    /// every run is out. Lets a caller export a large index in slices.
+    pub fn export_some(
+        &self,
+        cursor: &mut usize,
+        budget: u64,
+        keep: impl Fn(WorkerId) -> bool,
+        out: &mut Vec<crate::RunImage>,
+    ) -> bool {
+        let mut spent = 0u64;
+        while *cursor < self.nodes.len() && spent < budget {
+            let n = &self.nodes[*cursor];
+            *cursor += 1;
+            if n.set == NIL {
+                continue;
+            }
+            spent += n.len();
+            let holders: Vec<(u32, u8)> = self
+                .sets
+                .holders(n.set)
+                .iter()
+                .map(|&h| Holder::unpack(h))
+                .filter(|h| keep(h.worker))
+                .map(|h| (h.worker, h.lane))
+                .collect();
+            if holders.is_empty() {
+                continue;
+            }
+            out.push(crate::RunImage {
+                ks: self.keyspaces.seeds[n.ksi() as usize],
+                start: n.start,
+                parent: n.has_parent().then_some(n.parent),
+                hashes: n.hashes.to_vec(),
+                holders,
+            });
+        }
+        *cursor >= self.nodes.len()
+    }
+
+    /// Inserts an exported run.
+    pub fn import(&mut self, run: &crate::RunImage) -> Result<(), IndexError> {
+        for &(worker, lane) in &run.holders {
+            let holder = Holder::new(worker, lane);
+            self.insert(run.ks, holder, run.start, run.parent, &run.hashes)?;
         }
         Ok(())
     }
 
-    /// Every live run as (start, length, packed holders); for tests and debugging.
+    /// Every live run as (start, length, holders); for tests and debugging.
     #[doc(hidden)]
     pub fn dump(&self) -> Vec<(u32, usize, Vec<Holder>)> {
         let mut out: Vec<_> = self
@@ -644,6 +934,7 @@ impl BlockIndex {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut blocks = 0usize;
         let mut memberships = 0u64;
+        let mut held: FastMap<u32, u64> = FastMap::default();
         for (n, node) in self.nodes.iter().enumerate() {
             if node.set == NIL {
                 continue;
@@ -656,19 +947,19 @@ impl BlockIndex {
                 return Err(format!("run {n} has a bad holder set {holders:?}"));
             }
             for (i, &h) in node.hashes.iter().enumerate() {
-                let key = BlockKey::new(node.ks, node.start + i as u32, h);
-                if self.map.get(&key) != Some(&(n as u32)) {
-                    return Err(format!("block {} of run {n} is not mapped to it", i));
+                let pos = node.start + i as u32;
+                if self.find(node.ksi(), pos, h) != Some(n as u32) {
+                    return Err(format!("block {i} of run {n} is not mapped to it"));
                 }
             }
             blocks += node.hashes.len();
             memberships += node.len() * holders.len() as u64;
+            for &h in holders {
+                *held.entry(h).or_insert(0) += node.len();
+            }
         }
-        if blocks != self.map.len() {
-            return Err(format!(
-                "{} map entries for {blocks} blocks",
-                self.map.len()
-            ));
+        if blocks != self.table.len() {
+            return Err(format!("{} slots for {blocks} blocks", self.table.len()));
         }
         if memberships != self.memberships {
             return Err(format!(
@@ -676,13 +967,28 @@ impl BlockIndex {
                 self.memberships
             ));
         }
+        let counts: FastMap<u32, u64> = self.held.iter().map(|(&h, c)| (h, c.blocks)).collect();
+        if held != counts {
+            return Err(format!(
+                "per-holder counts {counts:?} but runs hold {held:?}"
+            ));
+        }
         Ok(())
+    }
+}
+
+/// Makes room for `more` hashes with 1/8 headroom: runs grown a block at a time end up
+/// about as tight as runs stored in one piece, and each append stays amortized O(1).
+fn grow(hashes: &mut SmallVec<[u64; 2]>, more: usize) {
+    let want = hashes.len() + more;
+    if want > hashes.capacity() {
+        hashes.reserve_exact(want - hashes.len() + want / 8);
     }
 }
 
 /// Releases a run's spare hash capacity once it is mostly unused.
 fn shrink(hashes: &mut SmallVec<[u64; 2]>) {
-    if hashes.capacity() > 2 * hashes.len() + 4 {
+    if hashes.capacity() > hashes.len() + hashes.len() / 4 + 4 {
         hashes.shrink_to_fit();
     }
 }
@@ -698,22 +1004,23 @@ fn check_span(start: u32, len: usize) -> Result<(), IndexError> {
 mod tests {
     use super::*;
 
+    /// Per (worker, lane): the covered runs `[a, b)`.
     type Held = Vec<(u32, u8, Vec<(u32, u32)>)>;
 
-    fn cov(ix: &BlockIndex, ks: u64, start: u32, chain: &[u64]) -> Held {
-        let mut c = Coverage::new();
-        c.reset(None);
-        ix.coverage(ks, start, chain, &mut c);
-        let mut out: Vec<_> = c
-            .workers()
-            .flat_map(|w| {
-                c.lanes_of(w)
-                    .map(|(l, r)| (w, l, r.map(|r| (r.start, r.end)).collect()))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        out.sort();
-        out
+    /// Per (worker, lane): covered runs of `chain`.
+    fn cov(ix: &BlockIndex, ks: u64, chain: &[u64]) -> Held {
+        let mut out: std::collections::BTreeMap<(u32, u8), Vec<(u32, u32)>> = Default::default();
+        ix.walk(ks, chain, |a, b, hs| {
+            for &h in hs {
+                let h = Holder::unpack(h);
+                let runs = out.entry((h.worker, h.lane)).or_default();
+                match runs.last_mut() {
+                    Some(r) if r.1 == a => r.1 = b,
+                    _ => runs.push((a, b)),
+                }
+            }
+        });
+        out.into_iter().map(|((w, l), r)| (w, l, r)).collect()
     }
 
     const A: Holder = Holder { worker: 1, lane: 0 };
@@ -723,67 +1030,132 @@ mod tests {
     fn shared_prefix_is_one_run_and_splits_merge_back() {
         let mut ix = BlockIndex::new();
         let chain: Vec<u64> = (100..110).collect();
-        ix.insert(7, A, 0, &chain).unwrap();
-        ix.insert(7, B, 0, &chain[..4]).unwrap();
+        ix.insert(7, A, 0, None, &chain).unwrap();
+        ix.insert(7, B, 0, None, &chain[..4]).unwrap();
         assert_eq!(ix.runs(), 2);
         assert_eq!(ix.blocks(), 10);
         assert_eq!(ix.memberships(), 14);
+        assert_eq!((ix.held_by(A), ix.held_by(B)), (10, 4));
         ix.check_invariants().unwrap();
         assert_eq!(
-            cov(&ix, 7, 0, &chain),
+            cov(&ix, 7, &chain),
             vec![(1, 0, vec![(0, 10)]), (2, 0, vec![(0, 4)])]
         );
         // B joins the rest in a separate store: the runs merge back into one.
-        ix.insert(7, B, 4, &chain[4..]).unwrap();
+        ix.insert(7, B, 4, Some(chain[3]), &chain[4..]).unwrap();
         assert_eq!(ix.runs(), 1);
         ix.check_invariants().unwrap();
         // Tail evictions by A leave B's blocks as one run again.
         for p in (6..10).rev() {
-            assert!(ix.remove(7, A, p, chain[p as usize]).unwrap());
+            assert_eq!(ix.remove(7, A, &chain[p..p + 1]).unwrap(), 1);
             ix.check_invariants().unwrap();
         }
         assert_eq!(ix.runs(), 2, "{:?}", ix.dump());
-        assert!(!ix.remove(7, A, 9, chain[9]).unwrap());
+        assert_eq!(ix.remove(7, A, &chain[9..]).unwrap(), 0);
         ix.drop_worker(2);
         ix.check_invariants().unwrap();
         assert_eq!(ix.blocks(), 6);
-        assert_eq!(cov(&ix, 7, 0, &chain), vec![(1, 0, vec![(0, 6)])]);
+        assert_eq!(cov(&ix, 7, &chain), vec![(1, 0, vec![(0, 6)])]);
         ix.drop_holder(A);
         assert_eq!((ix.blocks(), ix.memberships(), ix.runs()), (0, 0, 0));
     }
 
     #[test]
-    fn queries_enter_anywhere_and_skip_gaps() {
-        let mut ix = BlockIndex::new();
-        let chain: Vec<u64> = (0..20).map(|i| 1000 + i).collect();
-        ix.insert(1, A, 8, &chain[8..12]).unwrap();
-        ix.insert(1, B, 15, &chain[15..18]).unwrap();
-        assert_eq!(
-            cov(&ix, 1, 10, &chain[10..]),
-            vec![(1, 0, vec![(10, 12)]), (2, 0, vec![(15, 18)])]
-        );
-        // A hash at the wrong position or keyspace is not a match.
-        assert_eq!(cov(&ix, 1, 9, &chain[10..]), vec![]);
-        assert_eq!(cov(&ix, 2, 10, &chain[10..]), vec![]);
-        // A diverging chain matches only its shared prefix.
-        let mut other = chain.clone();
-        other[10..].iter_mut().for_each(|h| *h += 1 << 40);
-        assert_eq!(cov(&ix, 1, 0, &other[..12]), vec![(1, 0, vec![(8, 10)])]);
+    fn one_block_stores_naming_their_parent_extend_one_run() {
+        let chain: Vec<u64> = (500..1000).collect();
+        let mut whole = BlockIndex::new();
+        whole.insert(3, A, 0, None, &chain).unwrap();
+        let mut decode = BlockIndex::new();
+        decode.insert(3, A, 0, None, &chain[..1]).unwrap();
+        for p in 1..chain.len() {
+            decode
+                .insert(3, A, p as u32, Some(chain[p - 1]), &chain[p..p + 1])
+                .unwrap();
+        }
+        decode.check_invariants().unwrap();
+        assert_eq!(decode.dump(), whole.dump());
+        assert_eq!(decode.runs(), 1);
+        // Without the parent, a mid-chain store is its own run.
+        let mut blind = BlockIndex::new();
+        blind.insert(3, A, 0, None, &chain[..1]).unwrap();
+        blind.insert(3, A, 1, None, &chain[1..2]).unwrap();
+        assert_eq!(blind.runs(), 2);
     }
 
     #[test]
-    fn middle_removal_and_bad_input() {
+    fn queries_skip_gaps_and_wrong_positions() {
+        let mut ix = BlockIndex::new();
+        let chain: Vec<u64> = (0..20).map(|i| 1000 + i).collect();
+        ix.insert(1, A, 8, None, &chain[8..12]).unwrap();
+        ix.insert(1, B, 15, None, &chain[15..18]).unwrap();
+        assert_eq!(
+            cov(&ix, 1, &chain),
+            vec![(1, 0, vec![(8, 12)]), (2, 0, vec![(15, 18)])]
+        );
+        // A hash at the wrong position or keyspace is not a match.
+        assert_eq!(cov(&ix, 1, &chain[1..]), vec![]);
+        assert_eq!(cov(&ix, 2, &chain), vec![]);
+        // A diverging chain matches only its shared prefix.
+        let mut other = chain.clone();
+        other[10..].iter_mut().for_each(|h| *h += 1 << 40);
+        assert_eq!(cov(&ix, 1, &other[..12]), vec![(1, 0, vec![(8, 10)])]);
+    }
+
+    #[test]
+    fn middle_removal_drop_by_hints_and_bad_input() {
         let mut ix = BlockIndex::new();
         let chain: Vec<u64> = (0..9).map(|i| 77 + i).collect();
-        ix.insert(3, A, 0, &chain).unwrap();
-        assert!(ix.remove(3, A, 4, chain[4]).unwrap());
+        ix.insert(3, A, 0, None, &chain).unwrap();
+        ix.insert(3, B, 2, None, &chain[2..7]).unwrap();
+        assert_eq!(ix.remove(3, A, &chain[4..5]).unwrap(), 1);
         ix.check_invariants().unwrap();
-        assert_eq!(cov(&ix, 3, 0, &chain), vec![(1, 0, vec![(0, 4), (5, 9)])]);
-        ix.insert(3, A, 3, &chain[3..6]).unwrap();
+        assert_eq!(
+            cov(&ix, 3, &chain),
+            vec![(1, 0, vec![(0, 4), (5, 9)]), (2, 0, vec![(2, 7)])]
+        );
+        ix.insert(3, A, 3, None, &chain[3..6]).unwrap();
         ix.check_invariants().unwrap();
-        assert_eq!(ix.runs(), 1);
-        assert!(ix.insert(3, Holder::new(1 << 21, 0), 0, &chain).is_err());
-        assert!(ix.insert(3, Holder::new(1, 16), 0, &chain).is_err());
-        assert!(ix.insert(3, A, u32::MAX - 2, &chain).is_err());
+        // One hint per run the holder is in is enough to drop it everywhere.
+        ix.drop_runs(3, A, &[chain[0], chain[3], chain[8]]);
+        ix.check_invariants().unwrap();
+        assert_eq!(ix.held_by(A), 0);
+        assert_eq!(cov(&ix, 3, &chain), vec![(2, 0, vec![(2, 7)])]);
+        assert!(ix
+            .insert(3, Holder::new(1 << 21, 0), 0, None, &chain)
+            .is_err());
+        assert!(ix.insert(3, Holder::new(1, 16), 0, None, &chain).is_err());
+        assert!(ix.insert(3, A, u32::MAX - 2, None, &chain).is_err());
+    }
+
+    #[test]
+    fn removals_take_stretches_in_either_direction() {
+        let mut ix = BlockIndex::new();
+        let chain: Vec<u64> = (40..60).collect();
+        ix.insert(3, A, 0, None, &chain).unwrap();
+        ix.insert(3, B, 0, None, &chain[..4]).unwrap();
+        // Tail first (how engines evict), then a middle stretch upwards, then strays.
+        let tail: Vec<u64> = chain[15..].iter().rev().copied().collect();
+        assert_eq!(ix.remove(3, A, &tail).unwrap(), 5);
+        assert_eq!(ix.remove(3, A, &chain[6..9]).unwrap(), 3);
+        assert_eq!(ix.remove(3, A, &[chain[1], 999, chain[11]]).unwrap(), 2);
+        ix.check_invariants().unwrap();
+        assert_eq!(
+            cov(&ix, 3, &chain),
+            vec![
+                (1, 0, vec![(0, 1), (2, 6), (9, 11), (12, 15)]),
+                (2, 0, vec![(0, 4)])
+            ]
+        );
+    }
+
+    #[test]
+    fn colliding_chain_hashes_are_two_blocks() {
+        // The same hash at two positions (a 64-bit collision) gives two distinct blocks.
+        let mut ix = BlockIndex::new();
+        ix.insert(1, A, 0, None, &[5, 6, 5]).unwrap();
+        ix.insert(1, B, 0, None, &[5]).unwrap();
+        ix.check_invariants().unwrap();
+        assert_eq!(ix.blocks(), 3);
+        assert!(ix.holds(1, A, 2, 5) && !ix.holds(1, B, 2, 5));
     }
 }

@@ -1,15 +1,18 @@
-//! kvix-engine: the index engine of kvix. No I/O, no threads: the server composes these
-//! parts over its cores, and [`Engine`] composes them on one thread for tests and benches.
+//! kvix-engine: the index engine of kvix. No I/O, no threads: the server runs one
+//! [`Core`] per executor, and [`Engine`] runs one on a single thread for tests and benches.
 //!
-//! - [`sharding`]: which shard owns block position `i` of a keyspace (by position segment),
-//! - [`index`]: one shard's block store ([`BlockIndex`]) and its coverage walk,
-//! - [`coverage`]: the per-(worker, lane) covered runs a query collects,
-//! - [`feed`]: per-worker feed state (event sequences, engine-hash map, placement recency),
-//!   which turns feed input into [`BlockOp`]s,
-//! - [`roster`]: the worker registry (names → small ids, lane rosters, validation),
-//! - [`score`]: the joint reuse rules over a worker's lanes and the ranking of an answer,
+//! - [`index`]: the block store ([`BlockIndex`]): runs of chain hashes, interned holder
+//!   sets, a block table, and the walk a query takes through them,
+//! - [`query`]: scoring and ranking the workers a walk meets ([`Ranker`]),
+//! - [`score`]: the joint reuse rules over a worker's lanes ([`Rules`]),
+//! - [`feed`]: per-worker feed state (event sequences and names, placement recency),
+//!   which turns feed input into block operations ([`ops`]),
+//! - [`roster`]: the registry (names → small ids, lane validation) and the roster every
+//!   executor keeps,
+//! - [`core`]: one executor's roster, home feeds, index and query scratch,
 //! - [`engine`]: the single-threaded composition.
 
+pub mod core;
 pub mod coverage;
 pub mod engine;
 pub mod error;
@@ -17,23 +20,27 @@ pub mod feed;
 mod hashing;
 pub mod image;
 pub mod index;
+pub mod ops;
+pub mod query;
 pub mod roster;
 pub mod score;
 mod sets;
-pub mod sharding;
+mod table;
 
+pub use crate::core::Core;
 pub use coverage::Coverage;
-pub use engine::{Answer, Engine, EngineConfig, EngineStats};
+pub use engine::{Answer, Engine, EngineStats};
 pub use error::{EngineError, EventError, IndexError, RosterError};
-pub use feed::{ApplyReport, BlockOp, EventFeed, FeedState, PlacementFeed, Sequencer};
+pub use feed::{ApplyReport, EventFeed, EventRef, EventView, FeedState, PlacementFeed, Sequencer};
 pub use image::{
     EngineImage, EventFeedImage, FeedImage, NameImage, PlacedImage, PlacementFeedImage, RunImage,
     WorkerImage,
 };
 pub use index::BlockIndex;
-pub use roster::{AnnounceOutcome, Roster, WorkerEntry};
-pub use score::{Ranker, Rule, Rules};
-pub use sharding::{Piece, Sharding};
+pub use ops::{Cursor, Op, OpBatch, RosterChange, Update};
+pub use query::Ranker;
+pub use roster::{AnnounceOutcome, Class, Registry, Roster, WorkerEntry};
+pub use score::{Rule, Rules};
 
 use kvix_wire::{ChunkKind, Keyspace, WorkerId};
 

@@ -46,6 +46,15 @@ impl WorkerEntry {
         }
     }
 
+    /// How queries in keyspaces of `kind` score this worker.
+    pub fn class_in(&self, kind: ChunkKind) -> Class {
+        match self.rules_in(kind) {
+            None => Class::Skip,
+            Some(r) if r.is_plain() => Class::Plain,
+            Some(_) => Class::Rules,
+        }
+    }
+
     /// The scoring rules in keyspaces of `kind`; `None` where the worker cannot hold blocks.
     pub fn rules_in(&self, kind: ChunkKind) -> Option<&Rules> {
         static PLAIN: std::sync::OnceLock<Rules> = std::sync::OnceLock::new();
@@ -57,6 +66,18 @@ impl WorkerEntry {
     }
 }
 
+/// How a query scores a worker in keyspaces of one kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Class {
+    /// Cannot hold blocks here (not active, or lanes in a byte keyspace): not scored.
+    Skip = 0,
+    /// One full lane of one keyspace block: scored by its covered-from-zero prefix.
+    Plain = 1,
+    /// Scored by its lanes' rules over their covered runs.
+    Rules = 2,
+}
+
 /// What an announce did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AnnounceOutcome {
@@ -64,84 +85,107 @@ pub enum AnnounceOutcome {
     Created,
     /// Known with the same roster and feed: nothing changes.
     Unchanged,
-    /// Known with another roster or feed: the caller must drop its blocks and feed state.
+    /// Known with another roster or feed: the worker's blocks and feed state are dropped.
     Changed,
 }
 
-/// Names → ids, ids → entries. Ids are dense and stable: a name keeps its id for the
-/// life of the roster, even across retire and re-announce.
+/// The authority over names and ids: one per server (executor 0), and inside
+/// [`crate::Engine`]. Ids are dense and stable: a name keeps its id for the life of the
+/// registry, even across retire and re-announce.
 #[derive(Debug, Default)]
-pub struct Roster {
+pub struct Registry {
     ids: FastMap<String, WorkerId>,
-    entries: Vec<Option<WorkerEntry>>,
-    active: u32,
+    /// Per id: its name and, while active, the roster and feed it was announced with.
+    workers: Vec<(String, Option<Announced>)>,
 }
 
-impl Roster {
+/// The roster and feed a worker was announced with.
+type Announced = (Vec<Lane>, Feed);
+
+impl Registry {
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Registers `name` with its lanes and feed, validated against the server's token
     /// block size. The same name always gets the same id.
-    pub fn announce(
+    pub fn register(
         &mut self,
         name: &str,
         lanes: &[Lane],
         feed: Feed,
         token_block: u32,
-    ) -> Result<(WorkerId, AnnounceOutcome), RosterError> {
+    ) -> Result<(WorkerEntry, AnnounceOutcome), RosterError> {
         let (lane_blocks, rules) = validate(name, lanes, feed, token_block)?;
         let id = match self.ids.get(name) {
             Some(&id) => id,
             None => {
-                if self.entries.len() as u32 >= MAX_WORKERS {
+                if self.workers.len() as u32 >= MAX_WORKERS {
                     return Err(RosterError::TooManyWorkers);
                 }
-                let id = self.entries.len() as WorkerId;
+                let id = self.workers.len() as WorkerId;
                 self.ids.insert(name.to_string(), id);
-                self.entries.push(None);
+                self.workers.push((name.to_string(), None));
                 id
             }
         };
-        let slot = &mut self.entries[id as usize];
+        let slot = &mut self.workers[id as usize].1;
         let outcome = match slot {
-            Some(e) if e.lanes == lanes && e.feed == feed => {
-                return Ok((id, AnnounceOutcome::Unchanged))
-            }
+            Some((l, f)) if l == lanes && *f == feed => AnnounceOutcome::Unchanged,
             Some(_) => AnnounceOutcome::Changed,
-            None => {
-                self.active += 1;
-                AnnounceOutcome::Created
-            }
+            None => AnnounceOutcome::Created,
         };
-        *slot = Some(WorkerEntry {
+        *slot = Some((lanes.to_vec(), feed));
+        let entry = WorkerEntry {
             id,
             name: name.to_string(),
             lanes: lanes.to_vec(),
             feed,
             lane_blocks,
             rules,
-        });
-        Ok((id, outcome))
+        };
+        Ok((entry, outcome))
+    }
+
+    /// Marks `id` retired; its name keeps the id for a later announce.
+    pub fn retire(&mut self, id: WorkerId) -> Result<(), EngineError> {
+        self.workers
+            .get_mut(id as usize)
+            .and_then(|w| w.1.take())
+            .map(drop)
+            .ok_or(EngineError::UnknownWorker(id))
+    }
+
+    /// Whether `id` is announced and not retired.
+    pub fn is_active(&self, id: WorkerId) -> bool {
+        self.workers.get(id as usize).is_some_and(|w| w.1.is_some())
+    }
+
+    /// The id a name was given, if it was ever announced.
+    pub fn id_of(&self, name: &str) -> Option<WorkerId> {
+        self.ids.get(name).copied()
+    }
+
+    /// The name of id `id`, if it was ever given.
+    pub fn name_of(&self, id: WorkerId) -> Option<&str> {
+        self.workers.get(id as usize).map(|w| w.0.as_str())
     }
 
     /// Every id ever given, in id order, retired ones included.
     pub fn export(&self) -> Vec<crate::WorkerImage> {
-        let mut names: Vec<(&String, WorkerId)> = self.ids.iter().map(|(n, &id)| (n, id)).collect();
-        names.sort_unstable_by_key(|&(_, id)| id);
-        names
-            .into_iter()
-            .map(|(name, id)| match &self.entries[id as usize] {
-                Some(e) => crate::WorkerImage {
-                    id,
+        self.workers
+            .iter()
+            .enumerate()
+            .map(|(id, (name, state))| match state {
+                Some((lanes, feed)) => crate::WorkerImage {
+                    id: id as WorkerId,
                     name: name.clone(),
-                    lanes: e.lanes.clone(),
-                    feed: e.feed,
+                    lanes: lanes.clone(),
+                    feed: *feed,
                     active: true,
                 },
                 None => crate::WorkerImage {
-                    id,
+                    id: id as WorkerId,
                     name: name.clone(),
                     lanes: Vec::new(),
                     feed: Feed::Events,
@@ -151,43 +195,73 @@ impl Roster {
             .collect()
     }
 
-    /// Rebuilds an exported roster into an empty one, giving every name its old id.
+    /// Rebuilds an exported registry into an empty one, giving every name its old id;
+    /// returns the active workers' entries.
     pub fn import(
         &mut self,
         workers: &[crate::WorkerImage],
         token_block: u32,
-    ) -> Result<(), RosterError> {
+    ) -> Result<Vec<WorkerEntry>, RosterError> {
+        let mut active = Vec::new();
         for w in workers {
             let lanes = if w.active {
                 w.lanes.clone()
             } else {
                 vec![Lane::full(token_block)]
             };
-            let feed = if w.active { w.feed } else { Feed::Events };
-            let (id, _) = self.announce(&w.name, &lanes, feed, token_block)?;
-            if id != w.id {
+            let (entry, _) = self.register(&w.name, &lanes, w.feed, token_block)?;
+            if entry.id != w.id {
                 return Err(RosterError::IdMismatch {
                     name: w.name.clone(),
                     want: w.id,
-                    got: id,
+                    got: entry.id,
                 });
             }
-            if !w.active {
-                let _ = self.retire(id);
+            if w.active {
+                active.push(entry);
+            } else {
+                self.workers[w.id as usize].1 = None;
             }
         }
-        Ok(())
+        Ok(active)
+    }
+}
+
+/// The workers as every executor sees them: entries by id, installed from the
+/// registry's decisions, and each worker's query class per keyspace kind.
+#[derive(Debug, Default)]
+pub struct Roster {
+    entries: Vec<Option<WorkerEntry>>,
+    /// Per id: the token class in bits 0..2, the byte class in bits 2..4.
+    classes: Vec<u8>,
+    active: u32,
+}
+
+impl Roster {
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    /// Marks `id` retired; its name keeps the id for a later announce.
-    pub fn retire(&mut self, id: WorkerId) -> Result<WorkerEntry, EngineError> {
-        let entry = self
-            .entries
-            .get_mut(id as usize)
-            .and_then(Option::take)
-            .ok_or(EngineError::UnknownWorker(id))?;
+    /// Adds or replaces a worker's entry.
+    pub fn install(&mut self, entry: WorkerEntry) {
+        let id = entry.id as usize;
+        if self.entries.len() <= id {
+            self.entries.resize_with(id + 1, || None);
+            self.classes.resize(id + 1, 0);
+        }
+        self.classes[id] =
+            entry.class_in(ChunkKind::Tokens) as u8 | (entry.class_in(ChunkKind::Bytes) as u8) << 2;
+        if self.entries[id].replace(entry).is_none() {
+            self.active += 1;
+        }
+    }
+
+    /// Removes a worker's entry.
+    pub fn remove(&mut self, id: WorkerId) -> Option<WorkerEntry> {
+        let entry = self.entries.get_mut(id as usize)?.take()?;
+        self.classes[id as usize] = 0;
         self.active -= 1;
-        Ok(entry)
+        Some(entry)
     }
 
     /// The active worker `id`.
@@ -200,9 +274,14 @@ impl Roster {
         self.get(id).ok_or(EngineError::UnknownWorker(id))
     }
 
-    /// The id a name was given, if it was ever announced.
-    pub fn id_of(&self, name: &str) -> Option<WorkerId> {
-        self.ids.get(name).copied()
+    /// How queries in keyspaces of `kind` score worker `id`.
+    pub fn class(&self, id: WorkerId, kind: ChunkKind) -> Class {
+        let bits = self.classes.get(id as usize).copied().unwrap_or(0);
+        match (bits >> if kind == ChunkKind::Bytes { 2 } else { 0 }) & 3 {
+            1 => Class::Plain,
+            2 => Class::Rules,
+            _ => Class::Skip,
+        }
     }
 
     /// Active workers.
@@ -287,58 +366,64 @@ mod tests {
 
     const EV: Feed = Feed::Events;
 
+    fn register(
+        r: &mut Registry,
+        name: &str,
+        lanes: &[Lane],
+    ) -> Result<(WorkerId, AnnounceOutcome), RosterError> {
+        r.register(name, lanes, EV, 16).map(|(e, o)| (e.id, o))
+    }
+
     #[test]
     fn same_name_same_id_and_changes_are_reported() {
-        let mut r = Roster::new();
+        let mut r = Registry::new();
         let full = [Lane::full(16)];
         assert_eq!(
-            r.announce("a", &full, EV, 16),
+            register(&mut r, "a", &full),
             Ok((0, AnnounceOutcome::Created))
         );
         assert_eq!(
-            r.announce("b", &full, EV, 16),
+            register(&mut r, "b", &full),
             Ok((1, AnnounceOutcome::Created))
         );
         assert_eq!(
-            r.announce("a", &full, EV, 16),
+            register(&mut r, "a", &full),
             Ok((0, AnnounceOutcome::Unchanged))
         );
         let hybrid = [Lane::full(16), Lane::parse("mamba@32").unwrap()];
-        assert_eq!(
-            r.announce("a", &hybrid, EV, 16),
-            Ok((0, AnnounceOutcome::Changed))
-        );
-        assert_eq!(r.get(0).unwrap().rules.step(), 2);
-        assert_eq!(r.len(), 2);
+        let (entry, outcome) = r.register("a", &hybrid, EV, 16).unwrap();
+        assert_eq!(outcome, AnnounceOutcome::Changed);
+        assert_eq!(entry.rules.step(), 2);
         r.retire(0).unwrap();
         assert!(r.retire(0).is_err());
-        assert_eq!(r.len(), 1);
+        assert!(!r.is_active(0) && r.is_active(1));
         assert_eq!(
-            r.announce("a", &full, EV, 16),
+            register(&mut r, "a", &full),
             Ok((0, AnnounceOutcome::Created))
         );
         assert_eq!(r.id_of("b"), Some(1));
+        assert_eq!(r.name_of(1), Some("b"));
     }
 
     #[test]
     fn bad_rosters_are_typed_errors() {
-        let mut r = Roster::new();
+        let mut r = Registry::new();
         assert!(matches!(
-            r.announce("x", &[], EV, 16),
+            register(&mut r, "x", &[]),
             Err(RosterError::EmptyRoster(_))
         ));
         let many = vec![Lane::full(16); 17];
         assert!(matches!(
-            r.announce("x", &many, EV, 16),
+            register(&mut r, "x", &many),
             Err(RosterError::TooManyLanes { count: 17, .. })
         ));
         assert!(matches!(
-            r.announce("x", &[Lane::full(24)], EV, 16),
+            register(&mut r, "x", &[Lane::full(24)]),
             Err(RosterError::BadLane { index: 0, .. })
         ));
         let chunk = Lane::parse("chunked_local:40@16").unwrap();
         assert!(matches!(
-            r.announce("x", &[chunk], EV, 16),
+            register(&mut r, "x", &[chunk]),
             Err(RosterError::ChunkNotAligned { chunk: 40, .. })
         ));
         let swa = Lane::parse("swa:128@16").unwrap();
@@ -347,23 +432,27 @@ mod tests {
             ttl_ms: 0,
         };
         assert!(matches!(
-            r.announce("x", &[Lane::full(16), swa], place, 16),
+            r.register("x", &[Lane::full(16), swa], place, 16),
             Err(RosterError::PlacementsNeedOneFullLane(_))
         ));
-        assert!(r.announce("", &[Lane::full(16)], EV, 16).is_err());
-        assert!(r.announce("x", &[Lane::full(16)], EV, 0).is_err());
-        assert!(r.is_empty());
+        assert!(register(&mut r, "", &[Lane::full(16)]).is_err());
+        assert!(r.register("x", &[Lane::full(16)], EV, 0).is_err());
+        assert_eq!(r.id_of("x"), None);
     }
 
     #[test]
-    fn byte_keyspaces_refuse_lanes_with_a_clear_error() {
+    fn byte_keyspaces_refuse_lanes_with_a_clear_error_and_classes_follow() {
+        let mut reg = Registry::new();
         let mut r = Roster::new();
         let swa = Lane::parse("sliding_window:128@16").unwrap();
-        r.announce("plain", &[Lane::full(32)], EV, 16).unwrap();
-        r.announce("hybrid", &[Lane::full(16), swa], EV, 16)
-            .unwrap();
+        for (name, lanes) in [
+            ("plain", vec![Lane::full(16)]),
+            ("hybrid", vec![Lane::full(16), swa]),
+            ("wide", vec![Lane::full(32)]),
+        ] {
+            r.install(reg.register(name, &lanes, EV, 16).unwrap().0);
+        }
         let plain = r.get(0).unwrap();
-        assert_eq!(plain.lane_blocks_in(ChunkKind::Tokens).unwrap(), &[2]);
         assert_eq!(plain.lane_blocks_in(ChunkKind::Bytes).unwrap(), &[1]);
         assert_eq!(plain.rules_in(ChunkKind::Bytes).unwrap().step(), 1);
         let hybrid = r.get(1).unwrap();
@@ -374,5 +463,21 @@ mod tests {
         );
         assert!(err.to_string().contains("sliding_window:128@16"), "{err}");
         assert!(hybrid.rules_in(ChunkKind::Bytes).is_none());
+        assert_eq!(
+            r.get(2).unwrap().lane_blocks_in(ChunkKind::Tokens).unwrap(),
+            &[2]
+        );
+        let classes = |k| (0..4).map(|w| r.class(w, k)).collect::<Vec<_>>();
+        assert_eq!(
+            classes(ChunkKind::Tokens),
+            [Class::Plain, Class::Rules, Class::Rules, Class::Skip]
+        );
+        assert_eq!(
+            classes(ChunkKind::Bytes),
+            [Class::Plain, Class::Skip, Class::Plain, Class::Skip]
+        );
+        r.remove(0);
+        assert_eq!(r.class(0, ChunkKind::Tokens), Class::Skip);
+        assert_eq!(r.len(), 2);
     }
 }

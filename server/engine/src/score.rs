@@ -11,9 +11,8 @@
 
 use smallvec::SmallVec;
 
-use kvix_wire::{LaneKind, LaneRuns, Run, WorkerId, WorkerRuns};
+use kvix_wire::{LaneKind, Run, WorkerId, WorkerRuns};
 
-use crate::coverage::Coverage;
 use crate::MAX_LANES;
 
 /// One lane's acceptance rule, in keyspace blocks.
@@ -153,9 +152,10 @@ impl Rules {
         }
     }
 
-    /// One full lane: the score is just the covered-from-zero prefix on the grid.
-    fn single_full(&self) -> bool {
-        self.rules.len() == 1 && self.rules[0] == Rule::Full
+    /// One full lane on a grid of single blocks: a plain worker, whose score is its
+    /// covered-from-zero prefix (the query's fast path).
+    pub fn is_plain(&self) -> bool {
+        self.rules.len() == 1 && self.rules[0] == Rule::Full && self.step == 1
     }
 }
 
@@ -189,7 +189,7 @@ fn best_at_most(rule: Rule, runs: &[Run], cursor: &mut usize, p: u64, step: u64)
     lattice
 }
 
-fn floor(x: u64, step: u64) -> u64 {
+pub(crate) fn floor(x: u64, step: u64) -> u64 {
     // Most rosters have step 1: skip the division (it dominated plain-worker scoring).
     if step == 1 {
         x
@@ -231,99 +231,6 @@ impl Answer {
                 .collect(),
             unscorable: self.unscorable,
             runs: self.runs.clone(),
-        }
-    }
-}
-
-/// Scratch for ranking, reused across queries.
-#[derive(Default)]
-pub struct Ranker {
-    buf: Vec<Run>,
-    spans: Vec<(usize, usize)>,
-    keys: Vec<u64>,
-}
-
-impl Ranker {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Scores every covered worker of `cov` for a chain of `n` blocks and writes the
-    /// answer. `rules_of` gives a worker's rules in this keyspace (`None`: not scorable
-    /// here, e.g. unknown); `top_k = 0` keeps all.
-    pub fn rank<'r>(
-        &mut self,
-        cov: &Coverage,
-        n: u32,
-        top_k: u32,
-        want_runs: bool,
-        rules_of: impl Fn(WorkerId) -> Option<&'r Rules>,
-        out: &mut Answer,
-    ) {
-        out.scores.clear();
-        out.runs.clear();
-        out.unscorable = 0;
-        self.keys.clear();
-        for w in cov.workers() {
-            let Some(rules) = rules_of(w) else { continue };
-            let s = if rules.single_full() && !want_runs {
-                // The common plain worker: read its first run in place.
-                let held = cov
-                    .runs(w, 0)
-                    .next()
-                    .filter(|r| r.start == 0)
-                    .map_or(0, |r| r.end);
-                floor(held.min(n) as u64, rules.step as u64) as u32
-            } else {
-                self.gather(cov, w, rules.rules.len());
-                let (buf, spans) = (&self.buf, &self.spans);
-                let lane = |i: usize| spans.get(i).map_or(&[][..], |&(a, b)| &buf[a..b]);
-                if want_runs {
-                    out.runs.push(WorkerRuns {
-                        worker: w,
-                        lanes: (0..spans.len())
-                            .map(|i| LaneRuns {
-                                lane: i as u8,
-                                runs: lane(i).to_vec(),
-                            })
-                            .collect(),
-                    });
-                }
-                rules.score_with(lane, n)
-            };
-            if s > 0 {
-                // Best first, then lower id: one ascending sort of packed keys.
-                self.keys.push(((!s) as u64) << 32 | w as u64);
-            } else {
-                out.unscorable += 1;
-            }
-        }
-        self.keys.sort_unstable();
-        let keep = if top_k == 0 {
-            usize::MAX
-        } else {
-            top_k as usize
-        };
-        out.scores.extend(
-            self.keys
-                .iter()
-                .take(keep)
-                .map(|k| (*k as u32, !((k >> 32) as u32))),
-        );
-        out.runs.sort_unstable_by_key(|r| r.worker);
-    }
-
-    /// Copies worker `w`'s runs of lanes `0..lanes` into `buf`, one span per lane.
-    fn gather(&mut self, cov: &Coverage, w: WorkerId, lanes: usize) {
-        self.buf.clear();
-        self.spans.clear();
-        self.spans.resize(lanes, (0, 0));
-        for (lane, runs) in cov.lanes_of(w) {
-            if let Some(span) = self.spans.get_mut(lane as usize) {
-                let a = self.buf.len();
-                self.buf.extend(runs);
-                *span = (a, self.buf.len());
-            }
         }
     }
 }

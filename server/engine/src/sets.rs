@@ -1,7 +1,10 @@
 //! Interned holder sets. Every run of blocks points at one set id, so a prefix held by
-//! 240 workers stores its 240 holders once, not once per block.
+//! 240 workers stores its 240 holders once, not once per block. The lookup table holds
+//! only set ids (hashed from the slot's holders), so holders are stored once.
 
-use crate::hashing::FastMap;
+use hashbrown::HashTable;
+
+use crate::hashing::set_hash;
 
 pub(crate) type SetId = u32;
 
@@ -16,7 +19,7 @@ struct Slot {
 pub(crate) struct SetPool {
     slots: Vec<Slot>,
     free: Vec<SetId>,
-    lookup: FastMap<Box<[u32]>, SetId>,
+    lookup: HashTable<SetId>,
     scratch: Vec<u32>,
 }
 
@@ -27,6 +30,10 @@ impl SetPool {
 
     pub(crate) fn contains(&self, id: SetId, holder: u32) -> bool {
         self.holders(id).binary_search(&holder).is_ok()
+    }
+
+    pub(crate) fn is_only(&self, id: SetId, holder: u32) -> bool {
+        self.holders(id) == [holder]
     }
 
     pub(crate) fn len(&self, id: SetId) -> usize {
@@ -44,14 +51,18 @@ impl SetPool {
         slot.refs -= 1;
         if slot.refs == 0 {
             let holders = std::mem::take(&mut slot.holders);
-            self.lookup.remove(&holders);
+            if let Ok(e) = self.lookup.find_entry(set_hash(&holders), |&x| x == id) {
+                e.remove();
+            }
             self.free.push(id);
         }
     }
 
     /// The set `{holder}`, acquired.
     pub(crate) fn singleton(&mut self, holder: u32) -> SetId {
-        self.intern_scratch_with(|s| s.push(holder))
+        self.scratch.clear();
+        self.scratch.push(holder);
+        self.intern_scratch()
     }
 
     /// `id ∪ {holder}`, acquired (`id` keeps its own reference).
@@ -80,39 +91,37 @@ impl SetPool {
         }
     }
 
-    fn intern_scratch_with(&mut self, fill: impl FnOnce(&mut Vec<u32>)) -> SetId {
-        self.scratch.clear();
-        fill(&mut self.scratch);
-        self.intern_scratch()
-    }
-
     fn intern_scratch(&mut self) -> SetId {
-        if let Some(&id) = self.lookup.get(self.scratch.as_slice()) {
-            self.slots[id as usize].refs += 1;
+        let hash = set_hash(&self.scratch);
+        let (slots, scratch) = (&mut self.slots, &self.scratch);
+        if let Some(&id) = self
+            .lookup
+            .find(hash, |&id| *slots[id as usize].holders == **scratch)
+        {
+            slots[id as usize].refs += 1;
             return id;
         }
-        let holders: Box<[u32]> = self.scratch.as_slice().into();
+        let slot = Slot {
+            holders: scratch.as_slice().into(),
+            refs: 1,
+        };
         let id = match self.free.pop() {
             Some(id) => {
-                self.slots[id as usize] = Slot {
-                    holders: holders.clone(),
-                    refs: 1,
-                };
+                slots[id as usize] = slot;
                 id
             }
             None => {
-                self.slots.push(Slot {
-                    holders: holders.clone(),
-                    refs: 1,
-                });
-                (self.slots.len() - 1) as SetId
+                slots.push(slot);
+                (slots.len() - 1) as SetId
             }
         };
-        self.lookup.insert(holders, id);
+        let slots = &self.slots;
+        self.lookup
+            .insert_unique(hash, id, |&x| set_hash(&slots[x as usize].holders));
         id
     }
 
-    /// Live sets (for stats and tests).
+    /// Live sets.
     #[cfg(test)]
     pub(crate) fn live(&self) -> usize {
         self.lookup.len()
@@ -132,6 +141,7 @@ mod tests {
         let ab = p.with_added(a, 3);
         assert_eq!(p.holders(ab), &[3, 5]);
         assert!(p.contains(ab, 3) && !p.contains(ab, 4));
+        assert!(p.is_only(a, 5) && !p.is_only(ab, 5));
         let back = p.without(ab, |h| h == 3).unwrap();
         assert_eq!(back, a);
         assert_eq!(p.without(a, |_| true), None);
@@ -139,8 +149,9 @@ mod tests {
             p.release(id);
         }
         assert_eq!(p.live(), 0);
-        // Freed slots are reused.
+        // Freed slots are reused, and a reused slot is found again by content.
         let c = p.singleton(9);
         assert!(c == a || c == ab);
+        assert_eq!(p.singleton(9), c);
     }
 }

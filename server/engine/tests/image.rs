@@ -1,14 +1,11 @@
 //! Export → import gives an engine that answers, removes and evicts exactly like the
-//! original, whatever the shard count on either side.
+//! original, and a part exported by one home (its own workers only) restores them too.
 
-use kvix_engine::{Engine, EngineConfig, EngineImage, Ks, Sharding};
+use kvix_engine::{Engine, EngineImage, Ks};
 use kvix_wire::{chain::token_chain, Event, Feed, Keyspace, Lane, LaneKind};
 
-fn engine(shards: u32) -> Engine {
-    Engine::with_config(EngineConfig {
-        token_block: 16,
-        sharding: Sharding::new(shards, 3).unwrap(),
-    })
+fn engine() -> Engine {
+    Engine::new(16)
 }
 
 fn chain(base: u32, blocks: u32) -> Vec<u64> {
@@ -18,8 +15,8 @@ fn chain(base: u32, blocks: u32) -> Vec<u64> {
 
 /// A mixed state: an event worker with engine hashes, a hybrid worker, a retired
 /// worker, a placement worker near its capacity.
-fn populated(shards: u32) -> (Engine, Ks) {
-    let mut e = engine(shards);
+fn populated() -> (Engine, Ks) {
+    let mut e = engine();
     let ks = Ks::of(&Keyspace::tokens("m"), 16);
     let (a, _) = e.announce("a", &[Lane::full(32)], Feed::Events).unwrap();
     let c = chain(0, 12);
@@ -31,6 +28,7 @@ fn populated(shards: u32) -> (Engine, Ks) {
         &[Event::Stored {
             lane: 0,
             start: 0,
+            parent: None,
             chain: c.clone(),
             engine: engine_hashes,
         }],
@@ -51,6 +49,7 @@ fn populated(shards: u32) -> (Engine, Ks) {
         &[Event::Stored {
             lane: 0,
             start: 0,
+            parent: None,
             chain: c[..8].to_vec(),
             engine: vec![],
         }],
@@ -63,6 +62,7 @@ fn populated(shards: u32) -> (Engine, Ks) {
         &[Event::Stored {
             lane: 1,
             start: 6,
+            parent: Some(c[5]),
             chain: c[6..8].to_vec(),
             engine: vec![],
         }],
@@ -93,31 +93,27 @@ fn answers(e: &mut Engine, ks: Ks) -> Vec<Vec<(u32, u32)>> {
 }
 
 #[test]
-fn images_round_trip_across_shard_counts() {
-    for (from, to) in [(1, 1), (1, 4), (3, 2)] {
-        let (mut a, ks) = populated(from);
+fn images_round_trip() {
+    {
+        let (mut a, ks) = populated();
         let image: EngineImage = a.export(300);
-        let mut b = engine(to);
+        let mut b = engine();
         b.import(&image, 300).unwrap();
         b.check_invariants().unwrap();
-        assert_eq!(
-            answers(&mut a, ks),
-            answers(&mut b, ks),
-            "{from} → {to} shards"
-        );
+        assert_eq!(answers(&mut a, ks), answers(&mut b, ks),);
         let (sa, sb) = (a.stats(), b.stats());
         assert_eq!(
             (sa.workers, sa.blocks, sa.memberships),
             (sb.workers, sb.blocks, sb.memberships)
         );
-        // The exported image of the import is the same image (up to run layout per shard).
+        // The exported image of the import is the same image (up to run layout).
         let again = b.export(300);
         assert_eq!(again.workers, image.workers);
         assert_eq!(again.feeds, image.feeds);
 
         // Removal by engine hash, sequences, placement recency and TTL all survive.
         for e in [&mut a, &mut b] {
-            let id = |n: &str| e.roster().id_of(n).unwrap();
+            let id = |n: &str| e.registry().id_of(n).unwrap();
             let (aw, hw, pw) = (id("a"), id("h"), id("p"));
             assert_eq!(id("gone"), 2, "a retired name keeps its id");
             let r = e
@@ -142,14 +138,14 @@ fn images_round_trip_across_shard_counts() {
         assert_eq!(
             answers(&mut a, ks),
             answers(&mut b, ks),
-            "{from} → {to} shards after more traffic"
+            "after more traffic"
         );
     }
 }
 
 #[test]
 fn a_snapshot_without_workers_restores_to_an_empty_engine() {
-    let mut e = engine(2);
+    let mut e = engine();
     e.import(&EngineImage::default(), 0).unwrap();
     assert_eq!(e.stats().blocks, 0);
 }

@@ -1,10 +1,15 @@
 //! The engine against a naive reference model: random sequences of announce / apply /
 //! place / expire / retire / query over mixed rosters, several keyspaces and colliding
-//! prefixes, on 1, 3 and 4 shards. Answers (scores, order, unscorable, runs) must match.
+//! prefixes. Answers (scores, order, unscorable, runs) must match, for the single-thread
+//! [`Engine`] and for fleets of cores composed the way the server composes its executors
+//! (each worker's writes turned into updates on its home core, every core applying every
+//! update, in small slices, and every core answering queries on its own).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use kvix_engine::{Engine, EngineConfig, Ks, Sharding};
+use kvix_engine::{
+    AnnounceOutcome, Answer, ApplyReport, Core, Cursor, Engine, EngineError, Ks, Registry, Update,
+};
 use kvix_wire::{chain::token_chain, ApplyStatus, Event, Feed, Lane, LaneKind, Run, WorkerId};
 use proptest::prelude::*;
 
@@ -99,27 +104,43 @@ impl Reference {
         known
     }
 
-    /// None: refused as a whole. Some((status, unknown removals, rejected events)).
+    /// None: refused as a whole (any invalid event refuses the batch, and its seq is not
+    /// taken). Some((status, unknown removals)).
     fn apply(
         &mut self,
         w: WorkerId,
         seq: u64,
         ks: Ks,
         events: &[Event],
-    ) -> Option<(ApplyStatus, u32, usize)> {
+    ) -> Option<(ApplyStatus, u32)> {
         let worker = self.workers.get_mut(&w)?;
         if worker.feed != Feed::Events
             || (ks.kind == kvix_wire::ChunkKind::Bytes && !plain(&worker.lanes))
         {
             return None;
         }
+        let valid = |e: &Event| match e {
+            Event::Stored {
+                lane,
+                chain,
+                engine,
+                ..
+            } => worker.lanes.get(*lane as usize).is_some_and(|l| {
+                engine.is_empty() || engine.len() == chain.len().div_ceil(k_of(l, ks) as usize)
+            }),
+            Event::Removed { lane, .. } => (*lane as usize) < worker.lanes.len(),
+            Event::Cleared => true,
+        };
+        if !events.iter().all(valid) {
+            return None;
+        }
         let status = match worker.seq {
-            Some(last) if seq <= last => return Some((ApplyStatus::Duplicate, 0, 0)),
+            Some(last) if seq <= last => return Some((ApplyStatus::Duplicate, 0)),
             Some(last) if seq != last + 1 => ApplyStatus::Gap { expected: last + 1 },
             _ => ApplyStatus::Applied,
         };
         worker.seq = Some(seq);
-        let (mut unknown, mut rejected) = (0, 0);
+        let mut unknown = 0;
         for e in events {
             match e {
                 Event::Stored {
@@ -127,16 +148,9 @@ impl Reference {
                     start,
                     chain,
                     engine,
+                    ..
                 } => {
-                    let Some(l) = worker.lanes.get(*lane as usize) else {
-                        rejected += 1;
-                        continue;
-                    };
-                    let k = k_of(l, ks) as usize;
-                    if !engine.is_empty() && engine.len() != chain.len().div_ceil(k) {
-                        rejected += 1;
-                        continue;
-                    }
+                    let k = k_of(&worker.lanes[*lane as usize], ks) as usize;
                     for (i, &h) in chain.iter().enumerate() {
                         let pos = start + i as u32;
                         self.held.insert((w, *lane, ks.seed, pos, h));
@@ -152,10 +166,6 @@ impl Reference {
                     }
                 }
                 Event::Removed { lane, hashes } => {
-                    if *lane as usize >= worker.lanes.len() {
-                        rejected += 1;
-                        continue;
-                    }
                     for h in hashes {
                         match worker.names.remove(&(*lane, *h)) {
                             Some((kss, pos, group)) => {
@@ -173,7 +183,7 @@ impl Reference {
                 }
             }
         }
-        Some((status, unknown, rejected))
+        Some((status, unknown))
     }
 
     fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> bool {
@@ -387,6 +397,9 @@ enum Op {
         from: usize,
         lane: u8,
         engine: bool,
+        /// How: one event naming its parent, one without, or one batch per engine block
+        /// naming its parent (vLLM decode).
+        style: Style,
     },
     Remove {
         name: u8,
@@ -417,6 +430,13 @@ enum Op {
         top_k: u32,
         runs: bool,
     },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Style {
+    Parent,
+    Orphan,
+    Decode,
 }
 
 /// One of the case's pool of prompts, cut to at most `len` blocks.
@@ -456,13 +476,21 @@ fn ks_index() -> impl Strategy<Value = usize> {
     prop_oneof![5 => Just(0usize), 1 => 1usize..4]
 }
 
+fn style() -> impl Strategy<Value = Style> {
+    prop_oneof![
+        Just(Style::Parent),
+        Just(Style::Orphan),
+        Just(Style::Decode)
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let name = 0u8..5;
     let from = prop_oneof![3 => Just(0usize), 2 => 0usize..6, 1 => 0usize..24];
     prop_oneof![
         1 => (name.clone(), 0..rosters().len(), 0..feeds().len()).prop_map(|(name, roster, feed)| Op::Announce { name, roster, feed }),
         1 => name.clone().prop_map(|name| Op::Retire { name }),
-        8 => (name.clone(), ks_index(), prompt(), from, 0u8..4, any::<bool>()).prop_map(|(name, ks, prompt, from, lane, engine)| Op::Store { name, ks, prompt, from, lane, engine }),
+        8 => (name.clone(), ks_index(), prompt(), from, 0u8..4, any::<bool>(), style()).prop_map(|(name, ks, prompt, from, lane, engine, style)| Op::Store { name, ks, prompt, from, lane, engine, style }),
         3 => (name.clone(), 0u8..3, any::<usize>(), prop::bool::weighted(0.1)).prop_map(|(name, lane, pick, unknown)| Op::Remove { name, lane, pick, unknown }),
         1 => name.clone().prop_map(|name| Op::Clear { name }),
         1 => (name.clone(), -1i8..3).prop_map(|(name, delta)| Op::Seq { name, delta }),
@@ -490,9 +518,188 @@ fn opening() -> impl Strategy<Value = Vec<Op>> {
     })
 }
 
+/// What the harness drives: the single-thread engine, or a fleet of cores.
+trait Subject {
+    fn announce(&mut self, name: &str, lanes: &[Lane], feed: Feed)
+        -> Result<WorkerId, EngineError>;
+    fn retire(&mut self, w: WorkerId) -> Result<(), EngineError>;
+    fn apply(
+        &mut self,
+        w: WorkerId,
+        seq: u64,
+        ks: Ks,
+        events: &[Event],
+    ) -> Result<ApplyReport, EngineError>;
+    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<(), EngineError>;
+    fn expire(&mut self, now: u64);
+    /// One answer per core.
+    fn query(
+        &mut self,
+        ks: Ks,
+        chain: &[u64],
+        c: Option<&[WorkerId]>,
+        k: u32,
+        runs: bool,
+    ) -> Vec<Answer>;
+    /// Invariants hold; (memberships, blocks) per core.
+    fn check(&self) -> Vec<(u64, u64)>;
+}
+
+impl Subject for Engine {
+    fn announce(
+        &mut self,
+        name: &str,
+        lanes: &[Lane],
+        feed: Feed,
+    ) -> Result<WorkerId, EngineError> {
+        Engine::announce(self, name, lanes, feed).map(|r| r.0)
+    }
+    fn retire(&mut self, w: WorkerId) -> Result<(), EngineError> {
+        Engine::retire(self, w)
+    }
+    fn apply(
+        &mut self,
+        w: WorkerId,
+        seq: u64,
+        ks: Ks,
+        events: &[Event],
+    ) -> Result<ApplyReport, EngineError> {
+        Engine::apply(self, w, seq, ks, events)
+    }
+    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<(), EngineError> {
+        Engine::place(self, w, ks, chain, now)
+    }
+    fn expire(&mut self, now: u64) {
+        Engine::expire(self, now).unwrap();
+    }
+    fn query(
+        &mut self,
+        ks: Ks,
+        chain: &[u64],
+        c: Option<&[WorkerId]>,
+        k: u32,
+        runs: bool,
+    ) -> Vec<Answer> {
+        vec![Engine::query(self, ks, chain, c, k, runs)]
+    }
+    fn check(&self) -> Vec<(u64, u64)> {
+        self.check_invariants().unwrap();
+        let s = self.stats();
+        vec![(s.memberships, s.blocks)]
+    }
+}
+
+/// Cores composed as the server composes its executors: a registry assigns ids, a
+/// worker's writes become updates on its home core (id mod cores), and every core
+/// applies every update in slices of `budget` blocks.
+struct Fleet {
+    registry: Registry,
+    cores: Vec<Core>,
+    budget: u64,
+}
+
+impl Fleet {
+    fn new(cores: usize, budget: u64) -> Self {
+        Fleet {
+            registry: Registry::new(),
+            cores: (0..cores).map(|_| Core::new()).collect(),
+            budget,
+        }
+    }
+
+    fn home(&mut self, w: WorkerId) -> &mut Core {
+        let n = self.cores.len();
+        &mut self.cores[w as usize % n]
+    }
+
+    fn write<T>(
+        &mut self,
+        w: WorkerId,
+        f: impl FnOnce(&mut Core, &mut Update) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let mut u = Update::new();
+        let out = f(self.home(w), &mut u)?;
+        for core in &mut self.cores {
+            let mut cursor = Cursor::default();
+            while !cursor.is_finished() {
+                core.apply_some(&u, &mut cursor, self.budget).unwrap();
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Subject for Fleet {
+    fn announce(
+        &mut self,
+        name: &str,
+        lanes: &[Lane],
+        feed: Feed,
+    ) -> Result<WorkerId, EngineError> {
+        let (entry, outcome): (_, AnnounceOutcome) =
+            self.registry.register(name, lanes, feed, TB)?;
+        let id = entry.id;
+        self.write(id, |core, u| {
+            core.register(entry, outcome, u);
+            Ok(id)
+        })
+    }
+    fn retire(&mut self, w: WorkerId) -> Result<(), EngineError> {
+        self.registry.retire(w)?;
+        self.write(w, |core, u| core.retire(w, u))
+    }
+    fn apply(
+        &mut self,
+        w: WorkerId,
+        seq: u64,
+        ks: Ks,
+        events: &[Event],
+    ) -> Result<ApplyReport, EngineError> {
+        self.write(w, |core, u| core.events(w, seq, ks, events, u))
+    }
+    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<(), EngineError> {
+        self.write(w, |core, u| core.place(w, ks, chain, now, u))
+    }
+    fn expire(&mut self, now: u64) {
+        for home in 0..self.cores.len() as u32 {
+            self.write(home, |core, u| {
+                core.expire(now, u);
+                Ok(())
+            })
+            .unwrap();
+        }
+    }
+    fn query(
+        &mut self,
+        ks: Ks,
+        chain: &[u64],
+        c: Option<&[WorkerId]>,
+        k: u32,
+        runs: bool,
+    ) -> Vec<Answer> {
+        self.cores
+            .iter_mut()
+            .map(|core| {
+                let mut a = Answer::default();
+                core.query_into(ks, chain, c, k, runs, &mut a);
+                a
+            })
+            .collect()
+    }
+    fn check(&self) -> Vec<(u64, u64)> {
+        self.cores
+            .iter()
+            .map(|c| {
+                c.index().check_invariants().unwrap();
+                (c.index().memberships(), c.index().blocks())
+            })
+            .collect()
+    }
+}
+
 struct Harness {
     pool: Vec<Vec<u8>>,
-    engines: Vec<Engine>,
+    subjects: Vec<Box<dyn Subject>>,
     reference: Reference,
     /// Per worker: the next seq to send, and the names it stored (for removals).
     next_seq: HashMap<WorkerId, u64>,
@@ -502,15 +709,13 @@ struct Harness {
 
 impl Harness {
     fn new(pool: Vec<Vec<u8>>) -> Self {
-        let engine = |shards, segment| {
-            Engine::with_config(EngineConfig {
-                token_block: TB,
-                sharding: Sharding::new(shards, segment).unwrap(),
-            })
-        };
         Harness {
             pool,
-            engines: vec![engine(1, 64), engine(3, 2), engine(4, 3)],
+            subjects: vec![
+                Box::new(Engine::new(TB)),
+                Box::new(Fleet::new(2, 3)),
+                Box::new(Fleet::new(3, 1)),
+            ],
             reference: Reference::default(),
             next_seq: HashMap::new(),
             stored: HashMap::new(),
@@ -532,14 +737,14 @@ impl Harness {
         let next = self.next_seq.entry(w).or_insert(10);
         let seq = (*next as i64 + seq_delta).max(0) as u64;
         let want = self.reference.apply(w, seq, ks, &events);
-        if want.is_some_and(|(s, ..)| s != ApplyStatus::Duplicate) {
+        if want.is_some_and(|(s, _)| s != ApplyStatus::Duplicate) {
             *self.next_seq.get_mut(&w).unwrap() = seq + 1;
         }
-        for e in &mut self.engines {
-            let got = e
+        for s in &mut self.subjects {
+            let got = s
                 .apply(w, seq, ks, &events)
                 .ok()
-                .map(|r| (r.status, r.unknown_removals, r.rejected.len()));
+                .map(|r| (r.status, r.unknown_removals));
             assert_eq!(got, want, "apply {events:?}");
         }
     }
@@ -551,11 +756,10 @@ impl Harness {
                 let want =
                     self.reference
                         .announce(&format!("w{name}"), &rosters[roster], feeds[feed]);
-                for e in &mut self.engines {
-                    let got = e
+                for s in &mut self.subjects {
+                    let got = s
                         .announce(&format!("w{name}"), &rosters[roster], feeds[feed])
-                        .ok()
-                        .map(|r| r.0);
+                        .ok();
                     assert_eq!(got, want);
                 }
                 if let Some(w) = want {
@@ -567,8 +771,8 @@ impl Harness {
             Op::Retire { name } => {
                 let Some(w) = self.id(name) else { return };
                 let want = self.reference.retire(w);
-                for e in &mut self.engines {
-                    assert_eq!(e.retire(w).is_ok(), want);
+                for s in &mut self.subjects {
+                    assert_eq!(s.retire(w).is_ok(), want);
                 }
             }
             Op::Store {
@@ -578,36 +782,51 @@ impl Harness {
                 from,
                 lane,
                 engine,
+                style,
             } => {
                 let ks = kss[ks];
                 let chain = self.chain(ks, prompt);
                 let from = from.min(chain.len());
                 let Some(w) = self.id(name) else { return };
-                let part = chain[from..].to_vec();
                 let k = self
                     .reference
                     .workers
                     .get(&w)
                     .and_then(|r| r.lanes.get(lane as usize))
                     .map_or(1, |l| k_of(l, ks)) as usize;
-                let names: Vec<u64> = if engine {
-                    part.chunks(k)
-                        .map(|g| g[0] ^ 0x5eed ^ (lane as u64) << 40)
-                        .collect()
-                } else {
-                    part.clone()
+                let event = |start: usize, end: usize, parent: bool| {
+                    let part = chain[start..end].to_vec();
+                    let names: Vec<u64> = if engine {
+                        part.chunks(k)
+                            .map(|g| g[0] ^ 0x5eed ^ (lane as u64) << 40)
+                            .collect()
+                    } else {
+                        part.clone()
+                    };
+                    let event = Event::Stored {
+                        lane,
+                        start: start as u32,
+                        parent: (parent && start > 0).then(|| chain[start - 1]),
+                        chain: part,
+                        engine: if engine { names.clone() } else { vec![] },
+                    };
+                    (event, names)
                 };
-                self.stored
-                    .entry(w)
-                    .or_default()
-                    .extend(names.iter().map(|n| (lane, *n)));
-                let event = Event::Stored {
-                    lane,
-                    start: from as u32,
-                    chain: part,
-                    engine: if engine { names } else { vec![] },
+                let batches: Vec<(Event, Vec<u64>)> = match style {
+                    Style::Parent => vec![event(from, chain.len(), true)],
+                    Style::Orphan => vec![event(from, chain.len(), false)],
+                    Style::Decode => (from..chain.len())
+                        .step_by(k)
+                        .map(|a| event(a, (a + k).min(chain.len()), true))
+                        .collect(),
                 };
-                self.apply(name, ks, vec![event], 0);
+                for (event, names) in batches {
+                    self.stored
+                        .entry(w)
+                        .or_default()
+                        .extend(names.iter().map(|n| (lane, *n)));
+                    self.apply(name, ks, vec![event], 0);
+                }
             }
             Op::Remove {
                 name,
@@ -617,20 +836,16 @@ impl Harness {
             } => {
                 let Some(w) = self.id(name) else { return };
                 let names = self.stored.get(&w).cloned().unwrap_or_default();
-                let hashes = if unknown || names.is_empty() {
-                    vec![0xdead_beef]
+                let (lane, hashes) = if unknown || names.is_empty() {
+                    (lane, vec![0xdead_beef])
                 } else {
-                    let (l, n) = names[pick % names.len()];
-                    let _ = lane;
-                    return self.apply(
-                        name,
-                        kss[0],
-                        vec![Event::Removed {
-                            lane: l,
-                            hashes: vec![n],
-                        }],
-                        0,
-                    );
+                    // A few names of one lane, in any order.
+                    let (l, _) = names[pick % names.len()];
+                    let of_lane: Vec<u64> =
+                        names.iter().filter(|n| n.0 == l).map(|n| n.1).collect();
+                    let at = pick % of_lane.len();
+                    let take = 1 + pick / 7 % 3;
+                    (l, of_lane.into_iter().cycle().skip(at).take(take).collect())
                 };
                 self.apply(name, kss[0], vec![Event::Removed { lane, hashes }], 0);
             }
@@ -647,15 +862,15 @@ impl Harness {
                 let ks = kss[ks];
                 let chain = self.chain(ks, prompt);
                 let want = self.reference.place(w, ks, &chain, self.now);
-                for e in &mut self.engines {
-                    assert_eq!(e.place(w, ks, &chain, self.now).is_ok(), want);
+                for s in &mut self.subjects {
+                    assert_eq!(s.place(w, ks, &chain, self.now).is_ok(), want);
                 }
             }
             Op::Expire { dt } => {
                 self.now += dt;
                 self.reference.expire(self.now);
-                for e in &mut self.engines {
-                    e.expire(self.now).unwrap();
+                for s in &mut self.subjects {
+                    s.expire(self.now);
                 }
             }
             Op::Query {
@@ -671,20 +886,23 @@ impl Harness {
                     cands.map(|m| (0..8).filter(|i| m >> i & 1 == 1).collect());
                 let (scores, unscorable, want_runs) =
                     self.reference.query(ks, &chain, cands.as_deref(), top_k);
-                for e in &mut self.engines {
-                    let a = e.query(ks, &chain, cands.as_deref(), top_k, runs);
-                    assert_eq!(
-                        (&a.scores, a.unscorable),
-                        (&scores, unscorable),
-                        "query {prompt:?} in {ks:?}"
-                    );
-                    if runs {
-                        let got: Vec<(WorkerId, Vec<Vec<Run>>)> = a
-                            .runs
-                            .iter()
-                            .map(|w| (w.worker, w.lanes.iter().map(|l| l.runs.clone()).collect()))
-                            .collect();
-                        assert_eq!(got, want_runs);
+                for s in &mut self.subjects {
+                    for a in s.query(ks, &chain, cands.as_deref(), top_k, runs) {
+                        assert_eq!(
+                            (&a.scores, a.unscorable),
+                            (&scores, unscorable),
+                            "query {prompt:?} in {ks:?}"
+                        );
+                        if runs {
+                            let got: Vec<(WorkerId, Vec<Vec<Run>>)> = a
+                                .runs
+                                .iter()
+                                .map(|w| {
+                                    (w.worker, w.lanes.iter().map(|l| l.runs.clone()).collect())
+                                })
+                                .collect();
+                            assert_eq!(got, want_runs);
+                        }
                     }
                 }
             }
@@ -697,10 +915,10 @@ impl Harness {
             .map(|m| (m.2, m.3, m.4))
             .collect::<BTreeSet<_>>()
             .len() as u64;
-        for e in &self.engines {
-            e.check_invariants().unwrap();
-            let s = e.stats();
-            assert_eq!((s.memberships, s.blocks), (members, blocks));
+        for s in &self.subjects {
+            for got in s.check() {
+                assert_eq!(got, (members, blocks));
+            }
         }
     }
 }
@@ -709,7 +927,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 4000, ..ProptestConfig::default() })]
 
     #[test]
-    fn engine_matches_reference(pool in pool(), opening in opening(), ops in prop::collection::vec(op(), 1..80)) {
+    fn engine_and_fleets_match_reference(pool in pool(), opening in opening(), ops in prop::collection::vec(op(), 1..80)) {
         let mut h = Harness::new(pool);
         for op in opening.into_iter().chain(ops) {
             h.run(op);

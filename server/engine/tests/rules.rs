@@ -24,6 +24,7 @@ fn store(lane: u8, r: Range<u32>, c: &[u64]) -> Event {
     Event::Stored {
         lane,
         start: r.start,
+        parent: None,
         chain: c[r.start as usize..r.end as usize].to_vec(),
         engine: vec![],
     }
@@ -37,7 +38,7 @@ fn score(spec: &[&str], held: &[(u8, Range<u32>)], n: u32) -> (u32, u32) {
     let c = chain(24);
     let events: Vec<Event> = held.iter().map(|(l, r)| store(*l, r.clone(), &c)).collect();
     let report = e.apply(w, 0, KS, &events).unwrap();
-    assert!(report.rejected.is_empty(), "{report:?}");
+    assert_eq!(report.events as usize, events.len(), "{report:?}");
     let a = e.query(KS, &c[..n as usize], None, 0, false);
     (a.scores.first().map_or(0, |s| s.1), a.unscorable)
 }
@@ -207,11 +208,14 @@ fn sequences_skip_duplicates_and_report_gaps() {
     assert_eq!(gap.status, ApplyStatus::Gap { expected: 6 });
     assert_eq!(e.query(KS, &c, None, 0, false).scores, vec![(w, 4)]);
     assert_eq!(
-        e.apply(w, 7, KS, &[]).unwrap().status,
+        e.apply::<Event>(w, 7, KS, &[]).unwrap().status,
         ApplyStatus::Duplicate
     );
     e.reset_sequence(w).unwrap();
-    assert_eq!(e.apply(w, 0, KS, &[]).unwrap().status, ApplyStatus::Applied);
+    assert_eq!(
+        e.apply::<Event>(w, 0, KS, &[]).unwrap().status,
+        ApplyStatus::Applied
+    );
 }
 
 #[test]
@@ -224,6 +228,7 @@ fn removal_by_engine_hash_drops_whole_engine_blocks() {
     let stored = Event::Stored {
         lane: 0,
         start: 0,
+        parent: None,
         chain: c.clone(),
         engine: vec![0xe0, 0xe1, 0xe2],
     };
@@ -255,15 +260,28 @@ fn removal_by_engine_hash_drops_whole_engine_blocks() {
     .unwrap();
     assert_eq!(e.query(KS, &c, None, 0, false).scores, vec![(w, 4)]);
     assert_eq!(e.stats().blocks, 4);
-    // A wrong count of engine hashes is refused per event.
+    // A wrong count of engine hashes refuses the whole batch, and its seq stays free.
     let bad = Event::Stored {
         lane: 0,
         start: 0,
+        parent: None,
         chain: c.clone(),
         engine: vec![1],
     };
-    assert_eq!(e.apply(w, 3, KS, &[bad]).unwrap().rejected.len(), 1);
-    e.apply(w, 4, KS, &[Event::Cleared]).unwrap();
+    let refused = e.apply(w, 3, KS, &[Event::Cleared, bad]).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            EngineError::Refused {
+                seq: 3,
+                index: 1,
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert_eq!(e.stats().blocks, 4);
+    e.apply(w, 3, KS, &[Event::Cleared]).unwrap();
     assert_eq!(e.stats().blocks, 0);
 }
 
@@ -296,7 +314,7 @@ fn placements_cut_oldest_then_deepest_and_expire() {
     assert_eq!(e.stats().blocks, 0);
     // Placement and event feeds are not interchangeable.
     assert!(matches!(
-        e.apply(w, 0, KS, &[]),
+        e.apply::<Event>(w, 0, KS, &[]),
         Err(EngineError::WrongFeed { .. })
     ));
 }

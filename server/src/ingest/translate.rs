@@ -231,6 +231,9 @@ impl Translator {
         Ok(Event::Stored {
             lane,
             start,
+            // The parent's chain hash seeds this store's chain: naming it lets the index
+            // extend the parent's run (decode streams store one block at a time).
+            parent: st.parent.map(|_| seed),
             chain,
             engine: st.block_hashes.clone(),
         })
@@ -351,6 +354,7 @@ mod tests {
                 events: vec![Event::Stored {
                     lane: 0,
                     start: 0,
+                    parent: None,
                     chain: whole[..4].to_vec(),
                     engine: vec![10, 11]
                 }]

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use kvix_engine::{Engine, EngineConfig, Ks, Sharding};
+use kvix_engine::{Engine, Ks};
 use kvix_wire::{chain::token_chain, Event, Feed, Lane};
 
 pub const TB: u32 = 16;
@@ -23,6 +23,7 @@ pub fn store(lane: u8, start: u32, chain: &[u64]) -> Event {
     Event::Stored {
         lane,
         start,
+        parent: None,
         chain: chain.to_vec(),
         engine: vec![],
     }
@@ -31,11 +32,8 @@ pub fn store(lane: u8, start: u32, chain: &[u64]) -> Event {
 /// The seed's shape: 240 plain workers; a 1250-block prompt whose first 125 blocks all
 /// of them hold and whose rest 4 of them hold to various depths; plus `background`
 /// distinct 100-block chains per worker so the maps have a realistic size.
-pub fn fleet(shards: u32, background: u32) -> (Engine, Vec<u64>) {
-    let mut e = Engine::with_config(EngineConfig {
-        token_block: TB,
-        sharding: Sharding::new(shards, 64).unwrap(),
-    });
+pub fn fleet(background: u32) -> (Engine, Vec<u64>) {
+    let mut e = Engine::new(TB);
     let prompt = chain(1, 1250);
     let full = [Lane::full(TB)];
     for w in 0..240u32 {

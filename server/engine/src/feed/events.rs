@@ -1,10 +1,12 @@
 //! The exact feed: a worker's own engine events, in its sequence order.
 
-use kvix_wire::{ApplyStatus, Event, WorkerId};
+use kvix_wire::{ApplyStatus, WorkerId};
 
-use super::BlockOp;
+use super::{EventRef, EventView};
 use crate::error::{EventError, IndexError};
-use crate::hashing::FastMap;
+use crate::hashing::{fmix, FastMap};
+use crate::ops::OpBatch;
+use crate::table::Table;
 use crate::Holder;
 
 /// Tracks a worker's batch sequence numbers.
@@ -51,8 +53,6 @@ pub struct ApplyReport {
     pub block_events: u64,
     /// Removals naming a hash this feed never saw stored (or already removed).
     pub unknown_removals: u32,
-    /// Events skipped, by index in the batch.
-    pub rejected: Vec<(u32, EventError)>,
 }
 
 impl ApplyReport {
@@ -62,41 +62,79 @@ impl ApplyReport {
             events: 0,
             block_events: 0,
             unknown_removals: 0,
-            rejected: Vec::new(),
         }
     }
 }
 
-/// Where a stored name (engine hash, or chain hash when the store carried none) lives:
-/// 16 bytes, since the feed keeps one per stored engine block (BRIEF §5).
-#[derive(Debug, Clone, Copy)]
-struct Named {
-    /// The chain hash of its one block, or (when `MULTI` is set) an index into `groups`.
-    word: u64,
-    pos: u32,
-    /// Keyspace index into `keyspaces`, with `MULTI` set when the name covers a group.
-    tag: u32,
+/// The names one lane stored in one keyspace: engine hash (or chain hash, when the store
+/// carried none) → the chain hashes of the blocks it names. 16 bytes per name that names
+/// one keyspace block, the common case (the feed keeps one per stored engine block).
+#[derive(Debug, Default)]
+struct Names {
+    ks: u64,
+    /// Names of one keyspace block: (name, chain hash).
+    one: Table<(u64, u64)>,
+    /// Names of an engine block of several keyspace blocks.
+    many: FastMap<u64, Box<[u64]>>,
 }
 
-const MULTI: u32 = 1 << 31;
+impl Names {
+    fn len(&self) -> usize {
+        self.one.len() + self.many.len()
+    }
 
-/// Event-feed state of one worker: its sequence and, per lane, name → blocks.
+    /// Records that `name` names the blocks `chain`; the caller reserved room in `one`.
+    fn set(&mut self, name: u64, chain: &[u64]) {
+        let h = fmix(name);
+        if let [one] = chain {
+            match self.one.insert_absent(h, |e| e.0 == name, (name, *one)) {
+                Some(e) => e.1 = *one,
+                None if !self.many.is_empty() => drop(self.many.remove(&name)),
+                None => {}
+            }
+        } else {
+            self.one.remove(h, |e| e.0 == name);
+            self.many.insert(name, chain.into());
+        }
+    }
+
+    /// Forgets `name`, appending the chain hashes it named to `out`; false if unknown.
+    fn take(&mut self, name: u64, out: &mut Vec<u64>) -> bool {
+        if let Some((_, c)) = self.one.remove(fmix(name), |e| e.0 == name) {
+            out.push(c);
+            self.one.shrink(|e| fmix(e.0));
+            return true;
+        }
+        match self.many.remove(&name) {
+            Some(g) => {
+                out.extend_from_slice(&g);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Every block named, as chain hashes.
+    fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.one
+            .iter()
+            .map(|e| e.1)
+            .chain(self.many.values().flat_map(|g| g.iter().copied()))
+    }
+}
+
+/// Event-feed state of one worker: its sequence and, per lane and keyspace, its names.
 #[derive(Debug, Default)]
 pub struct EventFeed {
     seq: Sequencer,
-    lanes: Vec<FastMap<u64, Named>>,
-    /// Keyspace seeds this feed stored into (names refer to them by index).
-    keyspaces: Vec<u64>,
-    keyspace_ids: FastMap<u64, u32>,
-    /// Chain hashes of names that cover more than one keyspace block.
-    groups: Vec<Box<[u64]>>,
-    free_groups: Vec<u32>,
+    lanes: Vec<Vec<Names>>,
+    scratch: Vec<u64>,
 }
 
 impl EventFeed {
     pub fn new(lanes: usize) -> Self {
         EventFeed {
-            lanes: (0..lanes).map(|_| FastMap::default()).collect(),
+            lanes: (0..lanes).map(|_| Vec::new()).collect(),
             ..Default::default()
         }
     }
@@ -107,45 +145,81 @@ impl EventFeed {
 
     /// Names tracked for removals, over all lanes.
     pub fn names(&self) -> usize {
-        self.lanes.iter().map(|m| m.len()).sum()
+        self.lanes.iter().flatten().map(Names::len).sum()
     }
 
-    /// Applies batch `seq` of `worker` in keyspace `ks`, where lane `i`'s engine block
-    /// is `lane_blocks[i]` keyspace blocks, appending the block operations to `out`.
-    pub fn apply<'a>(
-        &mut self,
-        worker: WorkerId,
-        seq: u64,
-        ks: u64,
-        lane_blocks: &[u32],
-        events: &'a [Event],
-        out: &mut Vec<BlockOp<'a>>,
-    ) -> ApplyReport {
-        let mut report = ApplyReport::new(self.seq.admit(seq));
-        if report.status == ApplyStatus::Duplicate {
-            return report;
-        }
-        for (i, event) in events.iter().enumerate() {
-            match self.one(worker, ks, lane_blocks, event, out, &mut report) {
-                Ok(()) => report.events += 1,
-                Err(e) => report.rejected.push((i as u32, e)),
-            }
-        }
-        report
+    /// Heap bytes of the names' tables (for memory figures).
+    pub fn bytes(&self) -> usize {
+        self.lanes.iter().flatten().map(|n| n.one.bytes()).sum()
     }
 
     /// Checks a whole batch without applying any of it: the first event that would be
-    /// refused, by index. Lets a caller refuse a batch as a whole instead of in part.
-    pub fn check(&self, lane_blocks: &[u32], events: &[Event]) -> Result<(), (u32, EventError)> {
+    /// refused, by index. A batch is applied whole or not at all.
+    pub fn check<E: EventView>(
+        &self,
+        lane_blocks: &[u32],
+        events: &[E],
+    ) -> Result<(), (u32, EventError)> {
         for (i, e) in events.iter().enumerate() {
-            self.validate(lane_blocks, e)
+            self.validate(lane_blocks, e.view())
                 .map_err(|err| (i as u32, err))?;
         }
         Ok(())
     }
 
+    /// Applies batch `seq` of `worker` in keyspace `ks`, where lane `i`'s engine block
+    /// is `lane_blocks[i]` keyspace blocks, appending the block operations to `out`.
+    /// The caller has checked the batch ([`EventFeed::check`]); an event that would be
+    /// refused is skipped all the same.
+    pub fn apply<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        seq: u64,
+        ks: u64,
+        lane_blocks: &[u32],
+        events: &[E],
+        out: &mut OpBatch,
+    ) -> ApplyReport {
+        let mut report = ApplyReport::new(self.seq.admit(seq));
+        if report.status == ApplyStatus::Duplicate {
+            return report;
+        }
+        for event in events {
+            if self.one(worker, ks, lane_blocks, event.view(), out, &mut report) {
+                report.events += 1;
+            }
+        }
+        report
+    }
+
+    /// Drops everything the worker holds, lane by lane, naming every block it knows.
+    pub fn drop_all(&self, worker: WorkerId, out: &mut OpBatch) {
+        for (lane, names) in self.lanes.iter().enumerate() {
+            let holder = Holder::new(worker, lane as u8);
+            for n in names {
+                out.leave(n.ks, holder, n.blocks());
+            }
+            out.sweep(holder);
+        }
+    }
+
+    /// The names of `lane` in keyspace `ks`, created when new.
+    fn names_in(&mut self, lane: u8, ks: u64) -> &mut Names {
+        let names = &mut self.lanes[lane as usize];
+        match names.iter().position(|n| n.ks == ks) {
+            Some(i) => &mut names[i],
+            None => {
+                names.push(Names {
+                    ks,
+                    ..Default::default()
+                });
+                names.last_mut().expect("just pushed")
+            }
+        }
+    }
+
     /// Why `event` would be refused; for a store, its lane's engine block (keyspace blocks).
-    fn validate(&self, lane_blocks: &[u32], event: &Event) -> Result<u32, EventError> {
+    fn validate(&self, lane_blocks: &[u32], event: EventRef<'_>) -> Result<u32, EventError> {
         let lane_of = |lane: u8| {
             lane_blocks
                 .get(lane as usize)
@@ -157,16 +231,17 @@ impl EventFeed {
                 })
         };
         match event {
-            Event::Stored {
+            EventRef::Stored {
                 lane,
                 start,
                 chain,
                 engine,
+                ..
             } => {
-                let k = lane_of(*lane)?;
-                if *start as u64 + chain.len() as u64 > u32::MAX as u64 {
+                let k = lane_of(lane)?;
+                if start as u64 + chain.len() as u64 > u32::MAX as u64 {
                     return Err(IndexError::PositionOverflow {
-                        start: *start,
+                        start,
                         len: chain.len(),
                     }
                     .into());
@@ -182,101 +257,114 @@ impl EventFeed {
                 }
                 Ok(k)
             }
-            Event::Removed { lane, .. } => lane_of(*lane),
-            Event::Cleared => Ok(1),
+            EventRef::Removed { lane, .. } => lane_of(lane),
+            EventRef::Cleared => Ok(1),
         }
     }
 
-    fn one<'a>(
+    /// Applies one event; false when it is refused (skipped).
+    fn one(
         &mut self,
         worker: WorkerId,
         ks: u64,
         lane_blocks: &[u32],
-        event: &'a Event,
-        out: &mut Vec<BlockOp<'a>>,
+        event: EventRef<'_>,
+        out: &mut OpBatch,
         report: &mut ApplyReport,
-    ) -> Result<(), EventError> {
-        let k = self.validate(lane_blocks, event)? as usize;
+    ) -> bool {
+        // Checked whole by the caller; a lane past the roster is skipped all the same.
+        let k = match event {
+            EventRef::Stored { lane, .. } | EventRef::Removed { lane, .. } => {
+                match lane_blocks.get(lane as usize) {
+                    Some(&k) if (lane as usize) < self.lanes.len() => k as usize,
+                    _ => return false,
+                }
+            }
+            EventRef::Cleared => 1,
+        };
         match event {
-            Event::Stored {
+            EventRef::Stored {
                 lane,
                 start,
+                parent,
                 chain,
                 engine,
             } => {
-                let ksi = self.keyspace_index(ks);
+                let names = self.names_in(lane, ks);
                 if engine.is_empty() {
-                    for (i, &h) in chain.iter().enumerate() {
-                        self.name(*lane, h, start + i as u32, ksi, &[h]);
+                    names.one.reserve(chain.len(), |e| fmix(e.0));
+                    for &h in chain {
+                        names.one.prefetch(fmix(h));
+                    }
+                    for &h in chain {
+                        names.set(h, &[h]);
                     }
                 } else {
+                    names.one.reserve(engine.len(), |e| fmix(e.0));
+                    for &e in engine {
+                        names.one.prefetch(fmix(e));
+                    }
                     // Engine block j covers the keyspace blocks [j·k, (j+1)·k) of the store.
-                    for (j, (&e, group)) in engine.iter().zip(chain.chunks(k)).enumerate() {
-                        self.name(*lane, e, start + (j * k) as u32, ksi, group);
+                    for (&e, group) in engine.iter().zip(chain.chunks(k)) {
+                        names.set(e, group);
                     }
                 }
-                if !chain.is_empty() {
-                    out.push(BlockOp::Insert {
-                        ks,
-                        holder: Holder::new(worker, *lane),
-                        start: *start,
-                        chain,
-                    });
-                }
+                out.insert(ks, Holder::new(worker, lane), start, parent, chain);
                 report.block_events += chain.len() as u64;
             }
-            Event::Removed { lane, hashes } => {
-                let holder = Holder::new(worker, *lane);
-                for h in hashes {
-                    let Some(named) = self.lanes[*lane as usize].remove(h) else {
-                        report.unknown_removals += 1;
-                        continue;
-                    };
-                    let ks = self.keyspaces[(named.tag & !MULTI) as usize];
-                    let group = self.group(&named);
-                    for (i, &hash) in group.iter().enumerate() {
-                        out.push(BlockOp::Remove {
-                            ks,
-                            holder,
-                            pos: named.pos + i as u32,
-                            hash,
-                        });
+            EventRef::Removed { lane, hashes } => {
+                let holder = Holder::new(worker, lane);
+                let mut gone = std::mem::take(&mut self.scratch);
+                for names in &mut self.lanes[lane as usize] {
+                    for &h in hashes {
+                        names.one.prefetch(fmix(h));
                     }
-                    report.block_events += group.len() as u64;
-                    self.release(named);
                 }
-                let names = &mut self.lanes[*lane as usize];
-                if names.len() < names.capacity() / 4 {
-                    names.shrink_to(names.len() * 2);
+                for &h in hashes {
+                    let names = &mut self.lanes[lane as usize];
+                    let found = names.iter_mut().find_map(|n| {
+                        gone.clear();
+                        n.take(h, &mut gone).then_some(n.ks)
+                    });
+                    match found {
+                        Some(ks) => {
+                            out.remove(ks, holder, &gone);
+                            report.block_events += gone.len() as u64;
+                        }
+                        None => report.unknown_removals += 1,
+                    }
                 }
+                gone.clear();
+                self.scratch = gone;
             }
-            Event::Cleared => {
+            EventRef::Cleared => {
+                self.drop_all(worker, out);
                 let lanes = self.lanes.len();
                 *self = EventFeed {
                     seq: self.seq,
                     ..EventFeed::new(lanes)
                 };
-                out.push(BlockOp::DropWorker { worker });
             }
         }
-        Ok(())
+        true
     }
 
     /// The feed as plain data (sequence baseline and removal names).
     pub fn export(&self) -> crate::EventFeedImage {
         let mut names = Vec::new();
-        for (lane, map) in self.lanes.iter().enumerate() {
-            for (&name, named) in map {
-                names.push(crate::NameImage {
+        for (lane, per_ks) in self.lanes.iter().enumerate() {
+            for n in per_ks {
+                let image = |name: u64, chain: Vec<u64>| crate::NameImage {
                     lane: lane as u8,
                     name,
-                    ks: self.keyspaces[(named.tag & !MULTI) as usize],
-                    pos: named.pos,
-                    chain: self.group(named).to_vec(),
-                });
+                    ks: n.ks,
+                    chain,
+                };
+                names.extend(n.one.iter().map(|&(name, c)| image(name, vec![c])));
+                names.extend(n.many.iter().map(|(&name, g)| image(name, g.to_vec())));
             }
         }
-        names.sort_unstable_by_key(|n| (n.lane, n.ks, n.pos, n.name));
+        names.sort_unstable_by_key(|n| (n.lane, n.ks, n.name));
         crate::EventFeedImage {
             last_seq: self.seq.last(),
             names,
@@ -288,66 +376,10 @@ impl EventFeed {
         self.seq.restore(image.last_seq);
         for n in &image.names {
             if (n.lane as usize) < self.lanes.len() && !n.chain.is_empty() {
-                let ksi = self.keyspace_index(n.ks);
-                self.name(n.lane, n.name, n.pos, ksi, &n.chain);
+                let names = self.names_in(n.lane, n.ks);
+                names.one.reserve(1, |e| fmix(e.0));
+                names.set(n.name, &n.chain);
             }
-        }
-    }
-
-    fn keyspace_index(&mut self, ks: u64) -> u32 {
-        if let Some(&i) = self.keyspace_ids.get(&ks) {
-            return i;
-        }
-        let i = self.keyspaces.len() as u32;
-        self.keyspaces.push(ks);
-        self.keyspace_ids.insert(ks, i);
-        i
-    }
-
-    /// Records that `name` on `lane` covers the blocks `chain` from `pos`.
-    fn name(&mut self, lane: u8, name: u64, pos: u32, ksi: u32, chain: &[u64]) {
-        let named = match chain {
-            [one] => Named {
-                word: *one,
-                pos,
-                tag: ksi,
-            },
-            many => {
-                let g: Box<[u64]> = many.into();
-                let id = match self.free_groups.pop() {
-                    Some(id) => {
-                        self.groups[id as usize] = g;
-                        id
-                    }
-                    None => {
-                        self.groups.push(g);
-                        (self.groups.len() - 1) as u32
-                    }
-                };
-                Named {
-                    word: id as u64,
-                    pos,
-                    tag: ksi | MULTI,
-                }
-            }
-        };
-        if let Some(old) = self.lanes[lane as usize].insert(name, named) {
-            self.release(old);
-        }
-    }
-
-    fn group<'s>(&'s self, named: &'s Named) -> &'s [u64] {
-        if named.tag & MULTI != 0 {
-            &self.groups[named.word as usize]
-        } else {
-            std::slice::from_ref(&named.word)
-        }
-    }
-
-    fn release(&mut self, named: Named) {
-        if named.tag & MULTI != 0 {
-            self.groups[named.word as usize] = Box::new([]);
-            self.free_groups.push(named.word as u32);
         }
     }
 }
@@ -355,6 +387,8 @@ impl EventFeed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::Op;
+    use kvix_wire::Event;
 
     #[test]
     fn sequences_baseline_duplicates_and_gaps() {
@@ -371,65 +405,75 @@ mod tests {
         assert_eq!(s.admit(0), ApplyStatus::Applied);
     }
 
+    fn stored(lane: u8, start: u32, chain: Vec<u64>, engine: Vec<u64>) -> Event {
+        Event::Stored {
+            lane,
+            start,
+            parent: None,
+            chain,
+            engine,
+        }
+    }
+
     #[test]
-    fn engine_hashes_group_blocks_from_start() {
+    fn engine_hashes_group_blocks_and_removals_coalesce_by_position() {
         let mut f = EventFeed::new(2);
         let chain: Vec<u64> = (10..15).collect();
         let events = vec![
-            Event::Stored {
-                lane: 1,
-                start: 3,
-                chain: chain.clone(),
-                engine: vec![900, 901, 902],
-            },
+            stored(1, 3, chain.clone(), vec![900, 901, 902]),
             Event::Removed {
                 lane: 1,
-                hashes: vec![901, 777],
-            },
-            Event::Stored {
-                lane: 1,
-                start: 3,
-                chain: chain.clone(),
-                engine: vec![1],
-            },
-            Event::Stored {
-                lane: 2,
-                start: 0,
-                chain: vec![1],
-                engine: vec![],
+                hashes: vec![902, 777, 901],
             },
         ];
-        let mut out = Vec::new();
+        assert_eq!(f.check(&[1, 2], &events), Ok(()));
+        let bad = [
+            stored(1, 3, chain.clone(), vec![1]),
+            stored(2, 0, vec![1], vec![]),
+        ];
+        assert!(matches!(
+            f.check(&[1, 2], &bad[..1]),
+            Err((0, EventError::EngineHashCount { expected: 3, .. }))
+        ));
+        assert!(matches!(
+            f.check(&[1, 2], &bad[1..]),
+            Err((0, EventError::NoSuchLane { lane: 2, .. }))
+        ));
+        let mut out = OpBatch::new();
         let r = f.apply(4, 0, 77, &[1, 2], &events, &mut out);
-        assert_eq!(r.events, 2);
-        assert_eq!(r.unknown_removals, 1);
-        assert_eq!(r.block_events, 7);
-        assert!(matches!(
-            r.rejected[0],
-            (2, EventError::EngineHashCount { expected: 3, .. })
-        ));
-        assert!(matches!(
-            r.rejected[1],
-            (3, EventError::NoSuchLane { lane: 2, .. })
-        ));
+        assert_eq!((r.events, r.unknown_removals, r.block_events), (2, 1, 8));
         let h = Holder::new(4, 1);
+        // 902 (block 7) and 901 (blocks 5, 6) become one removal, in the order named.
         assert_eq!(
-            out[1..],
-            [
-                BlockOp::Remove {
+            out.ops()[1],
+            Op::Remove {
+                ks: 77,
+                holder: h,
+                at: 5,
+                len: 3
+            }
+        );
+        assert_eq!(out.hashes(5, 3), &[14, 12, 13]);
+        assert_eq!(f.names(), 1);
+        // A clear drops both lanes, naming the blocks still known.
+        out.clear();
+        f.apply(4, 1, 77, &[1, 2], &[Event::Cleared], &mut out);
+        assert_eq!(
+            out.ops(),
+            &[
+                Op::Sweep {
+                    holder: Holder::new(4, 0)
+                },
+                Op::Leave {
                     ks: 77,
                     holder: h,
-                    pos: 5,
-                    hash: 12
+                    at: 0,
+                    len: 2
                 },
-                BlockOp::Remove {
-                    ks: 77,
-                    holder: h,
-                    pos: 6,
-                    hash: 13
-                },
+                Op::Sweep { holder: h },
             ]
         );
-        assert_eq!(f.names(), 2);
+        assert_eq!(out.hashes(0, 2), &[10, 11]);
+        assert_eq!(f.names(), 0);
     }
 }

@@ -1,6 +1,6 @@
-//! Per-worker feed state, kept on the worker's home shard. A feed turns what a worker
-//! (or a gateway) reports into [`BlockOp`]s that the caller routes, by
-//! [`crate::Sharding`], to the [`crate::BlockIndex`] owning each position.
+//! Per-worker feed state, kept on the worker's home executor. A feed turns what a worker
+//! (or a gateway) reports into block operations ([`crate::OpBatch`]) that every
+//! executor applies to its own index.
 
 mod events;
 mod placement;
@@ -8,29 +8,80 @@ mod placement;
 pub use events::{ApplyReport, EventFeed, Sequencer};
 pub use placement::PlacementFeed;
 
-use kvix_wire::{Feed, WorkerId};
+use kvix_wire::{ArchivedEvent, Event, Feed, WorkerId};
 
-use crate::Holder;
+use crate::ops::OpBatch;
 
-/// A block-store operation produced by a feed. `chain` borrows the feed's input.
+/// One engine event, borrowed from a native [`Event`] or in place from a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BlockOp<'a> {
-    /// `holder` holds block `start + j` with chain hash `chain[j]`.
-    Insert {
-        ks: u64,
-        holder: Holder,
+pub enum EventRef<'a> {
+    Stored {
+        lane: u8,
         start: u32,
+        parent: Option<u64>,
         chain: &'a [u64],
+        engine: &'a [u64],
     },
-    /// `holder` no longer holds block `pos` with chain hash `hash`.
-    Remove {
-        ks: u64,
-        holder: Holder,
-        pos: u32,
-        hash: u64,
+    Removed {
+        lane: u8,
+        hashes: &'a [u64],
     },
-    /// Every block of `worker`, every lane and keyspace, on every shard.
-    DropWorker { worker: WorkerId },
+    Cleared,
+}
+
+/// Something that reads as an [`EventRef`].
+pub trait EventView {
+    fn view(&self) -> EventRef<'_>;
+}
+
+impl EventView for Event {
+    fn view(&self) -> EventRef<'_> {
+        match self {
+            Event::Stored {
+                lane,
+                start,
+                parent,
+                chain,
+                engine,
+            } => EventRef::Stored {
+                lane: *lane,
+                start: *start,
+                parent: *parent,
+                chain,
+                engine,
+            },
+            Event::Removed { lane, hashes } => EventRef::Removed {
+                lane: *lane,
+                hashes,
+            },
+            Event::Cleared => EventRef::Cleared,
+        }
+    }
+}
+
+impl EventView for ArchivedEvent {
+    fn view(&self) -> EventRef<'_> {
+        match self {
+            ArchivedEvent::Stored {
+                lane,
+                start,
+                parent,
+                chain,
+                engine,
+            } => EventRef::Stored {
+                lane: *lane,
+                start: start.to_native(),
+                parent: parent.as_ref().map(|p| p.to_native()),
+                chain: kvix_wire::u64s(chain),
+                engine: kvix_wire::u64s(engine),
+            },
+            ArchivedEvent::Removed { lane, hashes } => EventRef::Removed {
+                lane: *lane,
+                hashes: kvix_wire::u64s(hashes),
+            },
+            ArchivedEvent::Cleared => EventRef::Cleared,
+        }
+    }
 }
 
 /// The feed state of one worker.
@@ -59,9 +110,15 @@ impl FeedState {
             FeedState::Placements(_) => "placements",
         }
     }
-}
 
-impl FeedState {
+    /// Drops everything `worker` holds: one drop per lane, with the blocks the feed knows.
+    pub fn drop_all(&self, worker: WorkerId, out: &mut OpBatch) {
+        match self {
+            FeedState::Events(f) => f.drop_all(worker, out),
+            FeedState::Placements(f) => f.drop_all(worker, out),
+        }
+    }
+
     /// The feed as plain data at `now_ms`.
     pub fn export(&self, now_ms: u64) -> crate::FeedImage {
         match self {

@@ -6,25 +6,34 @@
 //! prefix stays contiguous. The list and its map hold at most `capacity + chain length`
 //! entries at any time, so memory is bounded by the capacity (trap 9).
 
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
 use kvix_wire::WorkerId;
 
-use super::BlockOp;
-use crate::hashing::{BlockKey, BlockMap};
+use crate::hashing::block_hash;
+use crate::ops::OpBatch;
 use crate::Holder;
 
 const NIL: u32 = u32::MAX;
 
+/// A placed block: 32 bytes, plus a 4-byte table slot naming it.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
-    ks: u64,
     hash: u64,
+    /// Placement clock (ms) when last placed.
+    time: u64,
     pos: u32,
+    /// Index into the feed's keyspaces.
+    ks: u32,
     /// Towards the least recently used end.
     older: u32,
     /// Towards the most recently used end.
     newer: u32,
-    /// Placement clock (ms) when last placed.
-    time: u64,
+}
+
+fn slot_hash(slots: &[Slot], s: u32) -> u64 {
+    let slot = &slots[s as usize];
+    block_hash(slot.ks as u64, slot.hash)
 }
 
 /// Placement-feed state of one worker.
@@ -34,7 +43,9 @@ pub struct PlacementFeed {
     ttl_ms: u64,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    map: BlockMap<u32>,
+    /// Slot ids, hashed from the slot's block.
+    map: HashTable<u32>,
+    keyspaces: Vec<u64>,
     oldest: u32,
     newest: u32,
     len: u64,
@@ -51,7 +62,8 @@ impl PlacementFeed {
             ttl_ms,
             slots: Vec::new(),
             free: Vec::new(),
-            map: BlockMap::default(),
+            map: HashTable::new(),
+            keyspaces: Vec::new(),
             oldest: NIL,
             newest: NIL,
             len: 0,
@@ -71,58 +83,24 @@ impl PlacementFeed {
 
     /// `worker` (lane 0) now holds blocks `[0, len)` of `chain`; appends the insert and any
     /// capacity cuts to `out`.
-    pub fn place<'a>(
+    pub fn place(
         &mut self,
         worker: WorkerId,
         ks: u64,
-        chain: &'a [u64],
+        chain: &[u64],
         now_ms: u64,
-        out: &mut Vec<BlockOp<'a>>,
+        out: &mut OpBatch,
     ) {
-        use std::collections::hash_map::Entry;
         self.clock = self.clock.max(now_ms);
         // Blocks past the capacity would be cut right away (they are the newest, but the
         // deepest, and everything older goes first), so they are never placed.
         let n = chain.len().min(self.capacity.min(u32::MAX as u64) as usize);
+        let ksi = self.keyspace_index(ks);
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
-        let mut placed = n;
         for (pos, &hash) in chain[..n].iter().enumerate() {
             let pos = pos as u32;
-            let s = match self.map.entry(BlockKey::new(ks, pos, hash)) {
-                Entry::Occupied(e) => {
-                    let s = *e.get();
-                    let slot = &self.slots[s as usize];
-                    if (slot.ks, slot.pos, slot.hash) != (ks, pos, hash) {
-                        placed = pos as usize; // key collision: stop the chain here
-                        break;
-                    }
-                    s
-                }
-                Entry::Vacant(e) => {
-                    let slot = Slot {
-                        ks,
-                        hash,
-                        pos,
-                        older: NIL,
-                        newer: NIL,
-                        time: 0,
-                    };
-                    let s = match self.free.pop() {
-                        Some(s) => {
-                            self.slots[s as usize] = slot;
-                            s
-                        }
-                        None => {
-                            self.slots.push(slot);
-                            (self.slots.len() - 1) as u32
-                        }
-                    };
-                    e.insert(s);
-                    self.len += 1;
-                    s
-                }
-            };
+            let s = self.slot_of(ksi, pos, hash);
             self.unlink(s);
             scratch.push(s);
         }
@@ -132,16 +110,72 @@ impl PlacementFeed {
             self.push_newest(s);
         }
         self.scratch = scratch;
-        if placed > 0 {
-            out.push(BlockOp::Insert {
-                ks,
-                holder: Holder::new(worker, 0),
-                start: 0,
-                chain: &chain[..placed],
-            });
-        }
+        out.insert(ks, Holder::new(worker, 0), 0, None, &chain[..n]);
         while self.len > self.capacity {
             self.cut_oldest(worker, out);
+        }
+    }
+
+    /// Drops everything placed, naming every block.
+    pub fn drop_all(&self, worker: WorkerId, out: &mut OpBatch) {
+        let holder = Holder::new(worker, 0);
+        for (i, &ks) in self.keyspaces.iter().enumerate() {
+            let placed = self.map.iter().map(|&s| self.slots[s as usize]);
+            out.leave(
+                ks,
+                holder,
+                placed.filter(|s| s.ks == i as u32).map(|s| s.hash),
+            );
+        }
+        out.sweep(holder);
+    }
+
+    /// The slot of block (`ksi`, `pos`, `hash`), created (unlinked) when new.
+    fn slot_of(&mut self, ksi: u32, pos: u32, hash: u64) -> u32 {
+        let slots = &self.slots;
+        let entry = self.map.entry(
+            block_hash(ksi as u64, hash),
+            |&s| {
+                let x = &slots[s as usize];
+                (x.ks, x.pos, x.hash) == (ksi, pos, hash)
+            },
+            |&s| slot_hash(slots, s),
+        );
+        let e = match entry {
+            Entry::Occupied(e) => return *e.get(),
+            Entry::Vacant(e) => e,
+        };
+        let slot = Slot {
+            hash,
+            time: 0,
+            pos,
+            ks: ksi,
+            older: NIL,
+            newer: NIL,
+        };
+        // A freed slot is reused only after the table stopped naming it, so the id is
+        // free to go in here.
+        let s = match self.free.pop() {
+            Some(s) => s,
+            None => self.slots.len() as u32,
+        };
+        e.insert(s);
+        if s as usize == self.slots.len() {
+            self.slots.push(slot);
+        } else {
+            self.slots[s as usize] = slot;
+        }
+        self.len += 1;
+        s
+    }
+
+    fn keyspace_index(&mut self, ks: u64) -> u32 {
+        match self.keyspaces.iter().position(|&k| k == ks) {
+            Some(i) => i as u32,
+            None => {
+                self.keyspaces.push(ks);
+                (self.keyspaces.len() - 1) as u32
+            }
         }
     }
 
@@ -152,7 +186,7 @@ impl PlacementFeed {
         while s != NIL {
             let slot = &self.slots[s as usize];
             placed.push(crate::PlacedImage {
-                ks: slot.ks,
+                ks: self.keyspaces[slot.ks as usize],
                 pos: slot.pos,
                 hash: slot.hash,
                 age_ms: now_ms.max(self.clock).saturating_sub(slot.time),
@@ -172,28 +206,16 @@ impl PlacementFeed {
             .len()
             .saturating_sub(self.capacity.min(u32::MAX as u64) as usize);
         for p in &image.placed[skip..] {
-            let key = BlockKey::new(p.ks, p.pos, p.hash);
-            if self.map.contains_key(&key) {
-                continue;
-            }
-            let slot = Slot {
-                ks: p.ks,
-                hash: p.hash,
-                pos: p.pos,
-                older: NIL,
-                newer: NIL,
-                time: self.clock.saturating_sub(p.age_ms),
-            };
-            self.slots.push(slot);
-            let s = (self.slots.len() - 1) as u32;
-            self.map.insert(key, s);
-            self.len += 1;
+            let ksi = self.keyspace_index(p.ks);
+            let s = self.slot_of(ksi, p.pos, p.hash);
+            self.unlink(s);
+            self.slots[s as usize].time = self.clock.saturating_sub(p.age_ms);
             self.push_newest(s);
         }
     }
 
     /// Cuts blocks placed more than `ttl_ms` before `now_ms` (none when the TTL is 0).
-    pub fn expire(&mut self, worker: WorkerId, now_ms: u64, out: &mut Vec<BlockOp<'_>>) {
+    pub fn expire(&mut self, worker: WorkerId, now_ms: u64, out: &mut OpBatch) {
         if self.ttl_ms == 0 {
             return;
         }
@@ -204,23 +226,28 @@ impl PlacementFeed {
         }
     }
 
-    fn cut_oldest(&mut self, worker: WorkerId, out: &mut Vec<BlockOp<'_>>) {
+    fn cut_oldest(&mut self, worker: WorkerId, out: &mut OpBatch) {
         let s = self.oldest;
         if s == NIL {
             return;
         }
         self.unlink(s);
         let slot = self.slots[s as usize];
-        self.map
-            .remove(&BlockKey::new(slot.ks, slot.pos, slot.hash));
+        if let Ok(e) = self
+            .map
+            .find_entry(block_hash(slot.ks as u64, slot.hash), |&x| x == s)
+        {
+            e.remove();
+        }
         self.free.push(s);
         self.len -= 1;
-        out.push(BlockOp::Remove {
-            ks: slot.ks,
-            holder: Holder::new(worker, 0),
-            pos: slot.pos,
-            hash: slot.hash,
-        });
+        let ks = self.keyspaces[slot.ks as usize];
+        out.remove(ks, Holder::new(worker, 0), &[slot.hash]);
+        if self.map.len() < self.map.capacity() / 4 {
+            let slots = &self.slots;
+            self.map
+                .shrink_to(self.map.len() * 2, |&x| slot_hash(slots, x));
+        }
     }
 
     /// Takes `s` out of the recency list (no-op when it is not linked).
@@ -260,12 +287,14 @@ impl PlacementFeed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::Op;
 
-    fn cuts(out: &[BlockOp<'_>]) -> Vec<(u32, u64)> {
-        out.iter()
-            .filter_map(|op| match op {
-                BlockOp::Remove { pos, hash, .. } => Some((*pos, *hash)),
-                _ => None,
+    fn cuts(out: &OpBatch) -> Vec<u64> {
+        out.ops()
+            .iter()
+            .flat_map(|op| match *op {
+                Op::Remove { at, len, .. } => out.hashes(at, len).to_vec(),
+                _ => vec![],
             })
             .collect()
     }
@@ -273,36 +302,37 @@ mod tests {
     #[test]
     fn oldest_then_deepest_are_cut_first() {
         let mut f = PlacementFeed::new(6, 0);
-        let a = [1, 2, 3, 4];
-        let b = [1, 2, 7];
-        let mut out = Vec::new();
-        f.place(0, 9, &a, 10, &mut out);
-        f.place(0, 9, &b, 20, &mut out);
+        let mut out = OpBatch::new();
+        f.place(0, 9, &[1, 2, 3, 4], 10, &mut out);
+        f.place(0, 9, &[1, 2, 7], 20, &mut out);
         assert_eq!(f.len(), 5);
         out.clear();
         // Extending b refreshes it; a's own tail is the oldest, its deepest block first.
         f.place(0, 9, &[1, 2, 7, 8, 9], 30, &mut out);
-        assert_eq!(cuts(&out), vec![(3, 4)]);
+        assert_eq!(cuts(&out), vec![4]);
         out.clear();
         // Longer than the capacity: only the first 6 blocks are placed; (2, 7) (3, 8)
         // (4, 9) are refreshed, then a's last block and the unrefreshed rest are cut.
         f.place(0, 9, &[5, 6, 7, 8, 9, 10, 11, 12], 40, &mut out);
-        assert!(matches!(out[0], BlockOp::Insert { chain, .. } if chain.len() == 6));
-        assert_eq!(cuts(&out), vec![(2, 3), (1, 2), (0, 1)]);
+        assert!(matches!(out.ops()[0], Op::Insert { len: 6, .. }));
+        assert_eq!(cuts(&out), vec![3, 2, 1]);
         assert_eq!(f.len(), 6);
+        out.clear();
+        f.drop_all(0, &mut out);
+        assert_eq!((out.blocks(), out.ops().len()), (6, 2));
     }
 
     #[test]
     fn ttl_expires_oldest_only_and_zero_means_never() {
         let mut f = PlacementFeed::new(100, 50);
-        let mut out = Vec::new();
+        let mut out = OpBatch::new();
         f.place(0, 1, &[1, 2], 100, &mut out);
         f.place(0, 1, &[3], 130, &mut out);
         out.clear();
         f.expire(0, 150, &mut out);
         assert!(out.is_empty());
         f.expire(0, 151, &mut out);
-        assert_eq!(cuts(&out), vec![(1, 2), (0, 1)]);
+        assert_eq!(cuts(&out), vec![2, 1]);
         let mut never = PlacementFeed::new(100, 0);
         never.place(0, 1, &[1], 0, &mut out);
         out.clear();

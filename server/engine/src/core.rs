@@ -1,0 +1,348 @@
+//! One executor's share of the engine: the roster as every executor sees it, the feed
+//! state of the workers this executor is home to, the whole index, and query scratch.
+//!
+//! Writes are split in two. On a worker's home, [`Core::events`], [`Core::place`],
+//! [`Core::register`] and [`Core::retire`] check the write against the feed and turn it
+//! into an [`Update`] (block operations, then a roster change), touching nothing else.
+//! Every executor, the home included, then applies that update to its own index with
+//! [`Core::apply`] (or in bounded slices with [`Core::apply_some`]). Queries read only
+//! this executor's index and roster. [`crate::Engine`] is one `Core` that is home to
+//! every worker, so tests of the engine exercise exactly what the server runs.
+
+use kvix_wire::WorkerId;
+
+use crate::error::{EngineError, IndexError};
+use crate::feed::{ApplyReport, EventView, FeedState};
+use crate::index::BlockIndex;
+use crate::ops::{Cursor, Op, RosterChange, Update};
+use crate::query::Ranker;
+use crate::roster::{AnnounceOutcome, Roster, WorkerEntry};
+use crate::score::Answer;
+use crate::{FeedImage, Holder, Ks, RunImage, MAX_LANES};
+
+/// One executor's roster, home feeds, index and query scratch (see the module docs).
+pub struct Core {
+    roster: Roster,
+    /// Feed state of the workers this core is home to, by id.
+    feeds: Vec<Option<FeedState>>,
+    index: BlockIndex,
+    ranker: Ranker,
+}
+
+impl Default for Core {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Core {
+    pub fn new() -> Self {
+        Core {
+            roster: Roster::new(),
+            feeds: Vec::new(),
+            index: BlockIndex::new(),
+            ranker: Ranker::new(),
+        }
+    }
+
+    pub fn roster(&self) -> &Roster {
+        &self.roster
+    }
+
+    pub fn index(&self) -> &BlockIndex {
+        &self.index
+    }
+
+    /// Whether this core keeps `worker`'s feed.
+    pub fn is_home(&self, worker: WorkerId) -> bool {
+        matches!(self.feeds.get(worker as usize), Some(Some(_)))
+    }
+
+    /// Home: a worker the registry (re-)registered. When its roster or feed changed (or
+    /// it is new), what it held is dropped and its feed starts afresh.
+    pub fn register(&mut self, entry: WorkerEntry, outcome: AnnounceOutcome, out: &mut Update) {
+        let id = entry.id;
+        if outcome != AnnounceOutcome::Unchanged || !self.is_home(id) {
+            self.drop_all(id, out);
+            *feed_slot(&mut self.feeds, id) = Some(FeedState::new(entry.feed, entry.lanes.len()));
+        }
+        out.roster = Some(RosterChange::Install(entry));
+    }
+
+    /// Home: forgets a worker and everything it holds.
+    pub fn retire(&mut self, worker: WorkerId, out: &mut Update) -> Result<(), EngineError> {
+        self.roster.worker(worker)?;
+        self.drop_all(worker, out);
+        out.roster = Some(RosterChange::Remove(worker));
+        Ok(())
+    }
+
+    /// Drops what `worker` holds: named by its feed when this is its home, else left to
+    /// the index to find (a scan, only if it holds anything).
+    fn drop_all(&mut self, worker: WorkerId, out: &mut Update) {
+        match self.feeds.get_mut(worker as usize).and_then(Option::take) {
+            Some(feed) => feed.drop_all(worker, &mut out.ops),
+            // Only a worker the roster knows can hold anything.
+            None if self.roster.get(worker).is_some() => {
+                for lane in 0..MAX_LANES as u8 {
+                    out.ops.sweep(Holder::new(worker, lane));
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Home: checks batch `seq` of `worker`'s events in `ks` and turns it into block
+    /// operations. A batch is taken whole or refused whole (its seq not taken either).
+    pub fn events<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        seq: u64,
+        ks: Ks,
+        events: &[E],
+        out: &mut Update,
+    ) -> Result<ApplyReport, EngineError> {
+        let (lane_blocks, feed) = home_feed(&self.roster, &mut self.feeds, worker, ks)?;
+        let FeedState::Events(feed) = feed else {
+            return Err(wrong_feed(worker, feed, "events"));
+        };
+        feed.check(lane_blocks, events)
+            .map_err(|(index, source)| EngineError::Refused { seq, index, source })?;
+        Ok(feed.apply(worker, seq, ks.seed, lane_blocks, events, &mut out.ops))
+    }
+
+    /// Home: a gateway placed `chain` on `worker` at `now_ms`.
+    pub fn place(
+        &mut self,
+        worker: WorkerId,
+        ks: Ks,
+        chain: &[u64],
+        now_ms: u64,
+        out: &mut Update,
+    ) -> Result<(), EngineError> {
+        let (_, feed) = home_feed(&self.roster, &mut self.feeds, worker, ks)?;
+        let FeedState::Placements(feed) = feed else {
+            return Err(wrong_feed(worker, feed, "placements"));
+        };
+        feed.place(worker, ks.seed, chain, now_ms, &mut out.ops);
+        Ok(())
+    }
+
+    /// Home: cuts the placements older than their TTL, of every worker homed here.
+    pub fn expire(&mut self, now_ms: u64, out: &mut Update) {
+        for (w, feed) in self.feeds.iter_mut().enumerate() {
+            if let Some(FeedState::Placements(f)) = feed {
+                f.expire(w as WorkerId, now_ms, &mut out.ops);
+            }
+        }
+    }
+
+    /// Home: forgets a worker's sequence baseline (its producer restarted from 0).
+    pub fn reset_sequence(&mut self, worker: WorkerId) -> Result<(), EngineError> {
+        self.roster.worker(worker)?;
+        match feed_of(&mut self.feeds, worker)? {
+            FeedState::Events(f) => {
+                f.sequencer().reset();
+                Ok(())
+            }
+            other => Err(wrong_feed(worker, other, "events")),
+        }
+    }
+
+    /// The last sequence applied for an event-fed worker homed here.
+    pub fn last_seq(&mut self, worker: WorkerId) -> Option<u64> {
+        match self.feeds.get_mut(worker as usize)? {
+            Some(FeedState::Events(f)) => f.sequencer().last(),
+            _ => None,
+        }
+    }
+
+    /// Every executor: applies a whole update.
+    pub fn apply(&mut self, update: &Update) -> Result<(), IndexError> {
+        let mut cursor = Cursor::default();
+        self.apply_some(update, &mut cursor, u64::MAX)
+    }
+
+    /// Every executor: applies about `budget` blocks of `update` from `cursor` on (an
+    /// insert or removal is cut mid-way, keeping the chain linked), then its roster
+    /// change once every operation is in. `cursor.is_finished()` tells when it is all
+    /// applied. An operation the index refuses is skipped; the first refusal is returned
+    /// once the update is finished (feeds only emit valid operations: a refusal is a bug).
+    pub fn apply_some(
+        &mut self,
+        update: &Update,
+        cursor: &mut Cursor,
+        budget: u64,
+    ) -> Result<(), IndexError> {
+        let batch = &update.ops;
+        let mut left = budget;
+        let mut result = Ok(());
+        while cursor.op < batch.ops.len() && left > 0 {
+            let op = batch.ops[cursor.op];
+            let from = cursor.done;
+            let step = ((op.len() - from) as u64).min(left) as u32;
+            let done = match op {
+                Op::Insert {
+                    ks,
+                    holder,
+                    start,
+                    parent,
+                    at,
+                    ..
+                } => {
+                    let chain = batch.hashes(at + from, step);
+                    let parent = match from {
+                        0 => parent,
+                        _ => Some(batch.hashes[(at + from - 1) as usize]),
+                    };
+                    self.index.insert(ks, holder, start + from, parent, chain)
+                }
+                Op::Remove { ks, holder, at, .. } => self
+                    .index
+                    .remove(ks, holder, batch.hashes(at + from, step))
+                    .map(drop),
+                Op::Leave { ks, holder, at, .. } => {
+                    self.index
+                        .drop_runs(ks, holder, batch.hashes(at + from, step));
+                    Ok(())
+                }
+                Op::Sweep { holder } => {
+                    // Only when the feed did not know every block (or there is no feed).
+                    if self.index.held_by(holder) > 0 {
+                        self.index.drop_holder(holder);
+                    }
+                    Ok(())
+                }
+            };
+            if result.is_ok() {
+                result = done;
+            }
+            left -= (step as u64).clamp(1, left);
+            cursor.done += step;
+            if cursor.done >= op.len() {
+                cursor.op += 1;
+                cursor.done = 0;
+            }
+        }
+        if cursor.op >= batch.ops.len() && !cursor.finished {
+            match &update.roster {
+                Some(RosterChange::Install(entry)) => self.roster.install(entry.clone()),
+                Some(RosterChange::Remove(w)) => {
+                    self.roster.remove(*w);
+                }
+                None => {}
+            }
+            cursor.finished = true;
+        }
+        result
+    }
+
+    /// Who can reuse how much of `chain` in `ks` (see [`Answer`]), into a reused answer.
+    pub fn query_into(
+        &mut self,
+        ks: Ks,
+        chain: &[u64],
+        candidates: Option<&[WorkerId]>,
+        top_k: u32,
+        want_runs: bool,
+        out: &mut Answer,
+    ) {
+        self.ranker.query(
+            &self.index,
+            &self.roster,
+            ks,
+            chain,
+            candidates,
+            top_k,
+            want_runs,
+            out,
+        );
+    }
+
+    /// The feeds of the workers homed here, as plain data at `now_ms`.
+    pub fn export_feeds(&self, now_ms: u64) -> Vec<(WorkerId, FeedImage)> {
+        self.feeds
+            .iter()
+            .enumerate()
+            .filter_map(|(w, f)| f.as_ref().map(|f| (w as WorkerId, f.export(now_ms))))
+            .collect()
+    }
+
+    /// The index's runs, with only the holders `keep` selects (runs left with none are
+    /// skipped): a home exports its own workers' blocks, consistent with its feeds.
+    pub fn export_runs(&self, keep: impl Fn(WorkerId) -> bool) -> Vec<RunImage> {
+        let mut out = Vec::new();
+        self.index.export_some(&mut 0, u64::MAX, keep, &mut out);
+        out
+    }
+
+    /// Restores a snapshot into a fresh core: the active `entries`, every run, and the
+    /// feeds of the workers `home` selects, at `now_ms`.
+    pub fn import(
+        &mut self,
+        entries: &[WorkerEntry],
+        runs: &[RunImage],
+        feeds: &[(WorkerId, FeedImage)],
+        home: impl Fn(WorkerId) -> bool,
+        now_ms: u64,
+    ) -> Result<(), EngineError> {
+        for e in entries {
+            self.roster.install(e.clone());
+            if home(e.id) {
+                *feed_slot(&mut self.feeds, e.id) = Some(FeedState::new(e.feed, e.lanes.len()));
+            }
+        }
+        for (w, img) in feeds {
+            if let Some(Some(f)) = self.feeds.get_mut(*w as usize) {
+                f.import(img, now_ms);
+            }
+        }
+        for run in runs {
+            let active = |&(w, _): &(u32, u8)| self.roster.get(w).is_some();
+            if run.holders.iter().all(active) {
+                self.index.import(run)?;
+            } else {
+                let mut run = run.clone();
+                run.holders.retain(active);
+                self.index.import(&run)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn feed_slot(feeds: &mut Vec<Option<FeedState>>, worker: WorkerId) -> &mut Option<FeedState> {
+    if feeds.len() <= worker as usize {
+        feeds.resize_with(worker as usize + 1, || None);
+    }
+    &mut feeds[worker as usize]
+}
+
+fn feed_of(
+    feeds: &mut [Option<FeedState>],
+    worker: WorkerId,
+) -> Result<&mut FeedState, EngineError> {
+    feeds
+        .get_mut(worker as usize)
+        .and_then(Option::as_mut)
+        .ok_or(EngineError::UnknownWorker(worker))
+}
+
+/// The worker's lane blocks in `ks` and its feed state (this being its home).
+fn home_feed<'a>(
+    roster: &'a Roster,
+    feeds: &'a mut [Option<FeedState>],
+    worker: WorkerId,
+    ks: Ks,
+) -> Result<(&'a [u32], &'a mut FeedState), EngineError> {
+    let lane_blocks = roster.worker(worker)?.lane_blocks_in(ks.kind)?;
+    Ok((lane_blocks, feed_of(feeds, worker)?))
+}
+
+fn wrong_feed(worker: WorkerId, has: &FeedState, wanted: &'static str) -> EngineError {
+    EngineError::WrongFeed {
+        worker,
+        has: has.kind(),
+        wanted,
+    }
+}

@@ -1,0 +1,304 @@
+//! A query: walk the chain through the index once, score every worker that holds part of
+//! it, rank them. Scratch is reused across queries, so a warm query allocates nothing.
+//!
+//! The walk hands over one stretch `[a, b)` per run it passes, with the run's holder
+//! set. Plain workers (one full lane of one keyspace block, most of a fleet) are scored
+//! in bulk: the plain holders of the run at block 0 are *alive*; at every later stretch
+//! the alive list is intersected with the stretch's holders (a merge of two sorted
+//! lists), and whoever drops out scores the stretch's start. Drop-outs come in rising
+//! score, each group in rising id, so the plain part of the answer needs no sort. Every
+//! other worker (hybrid rosters, coarser grids, and all workers when runs are asked for)
+//! has its per-lane runs collected and is scored by its [`Rules`].
+
+use kvix_wire::{ChunkKind, LaneRuns, Run, WorkerId, WorkerRuns};
+
+use crate::coverage::Coverage;
+use crate::index::BlockIndex;
+use crate::roster::{Class, Roster};
+use crate::score::{Answer, Rules};
+use crate::Ks;
+
+/// Query scratch and the ranking of an answer.
+#[derive(Default)]
+pub struct Ranker {
+    /// Candidate filter: `allowed[w]` for the workers in `candidates`.
+    filtering: bool,
+    allowed: Vec<bool>,
+    candidates: Vec<WorkerId>,
+    /// Per worker: the query epoch it was last seen in.
+    seen: Vec<u32>,
+    epoch: u32,
+    /// Plain holders covering `[0, end)`, sorted.
+    alive: Vec<u32>,
+    kept: Vec<u32>,
+    end: u32,
+    /// Plain workers that dropped out, in drop-out order; `groups` marks where each
+    /// score's group ends in `dropped`.
+    dropped: Vec<WorkerId>,
+    groups: Vec<(u32, usize)>,
+    unscorable: u32,
+    /// Workers scored by rules, and their runs.
+    ruled: Vec<WorkerId>,
+    cov: Coverage,
+    buf: Vec<Run>,
+    spans: Vec<(usize, usize)>,
+    keys: Vec<u64>,
+}
+
+/// What the walk needs to know per query.
+struct Ctx<'a> {
+    roster: &'a Roster,
+    kind: ChunkKind,
+    /// Every worker by rules (runs were asked for).
+    all_ruled: bool,
+}
+
+impl Ranker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Who can reuse how much of `chain` (see [`Answer`]). `candidates`: only these
+    /// workers (`None`: all); `top_k = 0`: every scoring worker.
+    #[allow(clippy::too_many_arguments)]
+    pub fn query(
+        &mut self,
+        index: &BlockIndex,
+        roster: &Roster,
+        ks: Ks,
+        chain: &[u64],
+        candidates: Option<&[WorkerId]>,
+        top_k: u32,
+        want_runs: bool,
+        out: &mut Answer,
+    ) {
+        let chain = &chain[..chain.len().min(u32::MAX as usize)];
+        self.reset(candidates);
+        let ctx = Ctx {
+            roster,
+            kind: ks.kind,
+            all_ruled: want_runs,
+        };
+        index.walk(ks.seed, chain, |a, b, holders| {
+            self.stretch(&ctx, a, b, holders)
+        });
+        self.drop_alive();
+        self.rank(&ctx, chain.len() as u32, top_k, want_runs, out);
+    }
+
+    fn reset(&mut self, candidates: Option<&[WorkerId]>) {
+        for w in self.candidates.drain(..) {
+            self.allowed[w as usize] = false;
+        }
+        self.filtering = candidates.is_some();
+        for &w in candidates.unwrap_or(&[]) {
+            if w < crate::MAX_WORKERS {
+                if self.allowed.len() <= w as usize {
+                    self.allowed.resize(w as usize + 1, false);
+                }
+                self.allowed[w as usize] = true;
+                self.candidates.push(w);
+            }
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.seen.iter_mut().for_each(|s| *s = 0);
+            self.epoch = 1;
+        }
+        self.alive.clear();
+        self.end = 0;
+        self.dropped.clear();
+        self.groups.clear();
+        self.unscorable = 0;
+        self.ruled.clear();
+        self.cov.reset();
+    }
+
+    fn admits(&self, w: WorkerId) -> bool {
+        !self.filtering || self.allowed.get(w as usize).copied().unwrap_or(false)
+    }
+
+    /// Marks `w` seen in this query; true the first time.
+    fn first_sight(&mut self, w: WorkerId) -> bool {
+        if self.seen.len() <= w as usize {
+            self.seen.resize((w as usize + 1).next_power_of_two(), 0);
+        }
+        let s = &mut self.seen[w as usize];
+        let first = *s != self.epoch;
+        *s = self.epoch;
+        first
+    }
+
+    /// One stretch `[a, b)` of the chain held by `holders` (sorted, packed).
+    fn stretch(&mut self, ctx: &Ctx<'_>, a: u32, b: u32, holders: &[u32]) {
+        if a == 0 && !ctx.all_ruled {
+            for &h in holders {
+                let w = h >> 4;
+                if !self.admits(w) {
+                    continue;
+                }
+                match ctx.roster.class(w, ctx.kind) {
+                    Class::Skip => {}
+                    Class::Plain => {
+                        self.first_sight(w);
+                        self.alive.push(h);
+                    }
+                    Class::Rules => self.ruled_holds(w, h, a, b),
+                }
+            }
+            self.end = b;
+            return;
+        }
+        if a != self.end {
+            self.drop_alive();
+        }
+        let mut alive = std::mem::take(&mut self.alive);
+        let mut kept = std::mem::take(&mut self.kept);
+        kept.clear();
+        let before = self.dropped.len();
+        let mut i = 0;
+        for &h in holders {
+            while i < alive.len() && alive[i] < h {
+                self.dropped.push(alive[i] >> 4);
+                i += 1;
+            }
+            if i < alive.len() && alive[i] == h {
+                kept.push(h);
+                i += 1;
+                continue;
+            }
+            let w = h >> 4;
+            if !self.admits(w) {
+                continue;
+            }
+            match ctx.roster.class(w, ctx.kind) {
+                Class::Skip => {}
+                Class::Plain if ctx.all_ruled => self.ruled_holds(w, h, a, b),
+                // A plain worker first met past block 0 cannot reuse anything.
+                Class::Plain => {
+                    if self.first_sight(w) {
+                        self.unscorable += 1;
+                    }
+                }
+                Class::Rules => self.ruled_holds(w, h, a, b),
+            }
+        }
+        self.dropped.extend(alive[i..].iter().map(|h| h >> 4));
+        if self.dropped.len() > before {
+            self.groups.push((self.end, self.dropped.len()));
+        }
+        alive.clear();
+        self.alive = kept;
+        self.kept = alive;
+        if !self.alive.is_empty() {
+            self.end = b;
+        }
+    }
+
+    fn ruled_holds(&mut self, w: WorkerId, h: u32, a: u32, b: u32) {
+        if self.first_sight(w) {
+            self.ruled.push(w);
+        }
+        self.cov.push(h, a, b);
+    }
+
+    /// Every alive plain worker drops out at `end`.
+    fn drop_alive(&mut self) {
+        if !self.alive.is_empty() {
+            self.dropped.extend(self.alive.drain(..).map(|h| h >> 4));
+            self.groups.push((self.end, self.dropped.len()));
+        }
+    }
+
+    fn rank(&mut self, ctx: &Ctx<'_>, n: u32, top_k: u32, want_runs: bool, out: &mut Answer) {
+        out.scores.clear();
+        out.runs.clear();
+        out.unscorable = self.unscorable;
+        self.keys.clear();
+        for i in 0..self.ruled.len() {
+            let w = self.ruled[i];
+            let Some(rules) = ctx.roster.get(w).and_then(|e| e.rules_in(ctx.kind)) else {
+                continue;
+            };
+            let s = self.score_ruled(w, rules, n, want_runs.then_some(&mut out.runs));
+            if s > 0 {
+                // Best first, then lower id: one ascending sort of packed keys.
+                self.keys.push(((!s) as u64) << 32 | w as u64);
+            } else {
+                out.unscorable += 1;
+            }
+        }
+        self.keys.sort_unstable();
+        let keep = if top_k == 0 {
+            usize::MAX
+        } else {
+            top_k as usize
+        };
+        // Merge the plain groups (best group last, ids rising within) with the ruled keys.
+        let mut keys = self.keys.iter().map(|k| (!((k >> 32) as u32), *k as u32));
+        let mut next_key = keys.next();
+        let mut g = self.groups.len();
+        let mut plain = self
+            .groups
+            .last()
+            .map_or(0, |_| if g >= 2 { self.groups[g - 2].1 } else { 0 });
+        while out.scores.len() < keep {
+            let group = (g > 0).then(|| self.groups[g - 1]);
+            let from_plain = match (group, next_key) {
+                (None, None) => break,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (Some((s, _)), Some((ks, kw))) => s > ks || (s == ks && self.dropped[plain] < kw),
+            };
+            if from_plain {
+                let (s, end) = group.expect("a plain group");
+                out.scores.push((self.dropped[plain], s));
+                plain += 1;
+                if plain == end {
+                    g -= 1;
+                    plain = if g >= 2 { self.groups[g - 2].1 } else { 0 };
+                }
+            } else {
+                let (s, w) = next_key.expect("a ruled key");
+                out.scores.push((w, s));
+                next_key = keys.next();
+            }
+        }
+        out.runs.sort_unstable_by_key(|r| r.worker);
+    }
+
+    /// Scores a worker by its rules over its collected runs (and lists them when asked).
+    fn score_ruled(
+        &mut self,
+        w: WorkerId,
+        rules: &Rules,
+        n: u32,
+        runs: Option<&mut Vec<WorkerRuns>>,
+    ) -> u32 {
+        let lanes = rules.rules().len();
+        self.buf.clear();
+        self.spans.clear();
+        self.spans.resize(lanes, (0, 0));
+        for (lane, lane_runs) in self.cov.lanes_of(w) {
+            if let Some(span) = self.spans.get_mut(lane as usize) {
+                let a = self.buf.len();
+                self.buf.extend(lane_runs);
+                *span = (a, self.buf.len());
+            }
+        }
+        let (buf, spans) = (&self.buf, &self.spans);
+        let lane = |i: usize| spans.get(i).map_or(&[][..], |&(a, b)| &buf[a..b]);
+        if let Some(runs) = runs {
+            runs.push(WorkerRuns {
+                worker: w,
+                lanes: (0..lanes)
+                    .map(|i| LaneRuns {
+                        lane: i as u8,
+                        runs: lane(i).to_vec(),
+                    })
+                    .collect(),
+            });
+        }
+        rules.score_with(lane, n)
+    }
+}

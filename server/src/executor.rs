@@ -1,0 +1,169 @@
+//! One executor: its copy of the engine ([`kvix_engine::Core`]: roster, whole index,
+//! the feeds of the workers it is home to), the registry of names (authoritative on
+//! executor 0), its end of the mesh, and its write queue.
+//!
+//! A query is answered here, from this copy, without leaving the executor. A write is
+//! done by the worker's home (`worker % executors`): its write queue turns it into an
+//! update, applies it in bounded slices and hands it to every other executor's queue;
+//! the reply goes out once every executor applied it (see [`crate::writer`]).
+
+use std::cell::{RefCell, RefMut};
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use glommio::channels::local_channel::LocalSender;
+use kvix_engine::{Answer, Core, Ks, Registry};
+use kvix_wire::{ArchivedQuery, WorkerId};
+
+use crate::config::Config;
+use crate::failure::Failure;
+use crate::mesh::{Call, LocalFuture, Mesh, QueryScope};
+use crate::metrics::{ExecutorMetrics, Outcome};
+use crate::writer::Job;
+
+pub struct Executor {
+    me: usize,
+    executors: usize,
+    config: Arc<Config>,
+    metrics: Arc<[ExecutorMetrics]>,
+    core: RefCell<Core>,
+    /// Names → ids. Only executor 0's is used: it numbers every worker.
+    registry: RefCell<Registry>,
+    mesh: Mesh,
+    writes: LocalSender<Job>,
+    answer: RefCell<Answer>,
+    candidates: RefCell<Vec<WorkerId>>,
+    started: Instant,
+}
+
+impl Executor {
+    pub fn new(
+        config: Arc<Config>,
+        metrics: Arc<[ExecutorMetrics]>,
+        mesh: Mesh,
+        core: Core,
+        registry: Registry,
+        writes: LocalSender<Job>,
+    ) -> Rc<Self> {
+        Rc::new(Executor {
+            me: mesh.me(),
+            executors: mesh.executors(),
+            config,
+            metrics,
+            core: RefCell::new(core),
+            registry: RefCell::new(registry),
+            mesh,
+            writes,
+            answer: RefCell::new(Answer::default()),
+            candidates: RefCell::new(Vec::new()),
+            started: Instant::now(),
+        })
+    }
+
+    pub fn me(&self) -> usize {
+        self.me
+    }
+
+    pub fn executors(&self) -> usize {
+        self.executors
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &ExecutorMetrics {
+        &self.metrics[self.me]
+    }
+
+    pub fn all_metrics(&self) -> &Arc<[ExecutorMetrics]> {
+        &self.metrics
+    }
+
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// The executor keeping `worker`'s feed and ordering its writes.
+    pub fn home_of(&self, worker: WorkerId) -> usize {
+        worker as usize % self.executors
+    }
+
+    /// Milliseconds since this executor started (the placement clock of its workers).
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// This executor's engine. Never held across an await.
+    pub fn core(&self) -> RefMut<'_, Core> {
+        self.core.borrow_mut()
+    }
+
+    pub fn registry(&self) -> RefMut<'_, Registry> {
+        self.registry.borrow_mut()
+    }
+
+    /// Queues a write job on this executor.
+    pub fn enqueue(&self, job: Job) {
+        if self.writes.try_send(job).is_err() {
+            tracing::error!("the write queue is closed; a write was dropped");
+        }
+    }
+
+    /// Runs `call` on executor `to`: in place when that is this one, else over the mesh.
+    pub fn on<C: Call>(
+        self: &Rc<Self>,
+        to: usize,
+        call: C,
+    ) -> LocalFuture<Result<C::Reply, Failure>> {
+        if to == self.me {
+            let reply = call.run(self);
+            return Box::pin(async move { Ok(reply.await) });
+        }
+        let reply = self.mesh.invoke_on(to, call);
+        Box::pin(async move { reply.await.map_err(Failure::from) })
+    }
+
+    /// Answers a query from this executor's copy; `f` reads the answer in place.
+    pub fn query<R>(&self, q: &ArchivedQuery, f: impl FnOnce(&Answer) -> R) -> R {
+        let _scope = QueryScope::enter();
+        let started = Instant::now();
+        let ks = Ks {
+            seed: q.keyspace.seed(self.config.block_size),
+            kind: q.keyspace.kind(),
+        };
+        let mut candidates = self.candidates.borrow_mut();
+        candidates.clear();
+        candidates.extend(q.candidates.iter().map(|w| w.to_native()));
+        let filter = (!q.candidates.is_empty()).then_some(&candidates[..]);
+        let mut answer = self.answer.borrow_mut();
+        self.core.borrow_mut().query_into(
+            ks,
+            kvix_wire::u64s(&q.chain),
+            filter,
+            q.top_k.to_native(),
+            q.want_runs,
+            &mut answer,
+        );
+        let outcome = if !answer.scores.is_empty() {
+            Outcome::Hit
+        } else if answer.unscorable > 0 {
+            Outcome::Unscorable
+        } else {
+            Outcome::Empty
+        };
+        self.metrics().query(outcome, started.elapsed());
+        f(&answer)
+    }
+
+    /// Refreshes the gauges of this executor's copy.
+    pub fn refresh_gauges(&self) {
+        let core = self.core.borrow();
+        let m = self.metrics();
+        m.blocks.store(core.index().blocks(), Relaxed);
+        m.memberships.store(core.index().memberships(), Relaxed);
+        m.workers.store(core.roster().len() as u64, Relaxed);
+    }
+}

@@ -1,0 +1,39 @@
+//! An error that goes back to the client as an `ErrorReply`.
+
+use kvix_engine::EngineError;
+use kvix_wire::ErrorCode;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Self {
+        let code = match e {
+            EngineError::UnknownWorker(_) => ErrorCode::UnknownWorker,
+            EngineError::LanesInByteKeyspace { .. } => ErrorCode::LanesInByteKeyspace,
+            EngineError::Roster(_)
+            | EngineError::WrongFeed { .. }
+            | EngineError::Refused { .. } => ErrorCode::BadLane,
+            EngineError::Index(_) => ErrorCode::Internal,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+impl From<crate::mesh::PeerGone> for Failure {
+    fn from(e: crate::mesh::PeerGone) -> Self {
+        Failure::new(ErrorCode::Internal, e.to_string())
+    }
+}
