@@ -1,0 +1,93 @@
+//! kvix's side: one `kvix_engine::Engine` (one core, home to every worker) applying the
+//! events on the calling thread, and answering queries.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kvix_engine::{Answer, Engine, Holder};
+use kvix_wire::{Event, Feed, Lane};
+
+use crate::workload::{Ev, Query, Workload, KS, TOKEN_BLOCK};
+
+pub struct Kvix {
+    pub engine: Engine,
+    seqs: Vec<u64>,
+    answer: Answer,
+}
+
+/// Events converted ahead of time (not timed), with their worker.
+pub type Prepared = Vec<(u32, Event)>;
+
+pub fn prepare(events: &[Ev]) -> Prepared {
+    events.iter().map(|e| (e.worker(), e.to_kvix())).collect()
+}
+
+impl Kvix {
+    pub fn new(workers: u32) -> Self {
+        let mut engine = Engine::new(TOKEN_BLOCK);
+        for w in 0..workers {
+            let (id, _) = engine
+                .announce(&format!("w{w}"), &[Lane::full(TOKEN_BLOCK)], Feed::Events)
+                .expect("a plain worker announces");
+            assert_eq!(id, w);
+        }
+        Kvix {
+            engine,
+            seqs: vec![0; workers as usize],
+            answer: Answer::default(),
+        }
+    }
+
+    /// Applies every event as its own batch; returns the time it took.
+    pub fn apply(&mut self, events: &Prepared) -> Duration {
+        let t = Instant::now();
+        for (w, e) in events {
+            let seq = &mut self.seqs[*w as usize];
+            self.engine
+                .apply(*w, *seq, KS, std::slice::from_ref(e))
+                .expect("events of the workload apply");
+            *seq += 1;
+        }
+        t.elapsed()
+    }
+
+    /// One query, timed: (ns, per-worker depth).
+    pub fn query(&mut self, q: &[u64]) -> u64 {
+        let t = Instant::now();
+        self.engine
+            .query_into(KS, q, None, 0, false, &mut self.answer);
+        let ns = t.elapsed().as_nanos() as u64;
+        std::hint::black_box(&self.answer);
+        ns
+    }
+
+    pub fn depths(&mut self, q: &Query) -> BTreeMap<u64, u32> {
+        let chain: Vec<u64> = q.blocks.iter().map(|b| b.chain).collect();
+        self.query(&chain);
+        self.answer
+            .scores
+            .iter()
+            .map(|&(w, d)| (w as u64, d))
+            .collect()
+    }
+}
+
+/// The bare index fed the same stores (no feeds): its bytes per block, on their own.
+pub fn index_only(w: &Workload, live: impl Fn() -> usize) -> (usize, u64) {
+    let before = live();
+    let mut ix = kvix_engine::BlockIndex::new();
+    for e in &w.load {
+        if let Ev::Store {
+            worker,
+            start,
+            parent,
+            blocks,
+        } = e
+        {
+            let chain: Vec<u64> = blocks.iter().map(|b| b.chain).collect();
+            ix.insert(KS.seed, Holder::new(*worker, 0), *start, parent.map(|p| p.chain), &chain)
+                .expect("stores insert");
+        }
+    }
+    (live() - before, ix.blocks())
+}

@@ -1,0 +1,412 @@
+//! kvix-engine and NVIDIA Dynamo's indexer (`dynamo-kv-router` 1.6.1, its recommended
+//! `ConcurrentRadixTreeCompressed` backend), side by side in one process: the same
+//! events in the same order, one writer thread each, the same queries timed interleaved
+//! (A/B, alternating which goes first), every answer compared per worker, heap bytes
+//! counted by one allocator. Ratios are kvix / Dynamo (below 1: kvix is faster / smaller).
+//!
+//!     cargo run --release --manifest-path bench/peer/Cargo.toml -- [--quick] [--reps N]
+//!         [--no-trace] [--trace PATH]
+
+mod dynamo_side;
+mod kvix_side;
+mod workload;
+
+#[path = "../../../server/engine/benches/common/counting.rs"]
+mod counting;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dynamo_kv_router::protocols::LocalBlockHash;
+
+use dynamo_side::Dynamo;
+use kvix_side::Kvix;
+use workload::{FleetShape, Workload};
+
+#[global_allocator]
+static ALLOC: counting::Counting = counting::Counting;
+
+struct Args {
+    reps: usize,
+    rounds: usize,
+    quick: bool,
+    trace: Option<PathBuf>,
+    /// Only load one side's fleet (for profiling): "kvix" or "dynamo".
+    only: Option<String>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        reps: 3000,
+        rounds: 3,
+        quick: false,
+        only: None,
+        trace: Some(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../../shared/data/mooncake_synthetic_trace.jsonl"),
+        ),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => a.quick = true,
+            "--reps" => {
+                a.reps = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--reps takes a number of timed queries per prompt")?
+            }
+            "--rounds" => {
+                a.rounds = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n| n > 0)
+                    .ok_or("--rounds takes a positive number of loads per side")?
+            }
+            "--no-trace" => a.trace = None,
+            "--only" => a.only = Some(it.next().ok_or("--only takes kvix or dynamo")?),
+            "--trace" => a.trace = Some(it.next().ok_or("--trace takes a path")?.into()),
+            "-h" | "--help" => {
+                println!(
+                    "kvix-peer-bench: kvix-engine vs dynamo-kv-router 1.6.1, same workload, same answers\n\n\
+                     --quick        a tenth of the fleet (for a smoke run)\n\
+                     --reps N       timed queries per prompt and side (default 3000)\n\
+                     --rounds N     loads per side and workload, alternating which goes first;\n\
+                                    the median time is reported (default 3)\n\
+                     --trace PATH   the Mooncake trace (default: shared/data/mooncake_synthetic_trace.jsonl)\n\
+                     --no-trace     skip the trace workload\n\
+                     --only SIDE    only load the 32-block fleet into kvix or dynamo (for a profiler)"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    Ok(a)
+}
+
+/// One workload loaded into both sides.
+struct Pair {
+    name: String,
+    kvix: Kvix,
+    dynamo: Dynamo,
+    blocks: u64,
+    stored: u64,
+    /// Median load time over the rounds: kvix, Dynamo.
+    load: (Duration, Duration),
+    /// Heap bytes: kvix engine (index + feeds), kvix index alone, Dynamo tree + lookups.
+    memory: (usize, usize, usize),
+}
+
+fn load_kvix(w: &Workload) -> (Kvix, Duration, usize) {
+    let prepared = kvix_side::prepare(&w.load);
+    let before = counting::live();
+    let mut kvix = Kvix::new(w.workers);
+    let t = kvix.apply(&prepared);
+    let bytes = counting::live() - before;
+    (kvix, t, bytes)
+}
+
+fn load_dynamo(w: &Workload) -> (Dynamo, Duration, usize) {
+    let before = counting::live();
+    let mut dynamo = Dynamo::new();
+    let prepared = dynamo.prepare(&w.load);
+    let queued = prepared.len() + 2;
+    let t = dynamo.apply(prepared);
+    let bytes = counting::live() - before - dynamo_side::channel_bytes(queued, counting::live);
+    (dynamo, t, bytes)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// Loads `w` into both sides `rounds` times, alternating which goes first; keeps the
+/// last round's structures. The first round of a fresh process also pays for faulting
+/// in fresh memory pages, which is why there is more than one.
+fn load(w: &Workload, rounds: usize) -> Pair {
+    let stored: u64 = w.load.iter().map(|e| e.blocks()).sum();
+    let (mut kt, mut dt) = (Vec::new(), Vec::new());
+    let mut last = None;
+    for r in 0..rounds {
+        drop(last.take());
+        let (k, d) = if r % 2 == 0 {
+            let k = load_kvix(w);
+            (k, load_dynamo(w))
+        } else {
+            let d = load_dynamo(w);
+            (load_kvix(w), d)
+        };
+        kt.push(k.1);
+        dt.push(d.1);
+        last = Some((k, d));
+    }
+    let ((kvix, _, kvix_bytes), (dynamo, _, dynamo_bytes)) = last.expect("at least one round");
+    let blocks = kvix.engine.stats().blocks;
+    let (index_bytes, index_blocks) = kvix_side::index_only(w, counting::live);
+    assert_eq!(index_blocks, blocks);
+    Pair {
+        name: w.name.clone(),
+        kvix,
+        dynamo,
+        blocks,
+        stored,
+        load: (median(kt), median(dt)),
+        memory: (kvix_bytes, index_bytes, dynamo_bytes),
+    }
+}
+
+/// Per-worker depths of every query on both sides; the count that agree.
+fn agree(p: &mut Pair, w: &Workload) -> usize {
+    let mut same = 0;
+    for q in &w.queries {
+        let (a, b) = (p.kvix.depths(q), p.dynamo.depths(q));
+        if a == b {
+            same += 1;
+        } else if same + 5 > w.queries.len() {
+            eprintln!("  {}: {} disagree: kvix {a:?} dynamo {b:?}", p.name, q.name);
+        }
+    }
+    same
+}
+
+struct Timed {
+    kvix: Vec<u64>,
+    dynamo: Vec<u64>,
+}
+
+fn pct(v: &mut [u64], f: f64) -> f64 {
+    v.sort_unstable();
+    v[((v.len() as f64 * f) as usize).min(v.len() - 1)] as f64 / 1000.0
+}
+
+/// Times every query of `w` on both sides of every pair, `reps` times, interleaved:
+/// per query, the sides go in turn, and which goes first alternates.
+fn time_queries(pairs: &mut [&mut Pair], w: &Workload, reps: usize) -> Vec<Vec<Timed>> {
+    let chains: Vec<Vec<u64>> = w
+        .queries
+        .iter()
+        .map(|q| q.blocks.iter().map(|b| b.chain).collect())
+        .collect();
+    let locals: Vec<Vec<LocalBlockHash>> = w
+        .queries
+        .iter()
+        .map(|q| q.blocks.iter().map(|b| LocalBlockHash(b.local)).collect())
+        .collect();
+    let mut out: Vec<Vec<Timed>> = pairs
+        .iter()
+        .map(|_| {
+            (0..w.queries.len())
+                .map(|_| Timed {
+                    kvix: Vec::with_capacity(reps),
+                    dynamo: Vec::with_capacity(reps),
+                })
+                .collect()
+        })
+        .collect();
+    for r in 0..reps {
+        for (i, p) in pairs.iter_mut().enumerate() {
+            for q in 0..chains.len() {
+                let t = &mut out[i][q];
+                if (r + q) % 2 == 0 {
+                    t.kvix.push(p.kvix.query(&chains[q]));
+                    t.dynamo.push(p.dynamo.query(&locals[q]));
+                } else {
+                    t.dynamo.push(p.dynamo.query(&locals[q]));
+                    t.kvix.push(p.kvix.query(&chains[q]));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn rate(blocks: u64, d: Duration) -> f64 {
+    blocks as f64 / d.as_secs_f64() / 1e6
+}
+
+fn report_load(p: &Pair) {
+    let (k, d) = p.load;
+    let (km, im, dm) = p.memory;
+    let per = |b: usize| b as f64 / p.blocks as f64;
+    println!("\n## {}", p.name);
+    println!(
+        "{} distinct blocks in {} runs, {} block stores",
+        p.blocks,
+        p.kvix.engine.stats().runs,
+        p.stored
+    );
+    println!("| figure | kvix | Dynamo CRTC | kvix / Dynamo |");
+    println!("|---|---|---|---|");
+    println!(
+        "| apply stores, M block events/s (one writer thread) | {:.2} | {:.2} | {:.2}x faster |",
+        rate(p.stored, k),
+        rate(p.stored, d),
+        d.as_secs_f64() / k.as_secs_f64()
+    );
+    println!(
+        "| heap B / distinct block: kvix index + feeds vs tree + lookups | {:.1} | {:.1} | {:.2} |",
+        per(km),
+        per(dm),
+        km as f64 / dm as f64
+    );
+    println!(
+        "| heap B / distinct block: kvix index alone vs tree + lookups | {:.1} | {:.1} | {:.2} |",
+        per(im),
+        per(dm),
+        im as f64 / dm as f64
+    );
+}
+
+fn report_queries(p: &Pair, w: &Workload, t: &mut [Timed]) {
+    if w.queries.len() <= 4 {
+        for (q, t) in w.queries.iter().zip(t.iter_mut()) {
+            let (k50, k99) = (pct(&mut t.kvix, 0.5), pct(&mut t.kvix, 0.99));
+            let (d50, d99) = (pct(&mut t.dynamo, 0.5), pct(&mut t.dynamo, 0.99));
+            println!(
+                "| query {}, p50 / p99 µs | {k50:.2} / {k99:.2} | {d50:.2} / {d99:.2} | {:.2} / {:.2} |",
+                q.name,
+                k50 / d50,
+                k99 / d99
+            );
+        }
+        return;
+    }
+    let mut all = Timed {
+        kvix: t.iter().flat_map(|t| t.kvix.iter().copied()).collect(),
+        dynamo: t.iter().flat_map(|t| t.dynamo.iter().copied()).collect(),
+    };
+    let (k50, k99) = (pct(&mut all.kvix, 0.5), pct(&mut all.kvix, 0.99));
+    let (d50, d99) = (pct(&mut all.dynamo, 0.5), pct(&mut all.dynamo, 0.99));
+    println!(
+        "| query every request ({} prompts), p50 / p99 µs | {k50:.2} / {k99:.2} | {d50:.2} / {d99:.2} | {:.2} / {:.2} |",
+        w.queries.len(),
+        k50 / d50,
+        k99 / d99
+    );
+    let _ = p;
+}
+
+extern "C" {
+    fn mallopt(param: i32, value: i32) -> i32;
+}
+
+/// Keeps freed memory in the process (no mmap'd chunks, no trimming), so a structure
+/// built after another was dropped reuses pages already faulted in: later rounds measure
+/// the index's own work, not the kernel zeroing fresh pages (costly on this VM).
+fn keep_freed_memory() {
+    const M_TRIM_THRESHOLD: i32 = -1;
+    const M_MMAP_MAX: i32 = -4;
+    // SAFETY: mallopt only changes glibc malloc's tunables; called before any threads.
+    unsafe {
+        mallopt(M_MMAP_MAX, 0);
+        mallopt(M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
+fn main() {
+    keep_freed_memory();
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("kvix-peer-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut shape = FleetShape::default();
+    if args.quick {
+        shape.workers = 24;
+        shape.chains = 20;
+    }
+    if let Some(side) = &args.only {
+        let w = match std::env::var("KVIX_PEER_WORKLOAD").as_deref() {
+            Ok("mooncake") => workload::mooncake(args.trace.as_deref().expect("a trace"), 16, 32)
+                .expect("the trace loads"),
+            _ => workload::fleet(shape),
+        };
+        for _ in 0..3 {
+            let t = match side.as_str() {
+                "kvix" => Kvix::new(w.workers).apply(&kvix_side::prepare(&w.load)),
+                "index" => {
+                    let t = std::time::Instant::now();
+                    kvix_side::index_only(&w, counting::live);
+                    t.elapsed()
+                }
+                _ => {
+                    let mut d = Dynamo::new();
+                    let p = d.prepare(&w.load);
+                    d.apply(p)
+                }
+            };
+            println!("{side}: {:.2} M block events/s", rate(w.load.iter().map(|e| e.blocks()).sum(), t));
+        }
+        return;
+    }
+    println!("# kvix-engine vs dynamo-kv-router 1.6.1 (ConcurrentRadixTreeCompressed)");
+    let mut runs: BTreeMap<&str, (Workload, Pair)> = BTreeMap::new();
+    for (key, per_event) in [("a-multi", 32), ("b-decode", 1)] {
+        shape.per_event = per_event;
+        eprintln!("loading the fleet in {per_event}-block stores ...");
+        let w = workload::fleet(shape);
+        let mut p = load(&w, args.rounds);
+        let same = agree(&mut p, &w);
+        println!("\n{}: answers agree on {same} of {} prompts after the load", w.name, w.queries.len());
+        runs.insert(key, (w, p));
+    }
+    // Queries on both load styles, interleaved with each other too.
+    {
+        let [(wa, pa), (wb, pb)] = ["a-multi", "b-decode"].map(|k| runs.remove(k).expect("loaded"));
+        let (mut pa, mut pb) = (pa, pb);
+        eprintln!("timing queries ...");
+        let mut t = time_queries(&mut [&mut pa, &mut pb], &wa, args.reps);
+        for (p, t) in [&pa, &pb].into_iter().zip(t.iter_mut()) {
+            report_load(p);
+            report_queries(p, &wa, t);
+        }
+        let style = |t: &mut Timed| pct(&mut t.kvix, 0.5);
+        for q in 0..wa.queries.len() {
+            let (a, b) = (style(&mut t[0][q]), style(&mut t[1][q]));
+            println!(
+                "\nkvix query {} after 1-block stores / after 32-block stores, p50: {:.2}",
+                wa.queries[q].name,
+                b / a
+            );
+        }
+        for (w, p) in [(&wa, &mut pa), (&wb, &mut pb)] {
+            let prepared = kvix_side::prepare(&w.removals);
+            let k = p.kvix.apply(&prepared);
+            let removals = p.dynamo.prepare(&w.removals);
+            let d = p.dynamo.apply(removals);
+            let removed: u64 = w.removals.iter().map(|e| e.blocks()).sum();
+            let (kl, dl) = p.load;
+            println!(
+                "\n{}: removals {:.2} vs {:.2} M block events/s; stores + removals {:.2} vs {:.2} M/s ({:.2}x faster); answers agree on {} of {} prompts after removals",
+                w.name,
+                rate(removed, k),
+                rate(removed, d),
+                rate(p.stored + removed, kl + k),
+                rate(p.stored + removed, dl + d),
+                (dl + d).as_secs_f64() / (kl + k).as_secs_f64(),
+                agree(p, w),
+                w.queries.len()
+            );
+        }
+    }
+    if let Some(path) = args.trace {
+        eprintln!("routing the Mooncake trace ...");
+        match workload::mooncake(&path, 16, 32) {
+            Err(e) => eprintln!("kvix-peer-bench: skipping the trace: {e}"),
+            Ok(w) => {
+                let mut p = load(&w, args.rounds);
+                let same = agree(&mut p, &w);
+                let reps = (args.reps / 300).max(3);
+                let mut t = time_queries(&mut [&mut p], &w, reps);
+                report_load(&p);
+                report_queries(&p, &w, &mut t[0]);
+                println!("answers agree on {same} of {} prompts", w.queries.len());
+            }
+        }
+    }
+}
