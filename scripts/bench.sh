@@ -41,12 +41,12 @@ echo "kvix-server at $ADDR; results in $OUT"
 if [ -n "${QUICK:-}" ]; then
   SIM=(--workers 64 --sessions 3000 --session-rate 150)
   LAT=(--queries 2000 --warmup 200)
-  LOAD=(--duration 3 --floor-duration 2 --rate 1000)
+  LOAD=(--duration 3 --rate 1000)
   RED=(--queries 500 --warmup 50)
 else
   SIM=()
   LAT=(--queries 10000 --warmup 1000)
-  LOAD=(--duration 10 --floor-duration 5 --rate 2000)
+  LOAD=(--duration 10 --rate 2000)
   RED=(--queries 2000 --warmup 200)
 fi
 

@@ -3,8 +3,11 @@
 //!
 //! Coordinated-omission-correct: a pacer thread (std sleep, µs resolution, not tokio's
 //! 1 ms timer) spawns each request at its intended send time whether or not earlier ones
-//! came back, and latency is measured from that intended time. Then, in the same run,
-//! the same schedule of Echoes of the same sizes: the floor.
+//! came back, and latency is measured from that intended time. The floor, Echoes of the
+//! same request and reply sizes, is interleaved with the queries in the same phase (one
+//! half-way between each two queries, on the next gateway), so both meet the same
+//! machine: on a shared VM whose hiccups come and go, a floor measured in a phase of
+//! its own would compare the query with another moment's noise.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -35,8 +38,8 @@ pub struct LoadConfig {
     /// Blocks stored (then later removed) per event batch.
     pub event_blocks: u32,
     pub duration_s: f64,
-    /// Seconds of the Echo floor phase at the same rate (0: skip).
-    pub floor_s: f64,
+    /// Interleave an Echo floor at the same rate.
+    pub floor: bool,
     pub blocks: u32,
     pub chains: usize,
     pub system_blocks: u32,
@@ -139,22 +142,21 @@ enum Kind {
     Echo { payload: usize, reply: u32 },
 }
 
-/// Runs the pacer on this (blocking) thread: `rate`/s over `secs`, round-robin over the
-/// gateways, each request spawned on `rt` at its intended time.
-#[allow(clippy::too_many_arguments)]
+/// Runs the pacer on this (blocking) thread: `rate`/s of each kind over `secs`, the
+/// kinds taking turns slot by slot, round-robin over the gateways, each request spawned
+/// on `rt` at its intended time and recorded in its kind's `Rec`.
 fn pace(
     rt: &tokio::runtime::Handle,
     clients: &[Client],
     ds: &Arc<Dataset>,
     cfg: &LoadConfig,
-    kind: Kind,
-    secs: f64,
-    rec: &Arc<Rec>,
+    kinds: &[(Kind, Arc<Rec>)],
     pb: &ProgressBar,
 ) -> f64 {
     let start = Instant::now();
-    let interval = Duration::from_secs_f64(1.0 / cfg.rate.max(1e-3));
-    let total = (secs * cfg.rate).ceil() as u64;
+    let slots = kinds.len().max(1) as f64;
+    let interval = Duration::from_secs_f64(1.0 / (cfg.rate * slots).max(1e-3));
+    let total = (cfg.duration_s * cfg.rate * slots).ceil() as u64;
     let deadline = Duration::from_secs_f64(cfg.deadline_ms / 1000.0);
     let opts = Arc::new(QueryOptions {
         top_k: cfg.top_k,
@@ -169,6 +171,8 @@ fn pace(
         if intended > now {
             std::thread::sleep(intended - now);
         }
+        let (kind, rec) = &kinds[i as usize % kinds.len()];
+        let (kind, rec) = (*kind, rec.clone());
         if rec.inflight.load(Relaxed) >= cfg.max_inflight as u64 {
             rec.skipped.fetch_add(1, Relaxed);
             continue;
@@ -176,7 +180,6 @@ fn pace(
         rec.inflight.fetch_add(1, Relaxed);
         rec.sent.fetch_add(1, Relaxed);
         let client = clients[i as usize % clients.len()].clone();
-        let rec = rec.clone();
         let chain = rng.below(ds.chains[0].len() as u64) as usize;
         let ds = ds.clone();
         let opts = opts.clone();
@@ -200,7 +203,13 @@ fn pace(
     }
     // Let the stragglers finish (bounded).
     let end = Instant::now() + Duration::from_secs(2);
-    while rec.inflight.load(Relaxed) > 0 && Instant::now() < end {
+    let inflight = || {
+        kinds
+            .iter()
+            .map(|(_, r)| r.inflight.load(Relaxed))
+            .sum::<u64>()
+    };
+    while inflight() > 0 && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(1));
     }
     pb.finish_and_clear();
@@ -271,8 +280,7 @@ pub fn run(
     cfg: &LoadConfig,
     addr: SocketAddr,
     rt: &tokio::runtime::Runtime,
-    pb_query: &ProgressBar,
-    pb_floor: &ProgressBar,
+    pb: &ProgressBar,
 ) -> anyhow::Result<LoadReport> {
     anyhow::ensure!(
         cfg.rate > 0.0 && cfg.gateways > 0,
@@ -347,39 +355,21 @@ pub fn run(
         want_runs: false,
     };
     let (req, rep) = query_sizes(&q, n_scores);
-    let rec = Rec::new();
+    let (reply_payload, _) = echo_payload_for(rep, 0);
+    let (payload, _) = echo_payload_for(req, reply_payload as u32);
+    let echo = Kind::Echo {
+        payload,
+        reply: reply_payload as u32,
+    };
+    let (query_rec, floor_rec) = (Rec::new(), Rec::new());
+    let mut kinds = vec![(Kind::Query, query_rec.clone())];
+    if cfg.floor {
+        kinds.push((echo, floor_rec.clone()));
+    }
     let ev0 = Instant::now();
-    let wall = pace(
-        rt.handle(),
-        &clients,
-        &ds,
-        cfg,
-        Kind::Query,
-        cfg.duration_s,
-        &rec,
-        pb_query,
-    );
-    let queries = rec.phase(wall);
-    let floor = (cfg.floor_s > 0.0).then(|| {
-        let (reply_payload, _) = echo_payload_for(rep, 0);
-        let (payload, _) = echo_payload_for(req, reply_payload as u32);
-        let rec = Rec::new();
-        let kind = Kind::Echo {
-            payload,
-            reply: reply_payload as u32,
-        };
-        let wall = pace(
-            rt.handle(),
-            &clients,
-            &ds,
-            cfg,
-            kind,
-            cfg.floor_s,
-            &rec,
-            pb_floor,
-        );
-        rec.phase(wall)
-    });
+    let wall = pace(rt.handle(), &clients, &ds, cfg, &kinds, pb);
+    let queries = query_rec.phase(wall);
+    let floor = cfg.floor.then(|| floor_rec.phase(wall));
     stop.store(true, Relaxed);
     let ev_wall = ev0.elapsed().as_secs_f64();
     if let Some(t) = ev_task {

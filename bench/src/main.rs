@@ -222,12 +222,13 @@ struct LoadArgs {
     /// Blocks stored per event batch.
     #[arg(long, default_value_t = 16)]
     event_blocks: u32,
-    /// Seconds of query load.
+    /// Seconds of load.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
-    /// Seconds of the Echo floor at the same rate afterwards (0 = skip).
-    #[arg(long, default_value_t = 5.0)]
-    floor_duration: f64,
+    /// Interleave an Echo of the same sizes half-way between queries, at the same rate:
+    /// the transport floor under the same load (false: queries only).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    floor: bool,
     /// Chain length of the queries, blocks.
     #[arg(long, default_value_t = 125)]
     blocks: u32,
@@ -557,7 +558,7 @@ fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
         event_rate: a.event_rate,
         event_blocks: a.event_blocks,
         duration_s: a.duration,
-        floor_s: a.floor_duration,
+        floor: a.floor,
         blocks: a.blocks,
         chains: a.data.chains,
         system_blocks: a.data.system_blocks,
@@ -568,11 +569,8 @@ fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
         seed: a.data.seed,
     };
     let rt = runtime(a.threads)?;
-    let (pq, pf) = (
-        progress(quiet, "load: queries"),
-        progress(quiet, "load: echo floor"),
-    );
-    let report = load::run(&cfg, addr, &rt, &pq, &pf)?;
+    let pb = progress(quiet, "load: queries and echoes");
+    let report = load::run(&cfg, addr, &rt, &pb)?;
     emit(json, &report, |r| {
         let mut t = Table::new(&[
             "what", "sent", "rate/s", "p50 us", "p99 us", "p99.9 us", "max us", "miss 2ms",

@@ -156,11 +156,7 @@ async fn executor_main(
     let gx = glommio::executor();
     // Queries (every connection) before writes: connections run in a latency-sensitive
     // queue, the write queue in a throughput one, and long writes yield between slices.
-    let queries = gx.create_task_queue(
-        Shares::Static(1000),
-        Latency::Matters(Duration::from_micros(50)),
-        "queries",
-    );
+    let queries = gx.create_task_queue(Shares::Static(1000), Latency::NotImportant, "queries");
     let writes = gx.create_task_queue(Shares::Static(100), Latency::NotImportant, "writes");
     let (mesh, inbox) = mesh::Mesh::join(mesh, &shared.metrics).await?;
     let me = mesh.me();

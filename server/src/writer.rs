@@ -70,6 +70,7 @@ pub struct Part {
 /// Runs `ex`'s write jobs in order until the queue closes.
 pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
     while let Some(job) = jobs.recv().await {
+        tracing::debug!(executor = ex.me(), job = job_name(&job), "write job");
         match job {
             Job::Events { body, reply } => {
                 let started = Instant::now();
@@ -141,6 +142,18 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
     }
 }
 
+fn job_name(j: &Job) -> &'static str {
+    match j {
+        Job::Events { .. } => "events",
+        Job::Place { .. } => "place",
+        Job::Register { .. } => "register",
+        Job::Retire { .. } => "retire",
+        Job::Expire => "expire",
+        Job::Apply { .. } => "apply",
+        Job::Export { .. } => "export",
+    }
+}
+
 /// The feed step of an event batch: checks it whole and turns it into `u`.
 fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Applied, Failure> {
     let b = kvix_wire::codec::access::<EventBatch>(body)
@@ -198,11 +211,13 @@ async fn publish(ex: &Rc<Executor>, update: Update, done: impl FnOnce() + 'stati
     if acks.is_empty() {
         return done();
     }
+    let me = ex.me();
     glommio::spawn_local(async move {
         for ack in acks {
             // A peer gone means the process is stopping: nothing left to wait for.
             let _ = ack.await;
         }
+        tracing::debug!(executor = me, "published");
         done();
     })
     .detach();
