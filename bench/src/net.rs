@@ -15,9 +15,8 @@ use anyhow::{bail, Context};
 use kvix_client::{Addr, Client, ClientConfig};
 use kvix_wire::chain::token_chain;
 use kvix_wire::{
-    encode, split_frame, to_native, AlignedVec, Announce, Announced, Applied, Body, Event,
-    EventBatch, Feed, Header, Hello, Keyspace, Lane, MessageRef, Retire, Welcome,
-    DEFAULT_MAX_FRAME, HEADER_LEN,
+    encode, to_native, AlignedVec, Announce, Announced, Applied, Body, Event, EventBatch, Feed,
+    FrameReader, Header, Hello, Keyspace, Lane, MessageRef, Retire, Welcome, DEFAULT_MAX_FRAME,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -35,17 +34,17 @@ pub fn loopback(addr: &str) -> anyhow::Result<SocketAddr> {
     Ok(a)
 }
 
-/// A received frame, owned: its header and the frame bytes (body at `HEADER_LEN`).
+/// A received frame, owned: its header, kind and body.
 pub struct Received {
     pub header: Header,
-    buf: AlignedVec,
+    kind: kvix_wire::Kind,
+    body: AlignedVec,
 }
 
 impl Received {
-    /// The validated message, borrowed from the frame.
+    /// The validated message, borrowed from the body.
     pub fn message(&self) -> anyhow::Result<MessageRef<'_>> {
-        let f = split_frame(&self.buf, u32::MAX)?.context("incomplete frame")?;
-        Ok(f.message()?)
+        Ok(MessageRef::view(self.kind, &self.body)?)
     }
 }
 
@@ -55,6 +54,7 @@ pub struct WireConn {
     next_id: u64,
     pub welcome: Welcome,
     wbuf: AlignedVec,
+    frames: FrameReader,
 }
 
 impl WireConn {
@@ -76,6 +76,7 @@ impl WireConn {
                 max_frame: DEFAULT_MAX_FRAME,
             },
             wbuf: AlignedVec::new(),
+            frames: FrameReader::new(u32::MAX),
         };
         c.send(
             &Hello {
@@ -123,18 +124,25 @@ impl WireConn {
 
     /// Reads one frame.
     pub async fn recv(&mut self) -> anyhow::Result<Received> {
-        let mut head = [0u8; HEADER_LEN];
-        tokio::time::timeout(Duration::from_secs(10), self.stream.read_exact(&mut head))
+        loop {
+            if let Some(f) = self.frames.next()? {
+                let (header, kind, len) = (f.header, f.kind, f.len);
+                let mut body = AlignedVec::with_capacity(f.body.len());
+                body.extend_from_slice(f.body);
+                self.frames.consume(len);
+                return Ok(Received { header, kind, body });
+            }
+            let n = tokio::time::timeout(
+                Duration::from_secs(10),
+                self.stream.read(self.frames.spare()),
+            )
             .await
             .context("no reply within 10 s")??;
-        let header = Header::read(&head, self.welcome.max_frame.max(DEFAULT_MAX_FRAME), |b| {
-            kvix_wire::Kind::from_byte(b).is_some()
-        })?;
-        let mut buf = AlignedVec::with_capacity(header.frame_len());
-        buf.extend_from_slice(&head);
-        buf.resize(header.frame_len(), 0);
-        self.stream.read_exact(&mut buf[HEADER_LEN..]).await?;
-        Ok(Received { header, buf })
+            if n == 0 {
+                bail!("the server closed the connection");
+            }
+            self.frames.filled(n);
+        }
     }
 
     /// Announces a plain worker (one full-attention lane) and returns its id.

@@ -12,8 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvix_wire::{
-    split_frame, to_native, AlignedVec, Announced, Answer, ErrorReply, Frame, Kind, MessageRef,
-    Stats, DEFAULT_MAX_FRAME,
+    to_native, Announced, Answer, ErrorReply, Frame, Kind, MessageRef, Stats, DEFAULT_MAX_FRAME,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::{tcp, unix, TcpStream, UnixStream};
@@ -24,8 +23,6 @@ use crate::{Addr, ClientError};
 
 /// A backlog past this means the server is not reading: the connection is given up.
 const MAX_BACKLOG: usize = 64 << 20;
-/// Initial read buffer; it grows to fit larger frames.
-const READ_BUF: usize = 64 << 10;
 
 /// A reply, copied out of the read buffer.
 #[derive(Debug)]
@@ -113,71 +110,47 @@ pub(crate) enum ReadError {
     Malformed(String),
 }
 
-/// An 8-aligned read buffer that frames are split from in place.
+/// A connection's read half and the frame reader of kvix-wire over it.
 pub(crate) struct FrameReader {
     half: ReadHalf,
-    buf: AlignedVec,
-    start: usize,
-    filled: usize,
-    max_frame: u32,
+    frames: kvix_wire::FrameReader,
 }
 
 impl FrameReader {
     pub fn new(half: ReadHalf, max_frame: u32) -> Self {
-        let mut buf = AlignedVec::with_capacity(READ_BUF);
-        buf.resize(READ_BUF, 0);
         FrameReader {
             half,
-            buf,
-            start: 0,
-            filled: 0,
-            max_frame,
+            frames: kvix_wire::FrameReader::new(max_frame),
         }
     }
 
     /// Waits until a whole frame is buffered at the front.
     pub async fn ready(&mut self) -> Result<(), ReadError> {
         loop {
-            match split_frame(&self.buf[self.start..self.filled], self.max_frame) {
+            match self.frames.next() {
                 Ok(Some(_)) => return Ok(()),
                 Ok(None) => {}
                 Err(e) => return Err(ReadError::Malformed(e.to_string())),
             }
-            // Move the partial frame to offset 0 (keeps it 8-aligned), grow if full.
-            if self.start > 0 {
-                self.buf.copy_within(self.start..self.filled, 0);
-                self.filled -= self.start;
-                self.start = 0;
-            }
-            if self.filled == self.buf.len() {
-                let len = self.buf.len() * 2;
-                self.buf.resize(len, 0);
-            }
             let n = self
                 .half
-                .read(&mut self.buf[self.filled..])
+                .read(self.frames.spare())
                 .await
                 .map_err(ReadError::Io)?;
             if n == 0 {
                 return Err(ReadError::Eof);
             }
-            self.filled += n;
+            self.frames.filled(n);
         }
     }
 
     /// The frame at the front, once [`Self::ready`] said one is there.
     pub fn frame(&self) -> Option<Frame<'_>> {
-        split_frame(&self.buf[self.start..self.filled], self.max_frame)
-            .ok()
-            .flatten()
+        self.frames.next().ok().flatten()
     }
 
     pub fn consume(&mut self, len: usize) {
-        self.start += len;
-        if self.start == self.filled {
-            self.start = 0;
-            self.filled = 0;
-        }
+        self.frames.consume(len);
     }
 }
 

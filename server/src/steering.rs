@@ -1,9 +1,11 @@
 //! Connection steering: one SO_REUSEPORT listener per executor, and a BPF program on
 //! the group that picks which executor's socket takes each new connection.
 //!
-//! eBPF first (a socket-filter program loaded with the bpf(2) syscall: a random
-//! executor per connection), classic BPF where eBPF is refused (the executor whose CPU
-//! took the SYN), plain SO_REUSEPORT hashing where both are. Each fallback is logged once.
+//! Both programs send a connection to the executor pinned to the CPU that took its SYN,
+//! so the softirq, the executor and the reply share one core: eBPF first (a
+//! socket-filter program loaded with the bpf(2) syscall, `bpf_get_smp_processor_id()`
+//! modulo the executors), classic BPF where eBPF is refused (`SKF_AD_CPU`), plain
+//! SO_REUSEPORT hashing where both are. Each fallback is logged once.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -14,7 +16,7 @@ const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 const SO_ATTACH_REUSEPORT_EBPF: libc::c_int = 52;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
-const BPF_FUNC_GET_PRANDOM_U32: i32 = 7;
+const BPF_FUNC_GET_SMP_PROCESSOR_ID: i32 = 8;
 
 /// One eBPF instruction, as `struct bpf_insn`.
 #[repr(C)]
@@ -26,14 +28,15 @@ struct Insn {
     imm: i32,
 }
 
-/// `r0 = bpf_get_prandom_u32() % executors; return r0` — the index into the group.
+/// `r0 = bpf_get_smp_processor_id() % executors; return r0` — the index into the group
+/// (executor i is pinned to CPU i modulo the CPUs).
 fn ebpf_program(executors: u32) -> [Insn; 3] {
     [
         Insn {
             code: 0x85,
             regs: 0,
             off: 0,
-            imm: BPF_FUNC_GET_PRANDOM_U32,
+            imm: BPF_FUNC_GET_SMP_PROCESSOR_ID,
         }, // call
         Insn {
             code: 0x97,
@@ -60,7 +63,7 @@ fn load_ebpf(executors: u32) -> io::Result<std::os::fd::OwnedFd> {
     attr[4..8].copy_from_slice(&(prog.len() as u32).to_ne_bytes());
     attr[8..16].copy_from_slice(&(prog.as_ptr() as u64).to_ne_bytes());
     attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-    attr[48..56].copy_from_slice(b"kvix_rr\0");
+    attr[48..56].copy_from_slice(b"kvix_cpu");
     // SAFETY: attr is a valid bpf_attr for BPF_PROG_LOAD; the pointers outlive the call.
     let fd = unsafe {
         libc::syscall(
@@ -220,10 +223,25 @@ mod tests {
         socks
     }
 
-    /// The real kernel paths: where the kernel accepts the program, connections land on
-    /// more than one socket of the group; where it refuses, the fallback is reported.
+    /// Pins the calling thread to one CPU.
+    fn pin(cpu: usize) {
+        // SAFETY: a zeroed cpu_set_t with one bit set, for this thread (pid 0).
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+    }
+
+    /// The real kernel paths: where the kernel accepts a program, a connection made from
+    /// CPU c lands on socket c (its SYN is processed on c, on loopback); where it refuses,
+    /// the fallback is reported and connections still land somewhere.
     #[test]
-    fn real_programs_attach_or_fall_back_and_connections_still_land() {
+    fn real_programs_steer_by_cpu_or_fall_back_and_connections_still_land() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         for wanted in [Steering::Ebpf, Steering::Cbpf] {
             let socks = group(2);
             let got = attach(socks[0].as_raw_fd(), 2, wanted);
@@ -232,27 +250,34 @@ mod tests {
                 "never reports more than asked"
             );
             let addr = socks[0].local_addr().unwrap().as_socket().unwrap();
-            let conns: Vec<_> = (0..32)
-                .map(|_| std::net::TcpStream::connect(addr).unwrap())
-                .collect();
             for s in &socks {
                 s.set_nonblocking(true).unwrap();
             }
-            let landed: Vec<usize> = socks
-                .iter()
-                .map(|s| std::iter::from_fn(|| s.accept().ok()).count())
-                .collect();
-            assert_eq!(
-                landed.iter().sum::<usize>(),
-                conns.len(),
-                "{wanted:?} -> {got:?}: {landed:?}"
-            );
-            if got == Steering::Ebpf {
-                assert!(
-                    landed.iter().all(|&n| n > 0),
-                    "random steering spreads 32 connections: {landed:?}"
-                );
+            let mut made = 0;
+            for cpu in 0..cpus.min(2) {
+                let conns = std::thread::spawn(move || {
+                    pin(cpu);
+                    (0..8)
+                        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+                        .collect::<Vec<_>>()
+                })
+                .join()
+                .unwrap();
+                made += conns.len();
+                let landed: Vec<usize> = socks
+                    .iter()
+                    .map(|s| std::iter::from_fn(|| s.accept().ok()).count())
+                    .collect();
+                assert_eq!(landed.iter().sum::<usize>(), conns.len(), "{landed:?}");
+                if got != Steering::None {
+                    assert_eq!(
+                        landed[cpu % 2],
+                        conns.len(),
+                        "{got:?}: connections from CPU {cpu} landed {landed:?}"
+                    );
+                }
             }
+            assert!(made > 0);
         }
     }
 }

@@ -89,7 +89,7 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
             Job::Place { body, reply } => {
                 let started = Instant::now();
                 let mut u = Update::new();
-                match place(&ex, &body, &mut u) {
+                match place(&ex, &body, &mut u).await {
                     Ok(()) => {
                         publish(&ex, u, move || {
                             let _ = reply.send(Ok(()));
@@ -178,8 +178,8 @@ fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Applied, F
     })
 }
 
-/// The feed step of a placement.
-fn place(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<(), Failure> {
+/// The feed step of a placement, in slices (a chain may hold millions of blocks).
+async fn place(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<(), Failure> {
     let p = kvix_wire::codec::access::<Placement>(body)
         .map_err(|e| Failure::new(kvix_wire::ErrorCode::BadFrame, e.to_string()))?;
     ExecutorMetrics::add(&ex.metrics().placements, 1);
@@ -187,10 +187,21 @@ fn place(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<(), Failure
         seed: p.keyspace.seed(ex.config().block_size),
         kind: p.keyspace.kind(),
     };
-    let now = ex.now_ms();
-    ex.core()
-        .place(p.worker.to_native(), ks, kvix_wire::u64s(&p.chain), now, u)?;
+    let (worker, chain) = (p.worker.to_native(), kvix_wire::u64s(&p.chain));
+    let mut job = ex.core().start_placing(worker, ks, chain, ex.now_ms())?;
+    while !ex
+        .core()
+        .place_some(worker, ks, chain, &mut job, SLICE_BLOCKS, u)?
+    {
+        slice_done(ex).await;
+    }
     Ok(())
+}
+
+/// Ends one slice of a long write: counted, and queries get their turn.
+async fn slice_done(ex: &Executor) {
+    ExecutorMetrics::add(&ex.metrics().write_slices, 1);
+    glommio::executor().yield_task_queue_now().await;
 }
 
 /// Hands `update` to every other executor, applies it here, and calls `done` once every
@@ -233,8 +244,7 @@ async fn apply(ex: &Executor, update: &Update) {
         if cursor.is_finished() {
             break;
         }
-        ExecutorMetrics::add(&ex.metrics().write_slices, 1);
-        glommio::executor().yield_task_queue_now().await;
+        slice_done(ex).await;
     }
     ex.refresh_gauges();
 }
@@ -253,8 +263,7 @@ async fn export(ex: &Executor) -> Part {
         .index()
         .export_some(&mut cursor, SLICE_BLOCKS * 8, home, &mut part.runs)
     {
-        ExecutorMetrics::add(&ex.metrics().write_slices, 1);
-        glommio::executor().yield_task_queue_now().await;
+        slice_done(ex).await;
     }
     part
 }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvix_client::wire::{
-    encode, split_frame, to_native, Ack, AlignedVec, Announce, Announced, Answer, Echo, ErrorCode,
-    ErrorReply, Header, Hello, Kind, MessageRef, Placement, Query, Retire, Score, Stats, Welcome,
+    encode, to_native, Ack, AlignedVec, Announce, Announced, Answer, Echo, ErrorCode, ErrorReply,
+    FrameReader, Header, Hello, Kind, MessageRef, Placement, Query, Retire, Score, Stats, Welcome,
     BYTE_CHUNK, DEFAULT_MAX_FRAME, HEADER_LEN,
 };
 use kvix_client::Addr;
@@ -284,19 +284,17 @@ async fn serve<S>(
         }
         let _ = wr.shutdown().await;
     });
-    let mut buf = AlignedVec::new();
-    let mut tmp = vec![0u8; 64 << 10];
+    let mut frames = FrameReader::new(DEFAULT_MAX_FRAME);
     let mut hello_done = false;
     let mut held: Vec<Vec<u8>> = Vec::new();
     'outer: loop {
         let n = tokio::select! {
-            r = rd.read(&mut tmp) => match r { Ok(0) | Err(_) => break, Ok(n) => n },
+            r = rd.read(frames.spare()) => match r { Ok(0) | Err(_) => break, Ok(n) => n },
             _ = stop.wait_for(|s| *s) => break,
         };
-        buf.extend_from_slice(&tmp[..n]);
-        let mut at = 0;
+        frames.filled(n);
         loop {
-            let f = match split_frame(&buf[at..], DEFAULT_MAX_FRAME) {
+            let f = match frames.next() {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(_) => break 'outer,
@@ -304,12 +302,12 @@ async fn serve<S>(
             let (id, flags, len) = (f.header.request_id, f.header.flags, f.len);
             let Ok(msg) = f.message() else { break 'outer };
             let native = to_msg(&msg);
+            frames.consume(len);
             st.lock().unwrap().received.push(Got {
                 conn,
                 flags,
                 msg: native.clone(),
             });
-            at += len;
             if !hello_done {
                 let Msg::Hello(h) = native else { break 'outer };
                 let refuse = if h.token_block != opts.token_block {
@@ -481,10 +479,6 @@ async fn serve<S>(
                 }
             }
         }
-        // Keep the unread tail, at offset 0 of a fresh aligned buffer.
-        let mut rest = AlignedVec::new();
-        rest.extend_from_slice(&buf[at..]);
-        buf = rest;
     }
     let _ = tx.send(None);
     let _ = writer.await;

@@ -12,7 +12,7 @@
 use kvix_wire::WorkerId;
 
 use crate::error::{EngineError, IndexError};
-use crate::feed::{ApplyReport, EventView, FeedState};
+use crate::feed::{ApplyReport, EventView, FeedState, PlacementFeed, Placing};
 use crate::index::BlockIndex;
 use crate::ops::{Cursor, Op, RosterChange, Update};
 use crate::query::Ranker;
@@ -120,12 +120,47 @@ impl Core {
         now_ms: u64,
         out: &mut Update,
     ) -> Result<(), EngineError> {
-        let (_, feed) = home_feed(&self.roster, &mut self.feeds, worker, ks)?;
-        let FeedState::Placements(feed) = feed else {
-            return Err(wrong_feed(worker, feed, "placements"));
-        };
-        feed.place(worker, ks.seed, chain, now_ms, &mut out.ops);
+        let mut job = self.start_placing(worker, ks, chain, now_ms)?;
+        while !self.place_some(worker, ks, chain, &mut job, u64::MAX, out)? {}
         Ok(())
+    }
+
+    /// Home: starts a placement to be done in slices by [`Core::place_some`] (nothing else
+    /// may write to this worker's feed until it is done).
+    pub fn start_placing(
+        &mut self,
+        worker: WorkerId,
+        ks: Ks,
+        chain: &[u64],
+        now_ms: u64,
+    ) -> Result<Placing, EngineError> {
+        Ok(self.placements_of(worker, ks)?.start(chain.len(), now_ms))
+    }
+
+    /// Home: about `budget` blocks of a placement `job`; true once it is done.
+    pub fn place_some(
+        &mut self,
+        worker: WorkerId,
+        ks: Ks,
+        chain: &[u64],
+        job: &mut Placing,
+        budget: u64,
+        out: &mut Update,
+    ) -> Result<bool, EngineError> {
+        let feed = self.placements_of(worker, ks)?;
+        Ok(feed.place_some(worker, ks.seed, chain, job, budget, &mut out.ops))
+    }
+
+    fn placements_of(
+        &mut self,
+        worker: WorkerId,
+        ks: Ks,
+    ) -> Result<&mut PlacementFeed, EngineError> {
+        let (_, feed) = home_feed(&self.roster, &mut self.feeds, worker, ks)?;
+        match feed {
+            FeedState::Placements(feed) => Ok(feed),
+            other => Err(wrong_feed(worker, other, "placements")),
+        }
     }
 
     /// Home: cuts the placements older than their TTL, of every worker homed here.

@@ -31,7 +31,9 @@ pub use crate::core::Core;
 pub use coverage::Coverage;
 pub use engine::{Answer, Engine, EngineStats};
 pub use error::{EngineError, EventError, IndexError, RosterError};
-pub use feed::{ApplyReport, EventFeed, EventRef, EventView, FeedState, PlacementFeed, Sequencer};
+pub use feed::{
+    ApplyReport, EventFeed, EventRef, EventView, FeedState, PlacementFeed, Placing, Sequencer,
+};
 pub use image::{
     EngineImage, EventFeedImage, FeedImage, NameImage, PlacedImage, PlacementFeedImage, RunImage,
     WorkerImage,

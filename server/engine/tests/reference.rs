@@ -658,7 +658,12 @@ impl Subject for Fleet {
         self.write(w, |core, u| core.events(w, seq, ks, events, u))
     }
     fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<(), EngineError> {
-        self.write(w, |core, u| core.place(w, ks, chain, now, u))
+        let budget = self.budget;
+        self.write(w, |core, u| {
+            let mut job = core.start_placing(w, ks, chain, now)?;
+            while !core.place_some(w, ks, chain, &mut job, budget, u)? {}
+            Ok(())
+        })
     }
     fn expire(&mut self, now: u64) {
         for home in 0..self.cores.len() as u32 {

@@ -176,7 +176,7 @@ impl Drop for Server {
 /// A blocking, one-request-at-a-time (or hand-pipelined) wire client.
 pub struct Conn {
     pub stream: TcpStream,
-    buf: AlignedVec,
+    frames: FrameReader,
     next_id: u64,
 }
 
@@ -218,7 +218,7 @@ impl Conn {
             .unwrap();
         Conn {
             stream,
-            buf: AlignedVec::new(),
+            frames: FrameReader::new(u32::MAX),
             next_id: 1,
         }
     }
@@ -243,19 +243,16 @@ impl Conn {
     /// The next frame, or None when the server closed the connection.
     pub fn recv(&mut self) -> Option<Received> {
         loop {
-            if let Some(f) = split_frame(&self.buf, u32::MAX).expect("server frames are valid") {
+            if let Some(f) = self.frames.next().expect("server frames are valid") {
                 let (header, kind, len) = (f.header, f.kind, f.len);
                 let mut body = AlignedVec::new();
                 body.extend_from_slice(f.body);
-                let rest = self.buf[len..].to_vec();
-                self.buf.clear();
-                self.buf.extend_from_slice(&rest);
+                self.frames.consume(len);
                 return Some(Received { header, kind, body });
             }
-            let mut chunk = [0u8; 65536];
-            match self.stream.read(&mut chunk) {
+            match self.stream.read(self.frames.spare()) {
                 Ok(0) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Ok(n) => self.frames.filled(n),
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
                 Err(e) => panic!("reading from server: {e}"),
             }

@@ -6,7 +6,7 @@ mod events;
 mod placement;
 
 pub use events::{ApplyReport, EventFeed, Sequencer};
-pub use placement::PlacementFeed;
+pub use placement::{PlacementFeed, Placing};
 
 use kvix_wire::{ArchivedEvent, Event, Feed, WorkerId};
 

@@ -36,6 +36,21 @@ fn slot_hash(slots: &[Slot], s: u32) -> u64 {
     block_hash(slot.ks as u64, slot.hash)
 }
 
+/// A placement under way (see [`PlacementFeed::start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placing {
+    n: usize,
+    step: Step,
+    at: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Refresh,
+    Link,
+    Cut,
+}
+
 /// Placement-feed state of one worker.
 #[derive(Debug)]
 pub struct PlacementFeed {
@@ -91,29 +106,68 @@ impl PlacementFeed {
         now_ms: u64,
         out: &mut OpBatch,
     ) {
+        let mut job = self.start(chain.len(), now_ms);
+        while !self.place_some(worker, ks, chain, &mut job, u64::MAX, out) {}
+    }
+
+    /// Starts placing a chain of `len` blocks at `now_ms`, to be done by
+    /// [`PlacementFeed::place_some`] in slices (nothing else may touch this feed between).
+    pub fn start(&mut self, len: usize, now_ms: u64) -> Placing {
         self.clock = self.clock.max(now_ms);
-        // Blocks past the capacity would be cut right away (they are the newest, but the
-        // deepest, and everything older goes first), so they are never placed.
-        let n = chain.len().min(self.capacity.min(u32::MAX as u64) as usize);
+        self.scratch.clear();
+        Placing {
+            // Blocks past the capacity would be cut right away (they are the newest, but
+            // the deepest, and everything older goes first), so they are never placed.
+            n: len.min(self.capacity.min(u32::MAX as u64) as usize),
+            step: Step::Refresh,
+            at: 0,
+        }
+    }
+
+    /// Does about `budget` blocks of the placement `job` of `chain`; true once it is done.
+    pub fn place_some(
+        &mut self,
+        worker: WorkerId,
+        ks: u64,
+        chain: &[u64],
+        job: &mut Placing,
+        budget: u64,
+        out: &mut OpBatch,
+    ) -> bool {
+        let mut left = budget;
         let ksi = self.keyspace_index(ks);
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        for (pos, &hash) in chain[..n].iter().enumerate() {
-            let pos = pos as u32;
-            let s = self.slot_of(ksi, pos, hash);
-            self.unlink(s);
-            scratch.push(s);
+        while left > 0 {
+            left -= 1;
+            match job.step {
+                // Every block of the chain: found or made, and taken out of the list.
+                Step::Refresh if job.at < job.n => {
+                    let pos = job.at as u32;
+                    let s = self.slot_of(ksi, pos, chain[job.at]);
+                    self.unlink(s);
+                    self.scratch.push(s);
+                    job.at += 1;
+                }
+                Step::Refresh => job.step = Step::Link,
+                // Deepest first, so the chain's root ends up the most recent of this
+                // placement.
+                Step::Link if job.at > 0 => {
+                    job.at -= 1;
+                    let s = self.scratch[job.at];
+                    self.slots[s as usize].time = self.clock;
+                    self.push_newest(s);
+                }
+                Step::Link => {
+                    out.insert(ks, Holder::new(worker, 0), 0, None, &chain[..job.n]);
+                    job.step = Step::Cut;
+                }
+                Step::Cut if self.len > self.capacity => self.cut_oldest(worker, out),
+                Step::Cut => {
+                    self.scratch.clear();
+                    return true;
+                }
+            }
         }
-        // Deepest first, so the chain's root ends up the most recent of this placement.
-        for &s in scratch.iter().rev() {
-            self.slots[s as usize].time = self.clock;
-            self.push_newest(s);
-        }
-        self.scratch = scratch;
-        out.insert(ks, Holder::new(worker, 0), 0, None, &chain[..n]);
-        while self.len > self.capacity {
-            self.cut_oldest(worker, out);
-        }
+        false
     }
 
     /// Drops everything placed, naming every block.
@@ -320,6 +374,26 @@ mod tests {
         out.clear();
         f.drop_all(0, &mut out);
         assert_eq!((out.blocks(), out.ops().len()), (6, 2));
+    }
+
+    #[test]
+    fn a_placement_in_slices_is_the_placement_whole() {
+        let chains: Vec<Vec<u64>> = (0..6u64)
+            .map(|c| (0..7).map(|i| c * 100 + i.min(c + 1)).collect())
+            .collect();
+        let (mut whole, mut sliced) = (PlacementFeed::new(20, 0), PlacementFeed::new(20, 0));
+        let (mut a, mut b) = (OpBatch::new(), OpBatch::new());
+        for (t, chain) in chains.iter().enumerate() {
+            whole.place(0, 9, chain, t as u64, &mut a);
+            let mut job = sliced.start(chain.len(), t as u64);
+            let mut slices = 1;
+            while !sliced.place_some(0, 9, chain, &mut job, 3, &mut b) {
+                slices += 1;
+            }
+            assert!(slices > 2, "7 blocks in slices of 3");
+        }
+        assert_eq!(a, b);
+        assert_eq!(whole.export(10), sliced.export(10));
     }
 
     #[test]

@@ -1,0 +1,127 @@
+//! Every executor answers from its own copy: queries make no cross-executor call, a
+//! write acknowledged on one connection is seen by the next query on any executor, and
+//! a long write is applied in slices that queries can run between.
+
+mod common;
+
+use common::*;
+use kvix_wire::*;
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+}
+
+/// Per executor: queries it answered.
+fn per_executor(text: &str) -> Vec<u64> {
+    text.lines()
+        .filter(|l| l.starts_with("kvix_executor_queries_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn queries_never_leave_their_executor_and_see_writes_acknowledged_anywhere() {
+    let server = Server::start(&["--cores", "2", "--pin", "false", "--steering", "none"]);
+    let ks = Keyspace::tokens("m");
+    // Enough connections that both executors get some (kernel 4-tuple hashing).
+    let mut conns: Vec<Conn> = (0..16).map(|_| server.session()).collect();
+    let ids: Vec<u32> = (0..8)
+        .map(|w| {
+            conns[0]
+                .announce(&format!("w{w}"), vec![Lane::full(16)], Feed::Events)
+                .unwrap()
+                .worker
+        })
+        .collect();
+    for (round, &w) in ids.iter().enumerate() {
+        let chain = chain_of(&ks, round as u32 * 1000, 4 + round);
+        // Written on one connection, read at once on every other: an acknowledged write
+        // is in every executor's copy (the reply waits for all of them).
+        let writer = round % conns.len();
+        let r = conns[writer].ask(&EventBatch {
+            worker: w,
+            seq: 0,
+            keyspace: ks.clone(),
+            events: vec![Event::Stored {
+                lane: 0,
+                start: 0,
+                parent: None,
+                chain: chain.clone(),
+                engine: vec![],
+            }],
+        });
+        assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
+        for c in &mut conns {
+            let a = c.query(&ks, &chain);
+            assert_eq!(
+                a.scores,
+                vec![Score {
+                    worker: w,
+                    blocks: chain.len() as u32
+                }]
+            );
+        }
+    }
+    let text = server.scrape();
+    let spread = per_executor(&text);
+    assert_eq!(spread.len(), 2, "{text}");
+    assert!(
+        spread.iter().all(|&q| q > 0),
+        "both executors answered queries: {spread:?}"
+    );
+    assert_eq!(metric(&text, "kvix_query_hops_total"), 0);
+}
+
+#[test]
+fn a_long_placement_is_applied_in_slices() {
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--pin",
+        "false",
+        "--max-frame",
+        &(64u32 << 20).to_string(),
+    ]);
+    let ks = Keyspace::tokens("m");
+    let mut c = server.session();
+    let w = c
+        .announce(
+            "gateway-view",
+            vec![Lane::full(16)],
+            Feed::Placements {
+                capacity_blocks: 1 << 22,
+                ttl_ms: 0,
+            },
+        )
+        .unwrap()
+        .worker;
+    let before = metric(&server.scrape(), "kvix_write_slices_total");
+    const N: u32 = 400_000;
+    let chain: Vec<u64> = (0..N as u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    let r = c.ask(&Placement {
+        worker: w,
+        keyspace: ks.clone(),
+        chain: chain.clone(),
+    });
+    assert_eq!(r.kind, Kind::Ack);
+    let slices = metric(&server.scrape(), "kvix_write_slices_total") - before;
+    // The home's feed step (2 passes over the chain) and every executor's apply, each
+    // cut every 512 blocks.
+    let at_least = 2 * (N as u64 / 512) + 2 * (N as u64 / 512);
+    assert!(
+        slices >= at_least,
+        "{slices} slices for a {N}-block placement, expected at least {at_least}"
+    );
+    let a = c.query(&ks, &chain);
+    assert_eq!(
+        a.scores,
+        vec![Score {
+            worker: w,
+            blocks: N
+        }]
+    );
+}
