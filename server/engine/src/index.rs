@@ -133,6 +133,12 @@ impl BlockIndex {
         Self::default()
     }
 
+    /// Makes room for `blocks` more blocks at once (a restore knows how many are coming),
+    /// instead of growing the block table step by step.
+    pub fn reserve(&mut self, blocks: usize) {
+        self.reserve_slots(blocks);
+    }
+
     /// Distinct blocks held.
     pub fn blocks(&self) -> u64 {
         self.table.len() as u64

@@ -30,6 +30,8 @@ pub struct Ranker {
     epoch: u32,
     /// Plain holders covering `[0, end)`, sorted.
     alive: Vec<u32>,
+    /// The plain holders of the run at block 0: they score, whatever they meet later.
+    initial: Vec<u32>,
     kept: Vec<u32>,
     end: u32,
     /// Plain workers that dropped out, in drop-out order; `groups` marks where each
@@ -106,6 +108,7 @@ impl Ranker {
             self.epoch = 1;
         }
         self.alive.clear();
+        self.initial.clear();
         self.end = 0;
         self.dropped.clear();
         self.groups.clear();
@@ -139,13 +142,12 @@ impl Ranker {
                 }
                 match ctx.roster.class(w, ctx.kind) {
                     Class::Skip => {}
-                    Class::Plain => {
-                        self.first_sight(w);
-                        self.alive.push(h);
-                    }
+                    Class::Plain => self.alive.push(h),
                     Class::Rules => self.ruled_holds(w, h, a, b),
                 }
             }
+            self.initial.clear();
+            self.initial.extend_from_slice(&self.alive);
             self.end = b;
             return;
         }
@@ -176,7 +178,7 @@ impl Ranker {
                 Class::Plain if ctx.all_ruled => self.ruled_holds(w, h, a, b),
                 // A plain worker first met past block 0 cannot reuse anything.
                 Class::Plain => {
-                    if self.first_sight(w) {
+                    if self.initial.binary_search(&h).is_err() && self.first_sight(w) {
                         self.unscorable += 1;
                     }
                 }
