@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for every kvix-bench figure: builds kvix-server and kvix-bench (release),
 # starts a server on a free loopback port, runs each subcommand with modest defaults,
-# writes JSON (and the tables) into a results folder, and stops what it started.
+# writes JSON (and the tables) into a results folder, and stops what it started. The
+# side-by-side run against Dynamo's indexer is its own command (docs/benchmarks.md).
 #
 #   scripts/bench.sh [RESULTS_DIR]          # default target-bench/results/<UTC timestamp> (gitignored)
 #   QUICK=1 scripts/bench.sh                # smaller counts (a smoke run, ~1 min)
@@ -18,24 +19,37 @@ BIN="$CARGO_TARGET_DIR/release"
 
 cargo build --release -p kvix-server -p kvix-bench
 
-SERVER_PID=""
+SERVER_PIDS=()
 REDIS_STARTED=""
 cleanup() {
-  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+  for pid in "${SERVER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   if [ -n "$REDIS_STARTED" ]; then scripts/redis.sh stop >/dev/null || true; fi
 }
 trap cleanup EXIT
 
-"$BIN/kvix-server" --listen 127.0.0.1:0 --unix "" --metrics "" >"$OUT/server.out" 2>"$OUT/server.err" &
-SERVER_PID=$!
-ADDR=""
-for _ in $(seq 1 100); do
-  ADDR="$(grep -o 'tcp://[0-9.]*:[0-9]*' "$OUT/server.out" 2>/dev/null | head -1 | sed 's#tcp://##' || true)"
-  [ -n "$ADDR" ] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || { echo "kvix-server exited; see $OUT/server.err" >&2; exit 1; }
-  sleep 0.1
-done
-[ -n "$ADDR" ] || { echo "kvix-server did not print its address within 10 s" >&2; exit 1; }
+start_server() { # name, extra args...: starts a server with metrics, sets ADDR and METRICS
+  local name="$1"; shift
+  "$BIN/kvix-server" --listen 127.0.0.1:0 --unix "" --metrics 127.0.0.1:0 "$@" \
+    >"$OUT/$name.out" 2>"$OUT/$name.err" &
+  local pid=$!
+  SERVER_PIDS+=("$pid")
+  ADDR="" METRICS=""
+  for _ in $(seq 1 100); do
+    ADDR="$(grep -o 'tcp://[0-9.]*:[0-9]*' "$OUT/$name.out" 2>/dev/null | head -1 | sed 's#tcp://##' || true)"
+    METRICS="$(grep -o 'http://[0-9.]*:[0-9]*' "$OUT/$name.out" 2>/dev/null | head -1 | sed 's#http://##' || true)"
+    [ -n "$ADDR" ] && [ -n "$METRICS" ] && break
+    kill -0 "$pid" 2>/dev/null || { echo "kvix-server exited; see $OUT/$name.err" >&2; exit 1; }
+    sleep 0.1
+  done
+  [ -n "$ADDR" ] && [ -n "$METRICS" ] || { echo "kvix-server did not print its addresses within 10 s" >&2; exit 1; }
+}
+stop_server() { # stops the last server started
+  local pid="${SERVER_PIDS[-1]}"
+  kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+  unset 'SERVER_PIDS[-1]'
+}
+
+start_server server
 echo "kvix-server at $ADDR; results in $OUT"
 
 if [ -n "${QUICK:-}" ]; then
@@ -43,11 +57,13 @@ if [ -n "${QUICK:-}" ]; then
   LAT=(--queries 2000 --warmup 200)
   LOAD=(--duration 3 --rate 1000)
   RED=(--queries 500 --warmup 50)
+  SOAK=(--workers 24 --duration 15 --sample 3)
 else
   SIM=()
   LAT=(--queries 10000 --warmup 1000)
   LOAD=(--duration 10 --rate 2000)
   RED=(--queries 2000 --warmup 200)
+  SOAK=(--duration 60)
 fi
 
 run() { # name, args...: the command to $OUT/name.cmd, its JSON to $OUT/name.json
@@ -68,5 +84,12 @@ if [ -z "${NO_REDIS:-}" ]; then
   if ! scripts/redis.sh status >/dev/null 2>&1; then scripts/redis.sh start; REDIS_STARTED=1; fi
   run redis redis --server "$ADDR" "${RED[@]}"
 fi
+# Memory under placement churn, each on a fresh server: one copy of the index, then two.
+stop_server
+for cores in 1 2; do
+  start_server "soak-server-$cores" --cores "$cores"
+  run "soak-cores$cores" soak --server "$ADDR" --metrics "$METRICS" "${SOAK[@]}"
+  stop_server
+done
 echo "done: $OUT"
 ls -1 "$OUT"

@@ -3,7 +3,7 @@
 //! - [`sim`]: routing simulation, shared index vs per-gateway guesses,
 //! - [`trace`] + [`replay`]: the Mooncake trace, its chain mapping, replay,
 //! - [`lru`]: the mock worker's LRU prefix cache, [`pick`]: the cache-aware pick,
-//! - [`latency`], [`load`], [`redis`]: against a running kvix-server (and Redis),
+//! - [`latency`], [`load`], [`redis`], [`soak`]: against a running kvix-server (and Redis),
 //!   over [`net`] (worker-side wire connection, preloaded dataset) and [`resp`],
 //! - [`stats`], [`table`], [`rng`]: reporting and determinism helpers.
 
@@ -17,6 +17,7 @@ pub mod replay;
 pub mod resp;
 pub mod rng;
 pub mod sim;
+pub mod soak;
 pub mod stats;
 pub mod table;
 pub mod trace;

@@ -12,7 +12,7 @@ use kvix_bench::replay::{self, InProcess, Remote, ReplayConfig, ReplayResult};
 use kvix_bench::sim::{self, LegResult, LoadView, Regime, SimConfig};
 use kvix_bench::table::{f, Table};
 use kvix_bench::trace;
-use kvix_bench::{latency, load, net, redis};
+use kvix_bench::{latency, load, net, redis, soak};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -58,6 +58,9 @@ enum Cmd {
     /// Open-loop load at --rate from N gateways with event traffic from M workers;
     /// coordinated-omission-correct latency and the share missing a 2 ms deadline.
     Load(LoadArgs),
+    /// Placement churn against a server until every worker's cap is reached and beyond,
+    /// sampling its resident memory (which must go flat with the block count).
+    Soak(SoakArgs),
     /// The same queries against Redis (llm-d style: one hash per block, pipelined HKEYS)
     /// and kvix, side by side, same data in both.
     Redis(RedisArgs),
@@ -172,6 +175,42 @@ struct DataArgs {
     /// Blocks of the system prefix every worker holds.
     #[arg(long, default_value_t = 32)]
     system_blocks: u32,
+    /// Token block size (must equal the server's --block-size).
+    #[arg(long, default_value_t = 16)]
+    token_block: u32,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
+struct SoakArgs {
+    /// kvix-server address (loopback only).
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    server: String,
+    /// The server's metrics address (loopback only).
+    #[arg(long, default_value = "127.0.0.1:7421")]
+    metrics: String,
+    /// Placement-fed workers.
+    #[arg(long, default_value_t = 240)]
+    workers: usize,
+    /// Blocks each worker may hold (placements past it cut its oldest-used blocks).
+    #[arg(long, default_value_t = 9500)]
+    capacity: u64,
+    /// Blocks of the system prefix every placement starts with.
+    #[arg(long, default_value_t = 16)]
+    prefix_blocks: u32,
+    /// Blocks of each placement's own tail.
+    #[arg(long, default_value_t = 32)]
+    tail_blocks: u32,
+    /// Placements per second, all workers together.
+    #[arg(long, default_value_t = 3000.0)]
+    rate: f64,
+    /// Seconds of churn.
+    #[arg(long, default_value_t = 90.0)]
+    duration: f64,
+    /// Seconds between memory samples.
+    #[arg(long, default_value_t = 5.0)]
+    sample: f64,
     /// Token block size (must equal the server's --block-size).
     #[arg(long, default_value_t = 16)]
     token_block: u32,
@@ -485,6 +524,45 @@ fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+fn cmd_soak(a: SoakArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
+    let (addr, metrics) = (net::loopback(&a.server)?, net::loopback(&a.metrics)?);
+    let cfg = soak::SoakConfig {
+        server: a.server,
+        metrics: a.metrics,
+        workers: a.workers,
+        capacity: a.capacity,
+        prefix_blocks: a.prefix_blocks,
+        tail_blocks: a.tail_blocks,
+        rate: a.rate,
+        duration_s: a.duration,
+        sample_s: a.sample,
+        token_block: a.token_block,
+        seed: a.seed,
+    };
+    let pb = progress(quiet, "soak: seconds");
+    let report = runtime(1)?.block_on(soak::run(&cfg, addr, metrics, &pb))?;
+    emit(json, &report, |r| {
+        let mut t = Table::new(&["s", "blocks", "RSS MiB", "B/block/copy"]);
+        for s in &r.samples {
+            t.row(vec![
+                f(s.at_s, 0),
+                s.blocks.to_string(),
+                f(s.resident_bytes as f64 / (1 << 20) as f64, 1),
+                f(s.bytes_per_block_per_copy, 1),
+            ]);
+        }
+        format!(
+            "soak: {} placement workers x {} blocks, {} placements, {} executor(s) each with a copy\n{}\nresident memory at the end / when every cap was first reached: {:.3}\n",
+            r.config.workers,
+            r.config.capacity,
+            r.placements,
+            r.executors,
+            t.render(),
+            r.growth_after_full
+        )
+    })
+}
+
 fn cmd_latency(a: LatencyArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
     let addr = net::loopback(&a.server)?;
     let cfg = latency::LatencyConfig {
@@ -669,6 +747,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Trace(a) => cmd_trace(a, cli.json, cli.quiet),
         Cmd::Latency(a) => cmd_latency(a, cli.json, cli.quiet),
         Cmd::Load(a) => cmd_load(a, cli.json, cli.quiet),
+        Cmd::Soak(a) => cmd_soak(a, cli.json, cli.quiet),
         Cmd::Redis(a) => cmd_redis(a, cli.json, cli.quiet),
     }
 }

@@ -220,6 +220,18 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
         counter(name, help, "gauge", vec![(String::new(), v)]);
     }
     counter(
+        "kvix_resident_bytes",
+        "Resident memory of the process (every executor's copy of the index included).",
+        "gauge",
+        vec![(String::new(), resident_bytes())],
+    );
+    counter(
+        "kvix_executors",
+        "Executors, each holding a whole copy of the index.",
+        "gauge",
+        vec![(String::new(), shards.len() as u64)],
+    );
+    counter(
         "kvix_rejected_frames_total",
         "Frames or connections refused, by reason.",
         "counter",
@@ -263,6 +275,19 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
         summary(&mut out, name, help, shards.iter().map(f));
     }
     out
+}
+
+/// The process's resident set, from /proc/self/statm (0 where there is none).
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    pages * page
 }
 
 /// Writes a merged histogram as a Prometheus summary (quantiles, sum, count).
@@ -317,6 +342,12 @@ mod tests {
         assert!(text.contains("kvix_blocks 7\n"), "one copy, not the sum");
         assert!(text.contains("kvix_executor_queries_total{executor=\"1\"} 2\n"));
         assert!(text.contains("kvix_query_hops_total 0\n"));
+        assert!(text.contains("kvix_executors 2\n"));
+        let rss = text
+            .lines()
+            .find_map(|l| l.strip_prefix("kvix_resident_bytes "))
+            .and_then(|v| v.parse::<u64>().ok());
+        assert!(rss.is_some_and(|b| b > 1 << 20), "{rss:?}");
         assert!(text.contains("kvix_query_latency_us_count 3\n"));
     }
 }

@@ -189,7 +189,9 @@ pub fn split_frame(buf: &[u8], max_frame: u32) -> Result<Option<Frame<'_>>, Fram
 
 /// Validates and borrows `body` as an `M`.
 pub fn access<M: Body>(body: &[u8]) -> Result<&M::Archived, FrameError> {
-    if !(body.as_ptr() as usize).is_multiple_of(FRAME_ALIGN) {
+    // An empty body (a message without fields) has nothing to misread, and an empty
+    // buffer's pointer need not be aligned.
+    if !body.is_empty() && !(body.as_ptr() as usize).is_multiple_of(FRAME_ALIGN) {
         return Err(FrameError::Misaligned);
     }
     rkyv::access::<M::Archived, rancor::Error>(body).map_err(|e| FrameError::InvalidBody {
@@ -229,4 +231,22 @@ pub fn validate_stream(bytes: &[u8], max_frame: u32) -> Result<usize, FrameError
         frames += 1;
     }
     Ok(frames)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_bodies_read_from_any_address() {
+        let bytes = [0u8; 9];
+        assert!(access::<Ack>(&bytes[1..1]).is_ok());
+        assert!(access::<StatsRequest>(&[]).is_ok());
+        let mut odd = AlignedVec::new();
+        odd.extend_from_slice(&[0u8; 16]);
+        assert!(matches!(
+            access::<Retire>(&odd[1..5]),
+            Err(FrameError::Misaligned)
+        ));
+    }
 }

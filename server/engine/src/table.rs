@@ -357,12 +357,12 @@ fn free_mask(group: &[u8]) -> u32 {
 
 #[inline]
 fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(feature = "no-prefetch")))]
     // SAFETY: prefetching is a hint; it never faults, whatever the address.
     unsafe {
         std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0);
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(any(not(target_arch = "x86_64"), feature = "no-prefetch"))]
     let _ = p;
 }
 
