@@ -84,6 +84,10 @@ if [ -z "${NO_REDIS:-}" ]; then
   if ! scripts/redis.sh status >/dev/null 2>&1; then scripts/redis.sh start; REDIS_STARTED=1; fi
   run redis redis --server "$ADDR" "${RED[@]}"
 fi
+# The server's own counters after all of the above (kvix_query_hops_total stays 0).
+python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen("http://"+sys.argv[1]+"/metrics").read().decode())' \
+  "$METRICS" >"$OUT/server-metrics.txt"
+grep '^kvix_query_hops_total' "$OUT/server-metrics.txt"
 # Memory under placement churn, each on a fresh server: one copy of the index, then two.
 stop_server
 for cores in 1 2; do
