@@ -72,6 +72,15 @@ pub struct Config {
     #[arg(long, default_value_t = 0)]
     pub spin_us: u64,
 
+    /// Threads that read the engines' KV event publishers (each polls many of them).
+    #[arg(long, default_value_t = 1)]
+    pub ingest_threads: usize,
+
+    /// Event sources (announces with a ZMQ endpoint) subscribed at most; further
+    /// announces with a source are refused with TooManySources.
+    #[arg(long, default_value_t = 1024)]
+    pub max_sources: usize,
+
     /// Connection steering across executors: ebpf, cbpf or none (plain SO_REUSEPORT).
     /// eBPF falls back to classic BPF, and that to none, when the kernel refuses it.
     #[arg(long, default_value = "ebpf")]
@@ -112,6 +121,9 @@ impl Config {
         }
         if (self.max_frame as usize) < 1024 {
             return Err("--max-frame must be at least 1024 bytes".into());
+        }
+        if self.ingest_threads == 0 || self.ingest_threads > 64 {
+            return Err("--ingest-threads must be between 1 and 64".into());
         }
         if self.max_inflight == 0 || self.max_connections == 0 {
             return Err("--max-inflight and --max-connections must be at least 1".into());

@@ -19,6 +19,8 @@ use kvix_wire::{ArchivedQuery, WorkerId};
 
 use crate::config::Config;
 use crate::failure::Failure;
+use crate::ingest::holders::Holders;
+use crate::ingest::Ingest;
 use crate::mesh::{Call, LocalFuture, Mesh, QueryScope};
 use crate::metrics::{ExecutorMetrics, Outcome};
 use crate::writer::Job;
@@ -33,18 +35,25 @@ pub struct Executor {
     registry: RefCell<Registry>,
     mesh: Mesh,
     writes: LocalSender<Job>,
+    /// The process's engine-event ingest (executor 0 subscribes and retires sources).
+    ingest: Arc<Ingest>,
+    /// Ingest state of the event-source workers homed here.
+    holders: RefCell<Holders>,
     answer: RefCell<Answer>,
     candidates: RefCell<Vec<WorkerId>>,
     started: Instant,
 }
 
 impl Executor {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: Arc<Config>,
         metrics: Arc<[ExecutorMetrics]>,
         mesh: Mesh,
         core: Core,
         registry: Registry,
+        holders: Holders,
+        ingest: Arc<Ingest>,
         writes: LocalSender<Job>,
     ) -> Rc<Self> {
         Rc::new(Executor {
@@ -56,6 +65,8 @@ impl Executor {
             registry: RefCell::new(registry),
             mesh,
             writes,
+            ingest,
+            holders: RefCell::new(holders),
             answer: RefCell::new(Answer::default()),
             candidates: RefCell::new(Vec::new()),
             started: Instant::now(),
@@ -103,6 +114,15 @@ impl Executor {
 
     pub fn registry(&self) -> RefMut<'_, Registry> {
         self.registry.borrow_mut()
+    }
+
+    pub fn ingest(&self) -> &Ingest {
+        &self.ingest
+    }
+
+    /// The ingest state of the workers homed here. Never held across an await.
+    pub fn holders(&self) -> RefMut<'_, Holders> {
+        self.holders.borrow_mut()
     }
 
     /// Queues a write job on this executor.

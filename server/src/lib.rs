@@ -33,6 +33,7 @@ use kvix_engine::{Core, EngineImage, Registry};
 
 pub use config::Config;
 use executor::Executor;
+use ingest::holders::Holders;
 use metrics::ExecutorMetrics;
 
 /// Per-executor I/O memory: small enough for the default 8 MiB RLIMIT_MEMLOCK.
@@ -49,12 +50,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
-    ingest::init(ingest::Settings {
-        addr: group.addr,
-        auth: config.auth_token.clone(),
-        block_size: config.block_size,
-    })
-    .context("starting the event ingest")?;
+    let ingest = Arc::new(
+        ingest::Ingest::start(config.ingest_threads, executors, config.max_sources)
+            .context("starting the event ingest threads")?,
+    );
     // A snapshot that cannot be read whole stops the start: never serve half an index.
     let restored = match &config.snapshot {
         Some(path) => snapshot::load(path, config.block_size)?,
@@ -62,8 +61,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     if let Some(image) = &restored {
         tracing::info!(
-            workers = image.workers.len(),
-            runs = image.runs.len(),
+            workers = image.engine.workers.len(),
+            runs = image.engine.runs.len(),
+            sources = image.sources.len(),
             "restoring snapshot"
         );
     }
@@ -75,6 +75,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         ready: std::sync::Barrier::new(executors),
         restored,
         snapshot_done: AtomicBool::new(false),
+        ingest: ingest.clone(),
     });
     let config = shared.config.clone();
     let mesh = mesh::builder(executors);
@@ -113,6 +114,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             }
         }
     }
+    ingest.stop();
     if !config.unix.is_empty() {
         let _ = std::fs::remove_file(&config.unix);
     }
@@ -125,24 +127,50 @@ struct Shared {
     metrics: Arc<[ExecutorMetrics]>,
     stop: Arc<AtomicBool>,
     ready: std::sync::Barrier,
-    restored: Option<EngineImage>,
+    restored: Option<snapshot::ServerImage>,
+    ingest: Arc<ingest::Ingest>,
     /// Set by executor 0 once the shutdown snapshot is written; peers serve it until then.
     snapshot_done: AtomicBool,
 }
 
-/// This executor's engine and registry, restored from the snapshot if there is one.
-fn restore(shared: &Shared, me: usize, executors: usize) -> anyhow::Result<(Core, Registry)> {
-    let (mut core, mut registry) = (Core::new(), Registry::new());
+/// This executor's engine, registry and ingest state, restored from the snapshot if
+/// there is one.
+fn restore(
+    shared: &Shared,
+    me: usize,
+    executors: usize,
+) -> anyhow::Result<(Core, Registry, Holders)> {
+    let (mut core, mut registry, mut holders) = (Core::new(), Registry::new(), Holders::default());
     if let Some(image) = &shared.restored {
         let block = shared.config.block_size;
         let entries = registry
-            .import(&image.workers, block)
+            .import(&image.engine.workers, block)
             .context("restoring the snapshot's workers")?;
         let home = |w: u32| w as usize % executors == me;
-        core.import(&entries, &image.runs, &image.feeds, home, 0)
+        core.import(&entries, &image.engine.runs, &image.engine.feeds, home, 0)
             .context("restoring the snapshot's index")?;
+        for (w, h) in image.holders.iter().filter(|(w, _)| home(*w)) {
+            let lanes = entries.iter().find(|e| e.id == *w).map(|e| &e.lanes[..]);
+            if !lanes.is_some_and(|l| holders.import(*w, h, l, block)) {
+                anyhow::bail!("the snapshot's ingest state of worker {w} does not fit its roster");
+            }
+        }
     }
-    Ok((core, registry))
+    Ok((core, registry, holders))
+}
+
+/// Executor 0, once every executor is ready: resubscribes the snapshot's event sources
+/// where their streams left off.
+fn resubscribe(ex: &Executor, image: &snapshot::ServerImage) {
+    for (w, source) in &image.sources {
+        let last = image
+            .holders
+            .iter()
+            .find(|(h, _)| h == w)
+            .and_then(|(_, h)| h.last);
+        let name = ex.registry().name_of(*w).unwrap_or_default().to_string();
+        ex.ingest().restore(*w, &name, source.clone(), last);
+    }
 }
 
 async fn executor_main(
@@ -160,7 +188,7 @@ async fn executor_main(
     let writes = gx.create_task_queue(Shares::Static(100), Latency::NotImportant, "writes");
     let (mesh, inbox) = mesh::Mesh::join(mesh, &shared.metrics).await?;
     let me = mesh.me();
-    let (core, registry) = restore(&shared, me, mesh.executors())?;
+    let (core, registry, holders) = restore(&shared, me, mesh.executors())?;
     let (jobs, queue) = glommio::channels::local_channel::new_unbounded();
     let ex = Executor::new(
         config.clone(),
@@ -168,6 +196,8 @@ async fn executor_main(
         mesh,
         core,
         registry,
+        holders,
+        shared.ingest.clone(),
         jobs,
     );
     ex.refresh_gauges();
@@ -175,8 +205,16 @@ async fn executor_main(
     glommio::spawn_local_into(writer::run(ex.clone(), queue), writes)
         .map_err(|e| anyhow::anyhow!("starting the write queue: {e}"))?
         .detach();
+    if let Some(deliveries) = shared.ingest.take_inbox(me) {
+        glommio::spawn_local_into(ingest::serve_inbox(ex.clone(), deliveries), writes)
+            .map_err(|e| anyhow::anyhow!("starting the ingest inbox: {e}"))?
+            .detach();
+    }
     // Blocking here is fine: nothing on this executor may run before its peers are wired.
     shared.ready.wait();
+    if let (0, Some(image)) = (me, &shared.restored) {
+        resubscribe(&ex, image);
+    }
     if me == 0 && !config.metrics.is_empty() {
         let addr = &config.metrics;
         let l = glommio::net::TcpListener::bind(addr.as_str())
@@ -262,28 +300,39 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) {
     let parts: Vec<_> = (0..ex.executors())
         .map(|e| ex.on(e, calls::export::Export))
         .collect();
-    let mut image = EngineImage {
-        workers: ex.registry().export(),
-        ..Default::default()
+    let mut image = snapshot::ServerImage {
+        engine: EngineImage {
+            workers: ex.registry().export(),
+            ..Default::default()
+        },
+        sources: ex.ingest().sources(),
+        holders: Vec::new(),
     };
     for part in parts {
         match part.await {
             Ok(p) => {
-                image.runs.extend(p.runs);
-                image.feeds.extend(p.feeds);
+                image.engine.runs.extend(p.runs);
+                image.engine.feeds.extend(p.feeds);
+                image.holders.extend(p.holders);
             }
             Err(f) => return tracing::error!("snapshot not taken: {}", f.message),
         }
     }
-    image.feeds.sort_unstable_by_key(|(w, _)| *w);
+    image.engine.feeds.sort_unstable_by_key(|(w, _)| *w);
+    image.holders.sort_unstable_by_key(|(w, _)| *w);
     let bytes = snapshot::encode(&image, ex.config().block_size);
-    let writer = std::thread::spawn(move || {
-        let done = snapshot::write(&path, &bytes);
-        match &done {
-            Ok(()) => {
-                tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written")
-            }
-            Err(e) => tracing::error!(path = %path.display(), "snapshot not written: {e}"),
+    let (written, failed) = (
+        ex.metrics().snapshots.clone(),
+        ex.metrics().snapshot_failures.clone(),
+    );
+    let writer = std::thread::spawn(move || match snapshot::write(&path, &bytes) {
+        Ok(()) => {
+            written.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written")
+        }
+        Err(e) => {
+            failed.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(path = %path.display(), "snapshot not written: {e}")
         }
     });
     if last {

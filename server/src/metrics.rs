@@ -83,6 +83,9 @@ pub struct ExecutorMetrics {
     pub query_hops: Arc<AtomicU64>,
     /// Bounded slices long writes were applied in (queries run between slices).
     pub write_slices: AtomicU64,
+    /// Snapshots written to disk, and those that failed (executor 0's).
+    pub snapshots: Arc<AtomicU64>,
+    pub snapshot_failures: Arc<AtomicU64>,
     query_us: Mutex<Option<Histogram<u64>>>,
     apply_us: Mutex<Option<Histogram<u64>>>,
 }
@@ -146,7 +149,7 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 9] = [
+    let plain: [(&str, &str, &str, Field); 11] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -200,6 +203,18 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
             "Bounded slices that long writes were applied in, letting queries run between them.",
             "counter",
             |s| &s.write_slices,
+        ),
+        (
+            "kvix_snapshots_written_total",
+            "Snapshots written to --snapshot (fsynced and renamed into place).",
+            "counter",
+            |s| &s.snapshots,
+        ),
+        (
+            "kvix_snapshot_failures_total",
+            "Snapshots that could not be written (the previous file stays).",
+            "counter",
+            |s| &s.snapshot_failures,
         ),
     ];
     for (name, help, kind, f) in plain {

@@ -8,7 +8,8 @@
 //! 12     4    token block size the chains were hashed with (u32 LE)
 //! 16     8    body length (u64 LE)
 //! 24     8    xxh3-64 of the body (u64 LE)
-//! 32     ..   body: rkyv archive of kvix_engine::EngineImage
+//! 32     ..   body: rkyv archive of ServerImage (the engine's image, the event
+//!             sources, the ingest state of their workers)
 //! ```
 //! A torn file (short body), a flipped bit (checksum), another block size or a body that
 //! does not validate is refused with a message saying which; nothing is half-loaded.
@@ -18,12 +19,13 @@ use std::io::Write;
 use std::path::Path;
 
 use kvix_engine::EngineImage;
+use kvix_wire::{EventSource, WorkerId};
 use rkyv::rancor;
 use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: &[u8; 8] = b"KVIXSNAP";
-pub const SNAPSHOT_VERSION: u32 = 2;
+pub const SNAPSHOT_VERSION: u32 = 3;
 const HEADER: usize = 32;
 
 #[derive(Debug, Error)]
@@ -47,8 +49,18 @@ pub enum SnapshotError {
     Invalid { path: String, reason: String },
 }
 
+/// What a snapshot holds.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct ServerImage {
+    pub engine: EngineImage,
+    /// The event sources subscribed, by worker: resubscribed on restore.
+    pub sources: Vec<(WorkerId, EventSource)>,
+    /// The ingest state of event-source workers: where their streams left off.
+    pub holders: Vec<(WorkerId, crate::ingest::holders::HolderImage)>,
+}
+
 /// Serializes `image` into the snapshot format.
-pub fn encode(image: &EngineImage, token_block: u32) -> Vec<u8> {
+pub fn encode(image: &ServerImage, token_block: u32) -> Vec<u8> {
     let body = rkyv::to_bytes::<rancor::Error>(image).expect("plain data serializes");
     let mut out = Vec::with_capacity(HEADER + body.len());
     out.extend_from_slice(MAGIC);
@@ -76,7 +88,7 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Checks and decodes snapshot bytes.
-pub fn decode(bytes: &[u8], token_block: u32, path: &str) -> Result<EngineImage, SnapshotError> {
+pub fn decode(bytes: &[u8], token_block: u32, path: &str) -> Result<ServerImage, SnapshotError> {
     let path = path.to_string();
     if bytes.len() < HEADER || &bytes[..8] != MAGIC {
         return Err(SnapshotError::Magic { path });
@@ -105,14 +117,14 @@ pub fn decode(bytes: &[u8], token_block: u32, path: &str) -> Result<EngineImage,
     // file is page-aligned, so this only happens for bytes held elsewhere).
     let mut aligned = kvix_wire::AlignedVec::with_capacity(body.len());
     aligned.extend_from_slice(body);
-    rkyv::from_bytes::<EngineImage, rancor::Error>(&aligned).map_err(|e| SnapshotError::Invalid {
+    rkyv::from_bytes::<ServerImage, rancor::Error>(&aligned).map_err(|e| SnapshotError::Invalid {
         path,
         reason: e.to_string(),
     })
 }
 
 /// Reads the snapshot at `path`: `Ok(None)` when there is none yet.
-pub fn load(path: &Path, token_block: u32) -> Result<Option<EngineImage>, SnapshotError> {
+pub fn load(path: &Path, token_block: u32) -> Result<Option<ServerImage>, SnapshotError> {
     let shown = path.display().to_string();
     let file = match File::open(path) {
         Ok(f) => f,
@@ -139,8 +151,8 @@ mod tests {
     use kvix_engine::{RunImage, WorkerImage};
     use kvix_wire::{Feed, Lane};
 
-    fn image() -> EngineImage {
-        EngineImage {
+    fn image() -> ServerImage {
+        let engine = EngineImage {
             workers: vec![WorkerImage {
                 id: 0,
                 name: "w".into(),
@@ -156,6 +168,19 @@ mod tests {
                 holders: vec![(0, 0)],
             }],
             feeds: vec![],
+        };
+        ServerImage {
+            engine,
+            sources: vec![(
+                0,
+                EventSource {
+                    endpoint: "tcp://127.0.0.1:5557".into(),
+                    replay: String::new(),
+                    model: "m".into(),
+                    salt: String::new(),
+                },
+            )],
+            holders: vec![],
         }
     }
 

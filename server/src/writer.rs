@@ -20,6 +20,7 @@ use kvix_wire::{AlignedVec, Applied, ApplyStatus, EventBatch, Placement, WorkerI
 use crate::calls;
 use crate::executor::Executor;
 use crate::failure::Failure;
+use crate::ingest::holders::HolderImage;
 use crate::metrics::ExecutorMetrics;
 
 /// Blocks applied between two yields to the query task queue (about 50 µs of work).
@@ -57,6 +58,12 @@ pub enum Job {
     },
     /// This executor's part of a snapshot.
     Export { reply: oneshot::Sender<Part> },
+    /// Engine events the ingest read for a worker homed here; `slot` is held until every
+    /// executor applied them.
+    Ingest {
+        job: crate::ingest::IngestJob,
+        slot: glommio::sync::StaticPermit,
+    },
 }
 
 /// One executor's part of a snapshot: the feeds of its workers, and their runs (taken
@@ -65,6 +72,7 @@ pub enum Job {
 pub struct Part {
     pub feeds: Vec<(WorkerId, FeedImage)>,
     pub runs: Vec<RunImage>,
+    pub holders: Vec<(WorkerId, HolderImage)>,
 }
 
 /// Runs `ex`'s write jobs in order until the queue closes.
@@ -106,6 +114,9 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
                 reply,
             } => {
                 let mut u = Update::new();
+                if outcome != AnnounceOutcome::Unchanged {
+                    ex.holders().forget(entry.id);
+                }
                 ex.core().register(entry, outcome, &mut u);
                 publish(&ex, u, move || {
                     let _ = reply.send(());
@@ -114,6 +125,7 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
             }
             Job::Retire { worker, reply } => {
                 let mut u = Update::new();
+                ex.holders().forget(worker);
                 let retired = ex.core().retire(worker, &mut u);
                 match retired {
                     Ok(()) => {
@@ -138,6 +150,13 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
             Job::Export { reply } => {
                 let _ = reply.send(export(&ex).await);
             }
+            Job::Ingest { job, slot } => {
+                let started = Instant::now();
+                let mut u = Update::new();
+                crate::ingest::holders::apply(&ex, job, &mut u);
+                publish(&ex, u, move || drop(slot)).await;
+                ex.metrics().applied(started.elapsed());
+            }
         }
     }
 }
@@ -151,6 +170,7 @@ fn job_name(j: &Job) -> &'static str {
         Job::Expire => "expire",
         Job::Apply { .. } => "apply",
         Job::Export { .. } => "export",
+        Job::Ingest { .. } => "ingest",
     }
 }
 
@@ -256,6 +276,7 @@ async fn export(ex: &Executor) -> Part {
     let mut part = Part {
         feeds: ex.core().export_feeds(ex.now_ms()),
         runs: Vec::new(),
+        holders: ex.holders().export(),
     };
     let mut cursor = 0;
     while !ex

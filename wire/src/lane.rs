@@ -51,6 +51,8 @@ pub enum LaneError {
     BlockSize { block: u32, keyspace_block: u32 },
     #[error("a sliding window must be at least 1 token")]
     ZeroWindow,
+    #[error("vLLM never reuses {0} blocks across requests, so kvix cannot score them: leave that cache group out of the roster")]
+    NotReusable(&'static str),
 }
 
 const FULL: &str = "full_attention";
@@ -58,6 +60,8 @@ const MLA: &str = "mla_attention";
 const SLIDING: &str = "sliding_window";
 const CHUNKED: &str = "chunked_local";
 const MAMBA: &str = "mamba";
+/// vLLM `KVCacheSpecKind`s with no prefix reuse: refused, by name, wherever a kind is read.
+const NOT_REUSABLE: [&str; 3] = ["encoder_only_attention", "cross_attention", "unknown"];
 
 impl LaneKind {
     /// The canonical name of the kind, without its parameter.
@@ -73,8 +77,10 @@ impl LaneKind {
 
     /// Builds a kind from its name and optional parameter (window or chunk, in tokens).
     ///
-    /// Accepts vLLM's spellings too (`chunked_local_attention`, `full`, `mla`), so the
-    /// event ingest and the CLI share this one decoder.
+    /// Accepts vLLM's spellings too, so the event ingest and the CLI share this one
+    /// decoder: every `KVCacheSpecKind` of vLLM 0.34 maps to a kind (`sink_full_attention`
+    /// is full attention, `sliding_window_mla` a sliding window) or is refused with
+    /// [`LaneError::NotReusable`] (`encoder_only_attention`, `cross_attention`, `unknown`).
     pub fn from_parts(name: &str, param: Option<u32>) -> Result<Self, LaneError> {
         let positive = |kind, what| match param {
             Some(v) if v > 0 => Ok(v),
@@ -85,16 +91,21 @@ impl LaneKind {
             Some(_) => Err(LaneError::UnexpectedParam(kind.name())),
         };
         match name {
-            FULL | "full" | "attention" => bare(LaneKind::FullAttention),
+            FULL | "full" | "attention" | "sink_full_attention" => bare(LaneKind::FullAttention),
             MLA | "mla" => bare(LaneKind::MlaAttention),
-            SLIDING | "sliding_window_attention" | "swa" => Ok(LaneKind::SlidingWindow {
-                window: positive(SLIDING, "window")?,
-            }),
+            SLIDING | "sliding_window_attention" | "swa" | "sliding_window_mla" => {
+                Ok(LaneKind::SlidingWindow {
+                    window: positive(SLIDING, "window")?,
+                })
+            }
             CHUNKED | "chunked_local_attention" => Ok(LaneKind::ChunkedLocal {
                 chunk: positive(CHUNKED, "chunk")?,
             }),
             MAMBA | "mamba2" | "recurrent" => bare(LaneKind::Mamba),
-            other => Err(LaneError::UnknownKind(other.to_string())),
+            other => match NOT_REUSABLE.iter().find(|k| **k == other) {
+                Some(k) => Err(LaneError::NotReusable(k)),
+                None => Err(LaneError::UnknownKind(other.to_string())),
+            },
         }
     }
 
@@ -223,6 +234,50 @@ mod tests {
             };
             assert_eq!(Lane::parse(&lane.to_string()), Ok(lane));
         }
+    }
+
+    #[test]
+    fn every_vllm_spec_kind_maps_to_a_lane_kind_or_is_refused_by_name() {
+        // vLLM 0.34's KVCacheSpecKind values, as its events spell them.
+        let window = Some(128);
+        for (kind, param, want) in [
+            ("full_attention", None, Ok(LaneKind::FullAttention)),
+            ("mla_attention", None, Ok(LaneKind::MlaAttention)),
+            ("sink_full_attention", None, Ok(LaneKind::FullAttention)),
+            (
+                "sliding_window",
+                window,
+                Ok(LaneKind::SlidingWindow { window: 128 }),
+            ),
+            (
+                "sliding_window_mla",
+                window,
+                Ok(LaneKind::SlidingWindow { window: 128 }),
+            ),
+            (
+                "chunked_local_attention",
+                window,
+                Ok(LaneKind::ChunkedLocal { chunk: 128 }),
+            ),
+            ("mamba", None, Ok(LaneKind::Mamba)),
+            (
+                "encoder_only_attention",
+                None,
+                Err(LaneError::NotReusable("encoder_only_attention")),
+            ),
+            (
+                "cross_attention",
+                None,
+                Err(LaneError::NotReusable("cross_attention")),
+            ),
+            ("unknown", None, Err(LaneError::NotReusable("unknown"))),
+        ] {
+            assert_eq!(LaneKind::from_parts(kind, param), want, "{kind}");
+        }
+        assert!(LaneKind::parse("cross_attention")
+            .unwrap_err()
+            .to_string()
+            .contains("leave that cache group out"));
     }
 
     #[test]

@@ -253,6 +253,10 @@ pub enum ErrorCode {
     Overloaded,
     /// The request is valid but the server cannot do it (a bug if it shows up).
     Internal,
+    /// An announce's event source cannot be subscribed (endpoint, feed).
+    BadSource,
+    /// An announce would subscribe more event sources than `--max-sources`.
+    TooManySources,
 }
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -276,6 +280,8 @@ impl ArchivedErrorCode {
             A::LanesInByteKeyspace => ErrorCode::LanesInByteKeyspace,
             A::Overloaded => ErrorCode::Overloaded,
             A::Internal => ErrorCode::Internal,
+            A::BadSource => ErrorCode::BadSource,
+            A::TooManySources => ErrorCode::TooManySources,
         }
     }
 }

@@ -2,7 +2,9 @@
 //! version bump. `KVIX_WRITE_GOLDEN=1 cargo test -p kvix-wire --test golden` rewrites
 //! the file (only ever together with PROTOCOL_VERSION).
 
-use kvix_wire::chain::{byte_chain, token_chain, CHAIN_HASH_VERSION};
+use kvix_wire::chain::{
+    byte_chain, token_chain, token_chain_with_extras, ExtraKey, CHAIN_HASH_VERSION,
+};
 use kvix_wire::{ChunkKind, Keyspace};
 
 const PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/chain_v1.txt");
@@ -54,6 +56,27 @@ fn vectors() -> String {
             for (i, h) in chain.iter().enumerate() {
                 out += &format!("chain/{name}/b{block}/{i} {h:016x}\n");
             }
+        }
+        // Extra keys (engine blocks of 2·block tokens): an image in engine block 1, a
+        // prompt-embedding digest, text and an integer in engine block 3.
+        let seed = Keyspace::tokens("meta-llama/Llama-3.1-8B").seed(block);
+        let extras = vec![
+            vec![],
+            vec![ExtraKey::Multimodal {
+                identifier: "img-7f3a".into(),
+                offset: -3,
+            }],
+            vec![],
+            vec![
+                ExtraKey::Bytes(vec![0xde, 0xad, 0xbe, 0xef]),
+                ExtraKey::Text("k".into()),
+                ExtraKey::Int(-2),
+            ],
+        ];
+        let long: Vec<u32> = (0..8 * block).map(|i| i * 7 + 1).collect();
+        let keyed = token_chain_with_extras(seed, block, 2 * block, &long, &extras);
+        for (i, h) in keyed.iter().enumerate() {
+            out += &format!("extras/b{block}/{i} {h:016x}\n");
         }
     }
     out

@@ -119,7 +119,7 @@ fn reads_back<M: Body + PartialEq + std::fmt::Debug>(frame: &[u8], msg: &M, id: 
 #[test]
 fn header_constants_match_the_document() {
     assert_eq!(HEADER_LEN, 24);
-    assert_eq!(PROTOCOL_VERSION, 2);
+    assert_eq!(PROTOCOL_VERSION, 3);
     let code: Vec<(&str, u64)> = vec![
         ("PROTOCOL_VERSION", PROTOCOL_VERSION.into()),
         ("HEADER_LEN", HEADER_LEN as u64),
@@ -157,7 +157,7 @@ fn kind_table_matches_the_codec() {
     assert_eq!(seen, known, "the document lists every kind and only those");
 }
 
-const ERROR_CODES: [ErrorCode; 10] = [
+const ERROR_CODES: [ErrorCode; 12] = [
     ErrorCode::BadFrame,
     ErrorCode::UnsupportedVersion,
     ErrorCode::NoHello,
@@ -168,6 +168,8 @@ const ERROR_CODES: [ErrorCode; 10] = [
     ErrorCode::LanesInByteKeyspace,
     ErrorCode::Overloaded,
     ErrorCode::Internal,
+    ErrorCode::BadSource,
+    ErrorCode::TooManySources,
 ];
 
 /// Fails to compile when a code is added: add it to `ERROR_CODES` and to the document.
@@ -182,7 +184,9 @@ fn _every_error_code_is_listed(c: ErrorCode) {
         | ErrorCode::BadLane
         | ErrorCode::LanesInByteKeyspace
         | ErrorCode::Overloaded
-        | ErrorCode::Internal => {}
+        | ErrorCode::Internal
+        | ErrorCode::BadSource
+        | ErrorCode::TooManySources => {}
     }
 }
 

@@ -81,6 +81,8 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
         ErrorCode::LanesInByteKeyspace,
         ErrorCode::Overloaded,
         ErrorCode::Internal,
+        ErrorCode::BadSource,
+        ErrorCode::TooManySources,
     ])
 }
 

@@ -9,10 +9,10 @@
 //! this executor's index and roster. [`crate::Engine`] is one `Core` that is home to
 //! every worker, so tests of the engine exercise exactly what the server runs.
 
-use kvix_wire::WorkerId;
+use kvix_wire::{ApplyStatus, WorkerId};
 
 use crate::error::{EngineError, IndexError};
-use crate::feed::{ApplyReport, EventView, FeedState, PlacementFeed, Placing};
+use crate::feed::{ApplyReport, EventFeed, EventView, FeedState, PlacementFeed, Placing};
 use crate::index::BlockIndex;
 use crate::ops::{Cursor, Op, RosterChange, Update};
 use crate::query::Ranker;
@@ -107,13 +107,46 @@ impl Core {
         events: &[E],
         out: &mut Update,
     ) -> Result<ApplyReport, EngineError> {
+        let (lane_blocks, feed) = self.checked(worker, ks, seq, events)?;
+        Ok(feed.apply(worker, seq, ks.seed, lane_blocks, events, &mut out.ops))
+    }
+
+    /// Home: events of `worker` in `ks` that come without a sequence number, in the order
+    /// their producer checked (the server's engine-event ingest), checked whole and
+    /// turned into block operations.
+    pub fn ingest<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        ks: Ks,
+        events: &[E],
+        out: &mut Update,
+    ) -> Result<ApplyReport, EngineError> {
+        let (lane_blocks, feed) = self.checked(worker, ks, 0, events)?;
+        Ok(feed.apply_unsequenced(
+            worker,
+            ks.seed,
+            lane_blocks,
+            events,
+            ApplyStatus::Applied,
+            &mut out.ops,
+        ))
+    }
+
+    /// The event feed of `worker` once `events` passed its checks whole.
+    fn checked<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        ks: Ks,
+        seq: u64,
+        events: &[E],
+    ) -> Result<(&[u32], &mut EventFeed), EngineError> {
         let (lane_blocks, feed) = home_feed(&self.roster, &mut self.feeds, worker, ks)?;
         let FeedState::Events(feed) = feed else {
             return Err(wrong_feed(worker, feed, "events"));
         };
         feed.check(lane_blocks, events)
             .map_err(|(index, source)| EngineError::Refused { seq, index, source })?;
-        Ok(feed.apply(worker, seq, ks.seed, lane_blocks, events, &mut out.ops))
+        Ok((lane_blocks, feed))
     }
 
     /// Home: a gateway placed `chain` on `worker` at `now_ms`.

@@ -8,6 +8,7 @@ use kvix_wire::{Announced, ErrorCode, EventSource, Feed, Lane};
 use crate::calls::install::Install;
 use crate::executor::Executor;
 use crate::failure::Failure;
+use crate::ingest::SourceError;
 use crate::mesh::{Call, LocalFuture};
 
 pub struct Register {
@@ -22,34 +23,36 @@ impl Call for Register {
 
     fn run(self, on: &Rc<Executor>) -> LocalFuture<Self::Reply> {
         debug_assert_eq!(on.me(), 0, "executor 0 numbers workers");
+        let refuse = |code, message: String| -> LocalFuture<Self::Reply> {
+            Box::pin(std::future::ready(Err(Failure::new(code, message))))
+        };
+        if let Some(source) = &self.source {
+            let known = on.registry().id_of(&self.name);
+            if let Err(e) = on.ingest().check(source, self.feed, known) {
+                let code = match e {
+                    SourceError::TooMany { .. } => ErrorCode::TooManySources,
+                    _ => ErrorCode::BadSource,
+                };
+                return refuse(code, format!("worker {:?}: {e}", self.name));
+            }
+        }
         let block = on.config().block_size;
         let registered = on
             .registry()
             .register(&self.name, &self.lanes, self.feed, block);
         let (entry, outcome) = match registered {
             Ok(v) => v,
-            Err(e) => {
-                return Box::pin(std::future::ready(Err(Failure::new(
-                    ErrorCode::BadLane,
-                    e.to_string(),
-                ))))
-            }
+            Err(e) => return refuse(ErrorCode::BadLane, e.to_string()),
         };
         let worker = entry.id;
         let created = outcome != kvix_engine::AnnounceOutcome::Unchanged;
-        let ingest = crate::ingest::Announcement {
-            worker,
-            name: self.name,
-            lanes: self.lanes,
-            feed: self.feed,
-            source: self.source,
-            created,
-        };
         let installed = on.on(on.home_of(worker), Install { entry, outcome });
+        let on = on.clone();
         Box::pin(async move {
             installed.await?;
             // Installed everywhere: the ingest may subscribe to its source now.
-            crate::ingest::announced(ingest);
+            on.ingest()
+                .announced(worker, &self.name, self.source, created);
             Ok(Announced { worker, created })
         })
     }

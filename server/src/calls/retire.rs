@@ -22,6 +22,7 @@ impl Call for Retire {
         if let Err(e) = on.registry().retire(self.worker) {
             return Box::pin(std::future::ready(Err(e.into())));
         }
+        on.ingest().retired(self.worker);
         let forgotten = on.on(
             on.home_of(self.worker),
             Forget {

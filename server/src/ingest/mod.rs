@@ -1,135 +1,244 @@
-//! Ingest of real engine KV events: the server subscribes to the ZMQ publishers of
+//! Ingest of real engine KV events: the server subscribes to the ZMQ publishers of the
 //! vLLM / SGLang workers that announced an [`EventSource`].
 //!
-//! Layout: [`vllm`] decodes payloads, [`translate`] turns engine events into kvix
-//! events (rehashing token ids into the keyspace chain), [`zmtp`] speaks just enough
-//! ZMTP to read a PUB and its replay ROUTER, [`subscriber`] runs one publisher's stream.
-//!
-//! All of it runs outside the executors, on plain threads: a manager thread started at
-//! [`init`] and one thread per subscribed worker. Each stream applies what it decodes
-//! as a kvix protocol client of this very server over loopback (Hello, Announce for
-//! its data-parallel ranks, EventBatch), so sharding, ordering and the feed state are
-//! exactly those of any other producer, and an ingest fault can never take an
-//! executor down.
+//! The path of one batch: [`pool`] (a bounded set of plain threads, each polling many
+//! [`socket`] subscriptions) → [`stream`] (sequence, replay, restart detection; the
+//! payload decoded by [`payload`]) → the worker's home executor over a bounded channel
+//! ([`serve_inbox`]) → its write queue, where [`holders`] translates the engine events
+//! ([`translate`]) and the engine's feed turns them into block operations for every
+//! executor, like any other write. Nothing goes through the network to the server
+//! itself, and an ingest fault never takes an executor down.
 
-pub mod subscriber;
+pub mod holders;
+pub mod payload;
+pub mod pool;
+pub mod socket;
+pub mod stream;
 pub mod translate;
-pub mod vllm;
-pub mod zmtp;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
-use kvix_wire::{EventSource, Feed, Lane, WorkerId};
+use futures::channel::mpsc;
+use futures::StreamExt;
+use kvix_wire::{EventSource, Feed, WorkerId};
 
-/// How ingest streams reach their own server.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// The server's bound TCP address (an unspecified IP means loopback).
-    pub addr: SocketAddr,
-    pub auth: Option<String>,
-    pub block_size: u32,
+use crate::executor::Executor;
+use crate::writer::Job;
+use pool::{Pool, StreamSpec};
+use stream::{Delivery, Record};
+
+/// Deliveries queued per executor before the ingest threads wait.
+const INBOX: usize = 64;
+/// Deliveries one executor applies at a time (each waits for every executor's ack).
+const IN_FLIGHT: u64 = 16;
+
+/// Where a source's events come from and which keyspace they are rehashed into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceSpec {
+    pub endpoint: String,
+    pub replay: String,
+    pub model: String,
+    pub salt: String,
 }
 
-/// A successful announce, as shard 0 reports it.
-#[derive(Debug, Clone)]
-pub struct Announcement {
+impl From<&EventSource> for SourceSpec {
+    fn from(s: &EventSource) -> Self {
+        SourceSpec {
+            endpoint: s.endpoint.clone(),
+            replay: s.replay.clone(),
+            model: s.model.clone(),
+            salt: s.salt.clone(),
+        }
+    }
+}
+
+/// One delivery on its way to the worker's home.
+pub struct IngestJob {
     pub worker: WorkerId,
-    pub name: String,
-    pub lanes: Vec<Lane>,
-    pub feed: Feed,
-    pub source: Option<EventSource>,
-    /// The roster changed (the server dropped what the worker held).
-    pub created: bool,
+    pub source: Arc<SourceSpec>,
+    pub delivery: Delivery,
 }
 
-static JOBS: OnceLock<mpsc::Sender<Announcement>> = OnceLock::new();
-
-/// Starts the ingest manager (idle until a worker announces a source). Once per process.
-pub fn init(settings: Settings) -> std::io::Result<()> {
-    let (tx, rx) = mpsc::channel();
-    if JOBS.set(tx).is_err() {
-        return Ok(());
-    }
-    std::thread::Builder::new()
-        .name("kvix-ingest".into())
-        .spawn(move || manage(Arc::new(settings), rx))?;
-    Ok(())
+/// Why an event source is refused at announce.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    #[error(
+        "event source endpoint {0:?}: expected tcp://HOST:PORT or ipc://PATH (at most 107 bytes)"
+    )]
+    Endpoint(String),
+    #[error("event source endpoint {0:?}: connect to the engine's address, not a wildcard (the engine binds tcp://*:PORT; name its host here)")]
+    Wildcard(String),
+    #[error("an event source needs the Events feed")]
+    Feed,
+    #[error("{max} event sources are subscribed already (--max-sources)")]
+    TooMany { max: usize },
 }
 
-/// Called by shard 0 after every successful announce; cheap and non-blocking. A no-op
-/// when the ingest was never started (embedded shards in tests).
-pub fn announced(a: Announcement) {
-    if let Some(tx) = JOBS.get() {
-        let _ = tx.send(a);
-    }
-}
-
-struct Running {
-    stop: Arc<AtomicBool>,
-    source: EventSource,
-    lanes: Vec<Lane>,
-}
-
-fn manage(settings: Arc<Settings>, rx: mpsc::Receiver<Announcement>) {
-    let mut running: HashMap<WorkerId, Running> = HashMap::new();
-    for a in rx {
-        let keep = running.get(&a.worker).is_some_and(|r| {
-            !a.created && Some(&r.source) == a.source.as_ref() && r.lanes == a.lanes
-        });
-        if keep {
-            continue;
-        }
-        if let Some(old) = running.remove(&a.worker) {
-            old.stop.store(true, Relaxed);
-            tracing::info!(worker = a.worker, "ingest: stopping the old stream");
-        }
-        let Some(source) = a.source.clone() else {
-            continue;
+/// Checks an endpoint the way libzmq will use it to connect.
+fn check_endpoint(ep: &str) -> Result<(), SourceError> {
+    let bad = || SourceError::Endpoint(ep.to_string());
+    if let Some(path) = ep.strip_prefix("ipc://") {
+        // A Unix socket path holds at most 107 bytes (sun_path).
+        return if path.is_empty() || path.len() > 107 {
+            Err(bad())
+        } else {
+            Ok(())
         };
-        if a.feed != Feed::Events {
-            tracing::warn!(
-                worker = %a.name,
-                "ingest: an event source needs the Events feed, not {:?}; not subscribing",
-                a.feed
-            );
-            continue;
-        }
-        let stop = Arc::new(AtomicBool::new(false));
-        let stream = subscriber::Stream::new(
-            settings.clone(),
-            a.worker,
-            a.name.clone(),
-            a.lanes.clone(),
-            source.clone(),
-            stop.clone(),
-        );
-        match std::thread::Builder::new()
-            .name(format!("kvix-ingest-{}", a.worker))
-            .spawn(move || stream.run())
-        {
-            Ok(_) => {
-                METRICS.streams.fetch_add(1, Relaxed);
-                running.insert(
-                    a.worker,
-                    Running {
-                        stop,
-                        source,
-                        lanes: a.lanes,
-                    },
-                );
-            }
-            Err(e) => tracing::error!(worker = %a.name, "ingest: cannot start a thread: {e}"),
-        }
+    }
+    let rest = ep.strip_prefix("tcp://").ok_or_else(bad)?;
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    if host == "*" || host == "0.0.0.0" || host == "[::]" {
+        return Err(SourceError::Wildcard(ep.to_string()));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && !host.is_empty() => Ok(()),
+        _ => Err(bad()),
     }
 }
 
-/// Process-wide ingest counters (the ingest runs outside the shards).
+/// The process's ingest: its threads, the executors' inboxes, the sources subscribed.
+pub struct Ingest {
+    pool: Pool,
+    inboxes: Mutex<Vec<Option<mpsc::Receiver<IngestJob>>>>,
+    /// Every subscribed source by worker (executor 0 announces and retires; snapshots).
+    sources: Mutex<BTreeMap<WorkerId, EventSource>>,
+    max_sources: usize,
+}
+
+impl Ingest {
+    /// Starts `threads` ingest threads for `executors` executors.
+    pub fn start(threads: usize, executors: usize, max_sources: usize) -> std::io::Result<Ingest> {
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..executors).map(|_| mpsc::channel(INBOX)).unzip();
+        METRICS.threads.store(threads.max(1) as u64, Relaxed);
+        Ok(Ingest {
+            pool: Pool::start(threads, senders)?,
+            inboxes: Mutex::new(receivers.into_iter().map(Some).collect()),
+            sources: Mutex::new(BTreeMap::new()),
+            max_sources,
+        })
+    }
+
+    /// Executor `me`'s end of its inbox (once).
+    pub fn take_inbox(&self, me: usize) -> Option<mpsc::Receiver<IngestJob>> {
+        self.inboxes.lock().ok()?.get_mut(me)?.take()
+    }
+
+    /// Checks an announce's source before anything is registered: `known` is the id the
+    /// name already has, if any (a worker replacing its own source is not one more).
+    pub fn check(
+        &self,
+        source: &EventSource,
+        feed: Feed,
+        known: Option<WorkerId>,
+    ) -> Result<(), SourceError> {
+        check_endpoint(&source.endpoint)?;
+        if !source.replay.is_empty() {
+            check_endpoint(&source.replay)?;
+        }
+        if feed != Feed::Events {
+            return Err(SourceError::Feed);
+        }
+        let sources = self.sources.lock().expect("not poisoned");
+        let replacing = known.is_some_and(|w| sources.contains_key(&w));
+        if !replacing && sources.len() >= self.max_sources {
+            return Err(SourceError::TooMany {
+                max: self.max_sources,
+            });
+        }
+        Ok(())
+    }
+
+    /// After an announce is installed everywhere: subscribes, resubscribes or stops the
+    /// worker's stream. `fresh`: the server dropped what the worker held.
+    pub fn announced(
+        &self,
+        worker: WorkerId,
+        name: &str,
+        source: Option<EventSource>,
+        fresh: bool,
+    ) {
+        let mut sources = self.sources.lock().expect("not poisoned");
+        match source {
+            None => {
+                if sources.remove(&worker).is_some() {
+                    self.pool.unsubscribe(worker);
+                }
+            }
+            Some(s) => {
+                if !fresh && sources.get(&worker) == Some(&s) {
+                    return;
+                }
+                self.pool.subscribe(StreamSpec {
+                    worker,
+                    name: name.to_string(),
+                    source: Arc::new(SourceSpec::from(&s)),
+                    last: None,
+                });
+                sources.insert(worker, s);
+            }
+        }
+    }
+
+    /// Resubscribes a source restored from a snapshot, where its stream left off.
+    pub fn restore(&self, worker: WorkerId, name: &str, source: EventSource, last: Option<Record>) {
+        self.pool.subscribe(StreamSpec {
+            worker,
+            name: name.to_string(),
+            source: Arc::new(SourceSpec::from(&source)),
+            last,
+        });
+        self.sources
+            .lock()
+            .expect("not poisoned")
+            .insert(worker, source);
+    }
+
+    /// The worker was retired.
+    pub fn retired(&self, worker: WorkerId) {
+        if self
+            .sources
+            .lock()
+            .expect("not poisoned")
+            .remove(&worker)
+            .is_some()
+        {
+            self.pool.unsubscribe(worker);
+        }
+    }
+
+    /// Every subscribed source, by worker.
+    pub fn sources(&self) -> Vec<(WorkerId, EventSource)> {
+        let sources = self.sources.lock().expect("not poisoned");
+        sources.iter().map(|(w, s)| (*w, s.clone())).collect()
+    }
+
+    /// Stops the ingest threads.
+    pub fn stop(&self) {
+        self.pool.stop();
+    }
+}
+
+/// Runs on every executor: moves the ingest's deliveries for workers homed here into
+/// the write queue, at most [`IN_FLIGHT`] at a time.
+pub async fn serve_inbox(ex: Rc<Executor>, mut inbox: mpsc::Receiver<IngestJob>) {
+    let slots = Rc::new(glommio::sync::Semaphore::new(IN_FLIGHT));
+    while let Some(job) = inbox.next().await {
+        let Ok(slot) = slots.acquire_static_permit(1).await else {
+            return;
+        };
+        ex.enqueue(Job::Ingest { job, slot });
+    }
+}
+
+/// Process-wide ingest counters (the ingest threads and the executors add to them).
 pub struct Metrics {
     pub messages: AtomicU64,
+    pub applied: AtomicU64,
     pub malformed: AtomicU64,
     pub gaps: AtomicU64,
     pub replayed: AtomicU64,
@@ -139,12 +248,16 @@ pub struct Metrics {
     pub skipped: [AtomicU64; translate::SKIPS.len()],
     pub stored: [AtomicU64; 3],
     pub removed: [AtomicU64; 3],
+    pub block_events: AtomicU64,
     pub unknown_removals: AtomicU64,
     pub extra_keys: AtomicU64,
+    pub salted: AtomicU64,
     pub refused: AtomicU64,
+    pub orphaned: AtomicU64,
     pub connect_failures: AtomicU64,
     pub connected: AtomicU64,
-    pub streams: AtomicU64,
+    pub sources: AtomicU64,
+    pub threads: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -152,6 +265,7 @@ const ZERO: AtomicU64 = AtomicU64::new(0);
 
 pub static METRICS: Metrics = Metrics {
     messages: ZERO,
+    applied: ZERO,
     malformed: ZERO,
     gaps: ZERO,
     replayed: ZERO,
@@ -161,12 +275,16 @@ pub static METRICS: Metrics = Metrics {
     skipped: [ZERO; translate::SKIPS.len()],
     stored: [ZERO; 3],
     removed: [ZERO; 3],
+    block_events: ZERO,
     unknown_removals: ZERO,
     extra_keys: ZERO,
+    salted: ZERO,
     refused: ZERO,
+    orphaned: ZERO,
     connect_failures: ZERO,
     connected: ZERO,
-    streams: ZERO,
+    sources: ZERO,
+    threads: ZERO,
 };
 
 impl Metrics {
@@ -182,26 +300,48 @@ impl Metrics {
         }
         self.unknown_removals.fetch_add(c.unknown_removals, Relaxed);
         self.extra_keys.fetch_add(c.extra_keys, Relaxed);
+        self.salted.fetch_add(c.salted, Relaxed);
+    }
+
+    pub fn tally(&self, t: &stream::Tally) {
+        self.applied.fetch_add(t.applied, Relaxed);
+        self.duplicates.fetch_add(t.duplicates, Relaxed);
+        self.gaps.fetch_add(t.gaps, Relaxed);
+        self.replayed.fetch_add(t.replayed, Relaxed);
+        self.replay_failures.fetch_add(t.replay_failures, Relaxed);
+        self.restarts.fetch_add(t.restarts, Relaxed);
+        self.malformed.fetch_add(t.malformed, Relaxed);
+    }
+
+    pub fn block_events(&self, n: u64, unknown_removals: u32) {
+        self.block_events.fetch_add(n, Relaxed);
+        self.unknown_removals
+            .fetch_add(u64::from(unknown_removals), Relaxed);
     }
 }
 
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut String) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 13] = [
-        ("kvix_ingest_messages_total", "ZMQ event messages received from publishers.", "counter", &m.messages),
-        ("kvix_ingest_malformed_total", "Event messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
-        ("kvix_ingest_gaps_total", "Publisher sequence gaps seen.", "counter", &m.gaps),
+    let plain: [(&str, &str, &str, &AtomicU64); 18] = [
+        ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
+        ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
+        ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
+        ("kvix_ingest_gaps_total", "Publisher sequence gaps seen (filled by a replay where the publisher has one).", "counter", &m.gaps),
         ("kvix_ingest_replayed_total", "Event batches recovered from a replay socket.", "counter", &m.replayed),
-        ("kvix_ingest_replay_failures_total", "Replays that could not be done or did not finish.", "counter", &m.replay_failures),
-        ("kvix_ingest_restarts_total", "Publisher restarts (sequence back to 0): the worker was cleared and rebuilt.", "counter", &m.restarts),
-        ("kvix_ingest_duplicates_total", "Event messages at or below the last applied sequence.", "counter", &m.duplicates),
+        ("kvix_ingest_replay_failures_total", "Replays that got no answer or did not finish (retried at the next gap or reconnect).", "counter", &m.replay_failures),
+        ("kvix_ingest_restarts_total", "New publisher processes detected (or buffers that no longer reached back): the worker was cleared and rebuilt from the replay.", "counter", &m.restarts),
+        ("kvix_ingest_duplicates_total", "Batches already applied (seen again live after a replay).", "counter", &m.duplicates),
+        ("kvix_ingest_block_events_total", "Keyspace blocks stored or removed by ingested batches.", "counter", &m.block_events),
         ("kvix_ingest_unknown_removals_total", "Removed blocks the stream never saw stored.", "counter", &m.unknown_removals),
-        ("kvix_ingest_extra_keys_total", "Stores whose engine hashes include extra keys (multimodal inputs) beyond the token ids.", "counter", &m.extra_keys),
-        ("kvix_ingest_refused_total", "Translated batches the server refused.", "counter", &m.refused),
-        ("kvix_ingest_connect_failures_total", "Failed connections to publishers (retried).", "counter", &m.connect_failures),
+        ("kvix_ingest_extra_keys_total", "Stores whose blocks carry extra keys (multimodal items, prompt embeddings), mixed into their chain.", "counter", &m.extra_keys),
+        ("kvix_ingest_salted_total", "Stores starting a prompt with a cache salt (filed under the salt's keyspace).", "counter", &m.salted),
+        ("kvix_ingest_refused_total", "Translated batches the worker's feed refused (a bug if it shows up).", "counter", &m.refused),
+        ("kvix_ingest_orphaned_total", "Deliveries for workers retired or re-announced while on their way.", "counter", &m.orphaned),
+        ("kvix_ingest_connect_failures_total", "Subscriptions that could not be opened.", "counter", &m.connect_failures),
         ("kvix_ingest_publishers_connected", "Publishers currently connected.", "gauge", &m.connected),
-        ("kvix_ingest_streams_total", "Subscriber streams started.", "counter", &m.streams),
+        ("kvix_ingest_sources", "Event sources subscribed.", "gauge", &m.sources),
+        ("kvix_ingest_threads", "Ingest threads (--ingest-threads).", "gauge", &m.threads),
     ];
     for (name, help, kind, v) in plain {
         let _ = writeln!(
@@ -234,7 +374,7 @@ pub fn render(out: &mut String) {
         ),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (i, medium) in vllm::Medium::ALL.iter().enumerate() {
+        for (i, medium) in payload::Medium::ALL.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "{name}{{medium=\"{}\"}} {}",
@@ -242,5 +382,42 @@ pub fn render(out: &mut String) {
                 arr[i].load(Relaxed)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_checked_as_libzmq_connects_to_them() {
+        for ok in [
+            "tcp://127.0.0.1:5557",
+            "tcp://[::1]:5557",
+            "tcp://engine-0:1",
+            "ipc:///tmp/kv.sock",
+        ] {
+            assert_eq!(check_endpoint(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "tcp://127.0.0.1",
+            "tcp://:5557",
+            "tcp://h:0",
+            "tcp://h:x",
+            "udp://h:1",
+            "ipc://",
+            "inproc://kv",
+            &format!("ipc:///{}", "x".repeat(120)),
+        ] {
+            assert!(
+                matches!(check_endpoint(bad), Err(SourceError::Endpoint(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            check_endpoint("tcp://*:5557"),
+            Err(SourceError::Wildcard(_))
+        ));
     }
 }

@@ -1,18 +1,29 @@
-//! Engine events → kvix events. Pure state, no I/O.
+//! Engine events → kvix events, for one holder (one engine stream). Pure state, no I/O.
 //!
 //! The engine's own block hashes depend on its hash seed, so a gateway cannot compute
 //! them: each stored block's `token_ids` are rehashed into the keyspace chain. A store
-//! whose parent is an engine hash resolves its start position and chain seed through
-//! the map kept here (engine hash → last chain hash and end position of that engine
-//! block), per data-parallel rank and lane; a store with an unknown parent is skipped
-//! and counted, never guessed. Removals are forwarded by engine hash (the server's feed
-//! maps them to chain blocks) once no medium holds the block any more.
+//! whose parent is an engine hash continues from what this map remembers of that block
+//! (its keyspace, the chain hash at its last lane-block boundary, its end in tokens and
+//! any tokens past that boundary); a store with an unknown parent is skipped and
+//! counted, never guessed.
+//!
+//! Identity: a LoRA name and a cache salt choose the keyspace (a salted prompt's
+//! continuations inherit it from their parent); every other extra key is mixed into the
+//! chain ([`chain::mix_extra`]), so a block stored with keys never matches a prompt
+//! without them.
+//!
+//! Pages smaller than the lane's block (SGLang's default page of 1 token, a partial last
+//! page) accumulate: a lane block is stored once its last token is, named by the page
+//! that completed it. Removals are forwarded by engine hash once no medium holds the
+//! block; a page that completed no lane block names nothing in the index.
 
 use std::collections::HashMap;
 
-use kvix_wire::{chain::token_chain, Event, Keyspace, Lane, LaneKind};
+use kvix_wire::chain::{self, ExtraKey};
+use kvix_wire::{ChunkKind, Event, Keyspace, Lane, LaneKind};
+use rkyv::{Archive, Deserialize, Serialize};
 
-use super::vllm::{Batch, EngineEvent, Medium, Removed, Stored};
+use super::payload::{Batch, EngineEvent, Medium, Removed, Stored};
 
 /// Why an event was skipped (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,17 +33,23 @@ pub enum Skip {
     UnknownParent,
     /// group_idx beyond the roster, or its block size / kind / window differs.
     LaneMismatch,
-    /// token_ids is not block_hashes × block_size tokens.
+    /// token_ids is not block_hashes × block_size tokens, or positions overflow.
     BadStore,
     /// An event type the decoder does not know.
     UnknownEvent,
+    /// A `kv_cache_spec_kind` with no lane kind (cross attention, encoder only, unknown).
+    UnsupportedKind,
+    /// Extra keys on pages smaller than the lane block (no engine sends these today).
+    ExtraKeysInPages,
 }
 
-pub const SKIPS: [(Skip, &str); 4] = [
+pub const SKIPS: [(Skip, &str); 6] = [
     (Skip::UnknownParent, "unknown_parent"),
     (Skip::LaneMismatch, "lane_mismatch"),
     (Skip::BadStore, "bad_store"),
     (Skip::UnknownEvent, "unknown_event"),
+    (Skip::UnsupportedKind, "unsupported_kind"),
+    (Skip::ExtraKeysInPages, "extra_keys_in_pages"),
 ];
 
 /// What one batch did, for the metrics.
@@ -44,8 +61,10 @@ pub struct Counts {
     pub removed: [u64; 3],
     /// Removals naming a block this stream does not hold.
     pub unknown_removals: u64,
-    /// Stores whose engine hashes covered extra keys (multimodal, salts).
+    /// Stores whose blocks carry extra keys (mixed into their chain).
     pub extra_keys: u64,
+    /// Stores that start a salted prompt (the salt chose their keyspace).
+    pub salted: u64,
 }
 
 fn medium_index(m: Medium) -> usize {
@@ -56,202 +75,278 @@ fn medium_index(m: Medium) -> usize {
     }
 }
 
-/// kvix events for one holder (data-parallel rank) in one keyspace.
+/// What the map remembers of one engine block.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Index of its keyspace in [`Translator::keyspace`].
+    pub ks: u32,
+    /// Chain hash at the last lane-block boundary at or before its end (the keyspace
+    /// seed at token 0).
+    pub chain: u64,
+    /// Tokens from the start of the prompt to its end.
+    pub end: u64,
+    /// Media holding it (`Medium::bit`).
+    pub media: u8,
+    /// Whether it completed a lane block, i.e. names blocks in the server's feed.
+    pub named: bool,
+    /// Its tokens past the boundary (fewer than a lane block; pages only).
+    pub pending: Vec<u32>,
+}
+
+/// A translator as plain data, for snapshots.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct TranslatorImage {
+    pub keyspaces: Vec<Keyspace>,
+    /// Per lane, every engine block it tracks.
+    pub lanes: Vec<Vec<(u64, Entry)>>,
+}
+
+/// kvix events of one batch in one keyspace, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outgoing {
-    pub rank: u32,
-    pub keyspace: Keyspace,
+pub struct Group {
+    pub ks: u32,
     pub events: Vec<Event>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    /// Chain hash of the last keyspace block of this engine block.
-    chain: u64,
-    /// Keyspace position just past it.
-    end: u32,
-    /// Media holding it (`Medium::bit`).
-    media: u8,
-}
-
-/// The engine-hash map of one stream (one engine process, all its DP ranks).
+/// The engine-hash map of one holder.
 #[derive(Debug)]
 pub struct Translator {
-    keyspace_block: u32,
+    block: u32,
     model: String,
     salt: String,
     lanes: Vec<Lane>,
-    /// Per rank, per lane: engine hash → entry.
-    ranks: HashMap<u32, Vec<HashMap<u64, Entry>>>,
+    keyspaces: Vec<Keyspace>,
+    seeds: Vec<u64>,
+    maps: Vec<HashMap<u64, Entry>>,
 }
 
 impl Translator {
-    pub fn new(keyspace_block: u32, model: &str, salt: &str, lanes: &[Lane]) -> Self {
+    /// A translator for a holder with `lanes`, rehashing into `block`-token keyspace
+    /// blocks of `model`; `salt` is the keyspace salt of blocks the engine did not salt.
+    pub fn new(block: u32, model: &str, salt: &str, lanes: &[Lane]) -> Self {
         Translator {
-            keyspace_block,
+            block,
             model: model.to_string(),
             salt: salt.to_string(),
             lanes: lanes.to_vec(),
-            ranks: HashMap::new(),
+            keyspaces: Vec::new(),
+            seeds: Vec::new(),
+            maps: lanes.iter().map(|_| HashMap::new()).collect(),
         }
     }
 
-    /// Ranks seen since the last reset.
-    pub fn ranks(&self) -> Vec<u32> {
-        let mut r: Vec<u32> = self.ranks.keys().copied().collect();
-        r.sort_unstable();
-        r
-    }
-
-    /// Engine blocks tracked, over all ranks and lanes.
+    /// Engine blocks tracked, over all lanes.
     pub fn tracked(&self) -> usize {
-        self.ranks.values().flatten().map(|m| m.len()).sum()
+        self.maps.iter().map(HashMap::len).sum()
     }
 
-    /// Forgets everything (the engine restarted).
+    /// Forgets every block (the engine restarted or cleared).
     pub fn reset(&mut self) {
-        self.ranks.clear();
+        for m in &mut self.maps {
+            *m = HashMap::new();
+        }
     }
 
-    /// The keyspace the engine's blocks are rehashed into (the base model unless the
-    /// event names a LoRA adapter; an adapter known only by id gets `lora-id:N`, so it
-    /// never mixes with the base model).
-    pub fn keyspace(&self, lora_name: Option<&str>, lora_id: Option<i64>) -> Keyspace {
+    /// Keyspace `ks` of a [`Group`].
+    pub fn keyspace(&self, ks: u32) -> &Keyspace {
+        &self.keyspaces[ks as usize]
+    }
+
+    /// The chain seed of keyspace `ks`.
+    pub fn seed(&self, ks: u32) -> u64 {
+        self.seeds[ks as usize]
+    }
+
+    /// The keyspace of a prompt: the base model unless it names a LoRA adapter (one known
+    /// only by id gets `lora-id:N`, so it never mixes with the base model); the engine's
+    /// cache salt, else the source's salt.
+    fn intern(&mut self, lora_name: Option<&str>, lora_id: Option<i64>, salt: Option<&str>) -> u32 {
         let lora = match (lora_name, lora_id) {
             (Some(name), _) => name.to_string(),
             (None, Some(id)) => format!("lora-id:{id}"),
             (None, None) => String::new(),
         };
-        Keyspace {
+        let ks = Keyspace {
             model: self.model.clone(),
             lora,
-            salt: self.salt.clone(),
-            kind: kvix_wire::ChunkKind::Tokens,
+            salt: salt.unwrap_or(&self.salt).to_string(),
+            kind: ChunkKind::Tokens,
+        };
+        if let Some(i) = self.keyspaces.iter().position(|k| *k == ks) {
+            return i as u32;
         }
+        self.seeds.push(ks.seed(self.block));
+        self.keyspaces.push(ks);
+        (self.keyspaces.len() - 1) as u32
+    }
+
+    /// The keyspace removals and clears are filed under (any of the holder's: the
+    /// server finds a removed name in whichever keyspace stored it).
+    fn base(&mut self) -> u32 {
+        self.intern(None, None, None)
     }
 
     /// Translates one decoded batch, appending kvix events to `out` grouped in order by
-    /// (rank, keyspace).
-    pub fn apply(&mut self, batch: &Batch, out: &mut Vec<Outgoing>, counts: &mut Counts) {
-        let rank = batch.dp_rank;
-        let lanes = self.lanes.len();
-        self.ranks
-            .entry(rank)
-            .or_insert_with(|| (0..lanes).map(|_| HashMap::new()).collect());
+    /// keyspace.
+    pub fn apply(&mut self, batch: &Batch, out: &mut Vec<Group>, counts: &mut Counts) {
         for ev in &batch.events {
             match ev {
-                EngineEvent::Stored(st) => {
-                    if st.extra_keys {
-                        counts.extra_keys += 1;
-                    }
-                    match self.store(rank, st, counts) {
-                        Ok(event) => {
-                            let ks = self.keyspace(st.lora_name.as_deref(), st.lora_id);
-                            push(out, rank, ks, event);
-                        }
-                        Err(skip) => counts.skipped[skip as usize] += 1,
-                    }
-                }
-                EngineEvent::Removed(rm) => match self.remove(rank, rm, counts) {
+                EngineEvent::Stored(st) => match self.store(st, counts) {
+                    Ok(Some((ks, event))) => push(out, ks, event),
+                    Ok(None) => {}
+                    Err(skip) => counts.skipped[skip as usize] += 1,
+                },
+                EngineEvent::Removed(rm) => match self.remove(rm, counts) {
                     Ok(Some(event)) => {
-                        let ks = out
-                            .last()
-                            .filter(|o| o.rank == rank)
-                            .map_or_else(|| self.keyspace(None, None), |o| o.keyspace.clone());
-                        push(out, rank, ks, event);
+                        let ks = match out.last() {
+                            Some(g) => g.ks,
+                            None => self.base(),
+                        };
+                        push(out, ks, event)
                     }
                     Ok(None) => {}
                     Err(skip) => counts.skipped[skip as usize] += 1,
                 },
                 EngineEvent::Cleared => {
-                    for m in self.ranks.get_mut(&rank).into_iter().flatten() {
-                        m.clear();
-                    }
-                    let ks = self.keyspace(None, None);
-                    push(out, rank, ks, Event::Cleared);
+                    self.reset();
+                    let ks = self.base();
+                    push(out, ks, Event::Cleared);
                 }
                 EngineEvent::Unknown(_) => counts.skipped[Skip::UnknownEvent as usize] += 1,
             }
         }
     }
 
-    fn lane(&self, group: u32, block_size: u32, st: Option<&Stored>) -> Result<u8, Skip> {
+    fn lane(&self, group: u32) -> Result<(u8, Lane), Skip> {
         let lane = self
             .lanes
             .get(group as usize)
             .filter(|_| group < 256)
             .ok_or(Skip::LaneMismatch)?;
-        if lane.block_tokens != block_size || !block_size.is_multiple_of(self.keyspace_block) {
+        Ok((group as u8, *lane))
+    }
+
+    fn store(&mut self, st: &Stored, counts: &mut Counts) -> Result<Option<(u32, Event)>, Skip> {
+        let (lane, spec) = self.lane(st.group_idx)?;
+        if let Some(kind) = st.spec_kind.as_deref() {
+            match LaneKind::from_parts(kind, None).or_else(|_| {
+                LaneKind::from_parts(kind, Some(st.sliding_window.unwrap_or(1).max(1)))
+            }) {
+                Err(_) => return Err(Skip::UnsupportedKind),
+                Ok(k) if !same_kind(spec.kind, k, st.sliding_window) => {
+                    return Err(Skip::LaneMismatch)
+                }
+                Ok(_) => {}
+            }
+        }
+        let (b, l, p) = (
+            self.block as usize,
+            spec.block_tokens as usize,
+            st.block_size as usize,
+        );
+        if p > l || l % b != 0 {
             return Err(Skip::LaneMismatch);
         }
-        if let Some(kind) = st.and_then(|s| s.spec_kind.as_deref()) {
-            if !kind_matches(lane.kind, kind, st.and_then(|s| s.sliding_window)) {
-                return Err(Skip::LaneMismatch);
-            }
-        }
-        Ok(group as u8)
-    }
-
-    fn store(&mut self, rank: u32, st: &Stored, counts: &mut Counts) -> Result<Event, Skip> {
-        let lane = self.lane(st.group_idx, st.block_size, Some(st))?;
         let n = st.block_hashes.len();
-        if st.token_ids.len() as u64 != n as u64 * u64::from(st.block_size) {
+        if st.token_ids.len() != n * p {
             return Err(Skip::BadStore);
         }
-        let k = (st.block_size / self.keyspace_block) as usize;
-        let seed_ks = self.keyspace(st.lora_name.as_deref(), st.lora_id);
-        let map = &mut self.ranks.get_mut(&rank).expect("rank entry made")[lane as usize];
-        let (seed, start) = match st.parent {
-            None => (seed_ks.seed(self.keyspace_block), 0u32),
-            Some(p) => {
-                let e = map.get(&p).ok_or(Skip::UnknownParent)?;
-                (e.chain, e.end)
+        let keyed = st.extras.iter().any(|k| !k.is_empty());
+        if keyed && p < l {
+            return Err(Skip::ExtraKeysInPages);
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let (ks, mut chain, mut end, mut pending) = match st.parent {
+            None => {
+                if st.cache_salt.is_some() {
+                    counts.salted += 1;
+                }
+                let ks = self.intern(
+                    st.lora_name.as_deref(),
+                    st.lora_id,
+                    st.cache_salt.as_deref(),
+                );
+                (ks, self.seeds[ks as usize], 0u64, Vec::new())
+            }
+            Some(parent) => {
+                let e = self.maps[lane as usize]
+                    .get(&parent)
+                    .ok_or(Skip::UnknownParent)?;
+                (e.ks, e.chain, e.end, e.pending.clone())
             }
         };
-        if u64::from(start) + (n * k) as u64 > u64::from(u32::MAX) {
+        let boundary = end - pending.len() as u64;
+        if (end + (n * p) as u64) / b as u64 > u64::from(u32::MAX) {
             return Err(Skip::BadStore);
         }
-        let chain = token_chain(seed, self.keyspace_block, &st.token_ids);
+        if keyed {
+            counts.extra_keys += 1;
+        }
+        let before = chain;
+        let mut hashes: Vec<u64> = Vec::with_capacity(n * p / b + 1);
+        let mut names = Vec::new();
         let bit = st.medium.bit();
-        for (j, &h) in st.block_hashes.iter().enumerate() {
-            let end = start + ((j + 1) * k) as u32;
-            let last = chain[(j + 1) * k - 1];
-            let e = map.entry(h).or_insert(Entry {
-                chain: last,
+        for (j, (&h, tokens)) in st
+            .block_hashes
+            .iter()
+            .zip(st.token_ids.chunks_exact(p))
+            .enumerate()
+        {
+            pending.extend_from_slice(tokens);
+            end += p as u64;
+            let mut named = false;
+            while pending.len() >= l {
+                chain = lane_block(
+                    chain,
+                    self.block,
+                    &pending[..l],
+                    st.extras.get(j).map_or(&[][..], |k| &k[..]),
+                    &mut hashes,
+                );
+                pending.drain(..l);
+                named = true;
+                names.push(h);
+            }
+            let e = self.maps[lane as usize].entry(h).or_insert(Entry {
+                ks,
+                chain,
                 end,
                 media: 0,
+                named: false,
+                pending: Vec::new(),
             });
-            // A hash re-stored at another position (engine reuse of a hash for other
-            // content would be a collision): the newest wins.
-            e.chain = last;
+            // A hash stored again (the engine re-reports cache hits) is refreshed; one
+            // stored at another position (a hash collision) takes the newest.
+            e.ks = ks;
+            e.chain = chain;
             e.end = end;
+            e.named |= named;
             e.media |= bit;
+            e.pending.clone_from(&pending);
         }
         counts.stored[medium_index(st.medium)] += n as u64;
-        Ok(Event::Stored {
-            lane,
-            start,
-            // The parent's chain hash seeds this store's chain: naming it lets the index
-            // extend the parent's run (decode streams store one block at a time).
-            parent: st.parent.map(|_| seed),
-            chain,
-            engine: st.block_hashes.clone(),
-        })
+        if hashes.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((
+            ks,
+            Event::Stored {
+                lane,
+                start: (boundary / b as u64) as u32,
+                // The chain hash before the store seeds it: naming it lets the index
+                // extend the parent's run (decode streams store one block at a time).
+                parent: (boundary > 0).then_some(before),
+                chain: hashes,
+                engine: names,
+            },
+        )))
     }
 
-    fn remove(
-        &mut self,
-        rank: u32,
-        rm: &Removed,
-        counts: &mut Counts,
-    ) -> Result<Option<Event>, Skip> {
-        let lane = self
-            .lanes
-            .get(rm.group_idx as usize)
-            .filter(|_| rm.group_idx < 256)
-            .map(|_| rm.group_idx as u8)
-            .ok_or(Skip::LaneMismatch)?;
-        let map = &mut self.ranks.get_mut(&rank).expect("rank entry made")[lane as usize];
+    fn remove(&mut self, rm: &Removed, counts: &mut Counts) -> Result<Option<Event>, Skip> {
+        let (lane, _) = self.lane(rm.group_idx)?;
+        let map = &mut self.maps[lane as usize];
         let bit = rm.medium.bit();
         let mut gone = Vec::new();
         for &h in &rm.block_hashes {
@@ -260,8 +355,10 @@ impl Translator {
                     e.media &= !bit;
                     counts.removed[medium_index(rm.medium)] += 1;
                     if e.media == 0 {
+                        if e.named {
+                            gone.push(h);
+                        }
                         map.remove(&h);
-                        gone.push(h);
                     }
                 }
                 _ => counts.unknown_removals += 1,
@@ -272,27 +369,70 @@ impl Translator {
         }
         Ok((!gone.is_empty()).then_some(Event::Removed { lane, hashes: gone }))
     }
-}
 
-/// Whether vLLM's `kv_cache_spec_kind` (and window) describe the roster lane's kind.
-fn kind_matches(lane: LaneKind, kind: &str, window: Option<u32>) -> bool {
-    let parsed = LaneKind::from_parts(kind, None)
-        .or_else(|_| LaneKind::from_parts(kind, Some(window.unwrap_or(1).max(1))));
-    match parsed {
-        Ok(k) if k.name() == lane.name() => match (lane, window) {
-            (LaneKind::SlidingWindow { window: w }, Some(got)) => w == got,
-            _ => true,
-        },
-        _ => false,
+    /// The translator as plain data.
+    pub fn export(&self) -> TranslatorImage {
+        TranslatorImage {
+            keyspaces: self.keyspaces.clone(),
+            lanes: self
+                .maps
+                .iter()
+                .map(|m| m.iter().map(|(h, e)| (*h, e.clone())).collect())
+                .collect(),
+        }
+    }
+
+    /// Restores an image into a fresh translator of the same roster; false (nothing
+    /// restored) when its lanes or keyspaces do not fit.
+    pub fn import(&mut self, image: &TranslatorImage) -> bool {
+        let fits = image.lanes.len() == self.maps.len()
+            && image
+                .lanes
+                .iter()
+                .flatten()
+                .all(|(_, e)| (e.ks as usize) < image.keyspaces.len());
+        if !fits {
+            return false;
+        }
+        self.seeds = image.keyspaces.iter().map(|k| k.seed(self.block)).collect();
+        self.keyspaces = image.keyspaces.clone();
+        for (map, entries) in self.maps.iter_mut().zip(&image.lanes) {
+            *map = entries.iter().cloned().collect();
+        }
+        true
     }
 }
 
-fn push(out: &mut Vec<Outgoing>, rank: u32, keyspace: Keyspace, event: Event) {
+/// Hashes one lane block's tokens (`block`-token keyspace blocks) continuing from
+/// `prev`, mixing `keys` into its first keyspace block; appends the hashes and returns
+/// the last. The same function as [`chain::token_chain_with_extras`].
+fn lane_block(prev: u64, block: u32, tokens: &[u32], keys: &[ExtraKey], out: &mut Vec<u64>) -> u64 {
+    let from = out.len();
+    chain::chain_tokens(prev, block, &tokens[..block as usize], out);
+    let first = chain::mix_extra(out[from], keys);
+    out[from] = first;
+    chain::chain_tokens(first, block, &tokens[block as usize..], out);
+    *out.last().expect("a lane block has a keyspace block")
+}
+
+/// Whether an event's kind (and window) describe the roster lane's kind.
+fn same_kind(lane: LaneKind, event: LaneKind, window: Option<u32>) -> bool {
+    match (lane, event) {
+        (LaneKind::SlidingWindow { window: w }, LaneKind::SlidingWindow { .. }) => {
+            window.is_none_or(|got| got == w)
+        }
+        (LaneKind::ChunkedLocal { chunk: c }, LaneKind::ChunkedLocal { .. }) => {
+            window.is_none_or(|got| got == c)
+        }
+        (a, b) => a.name() == b.name(),
+    }
+}
+
+fn push(out: &mut Vec<Group>, ks: u32, event: Event) {
     match out.last_mut() {
-        Some(o) if o.rank == rank && o.keyspace == keyspace => o.events.push(event),
-        _ => out.push(Outgoing {
-            rank,
-            keyspace,
+        Some(g) if g.ks == ks => g.events.push(event),
+        _ => out.push(Group {
+            ks,
             events: vec![event],
         }),
     }
@@ -301,6 +441,7 @@ fn push(out: &mut Vec<Outgoing>, rank: u32, keyspace: Keyspace, event: Event) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvix_wire::chain::token_chain;
 
     const KB: u32 = 16;
 
@@ -313,77 +454,96 @@ mod tests {
             lora_id: None,
             medium: Medium::Gpu,
             lora_name: None,
-            extra_keys: false,
+            extras: Vec::new(),
+            cache_salt: None,
             group_idx: 0,
             spec_kind: None,
             sliding_window: None,
         }
     }
 
-    fn batch(rank: u32, events: Vec<EngineEvent>) -> Batch {
+    fn batch(events: Vec<EngineEvent>) -> Batch {
         Batch {
             ts: 0.0,
             events,
-            dp_rank: rank,
+            dp_rank: 0,
         }
     }
 
-    fn run(t: &mut Translator, b: Batch) -> (Vec<Outgoing>, Counts) {
+    fn run(t: &mut Translator, events: Vec<EngineEvent>) -> (Vec<Group>, Counts) {
         let (mut out, mut c) = (Vec::new(), Counts::default());
-        t.apply(&b, &mut out, &mut c);
+        t.apply(&batch(events), &mut out, &mut c);
         (out, c)
+    }
+
+    fn stored_of(g: &[Group]) -> Vec<(u32, Vec<u64>, Vec<u64>)> {
+        g.iter()
+            .flat_map(|g| &g.events)
+            .filter_map(|e| match e {
+                Event::Stored {
+                    start,
+                    chain,
+                    engine,
+                    ..
+                } => Some((*start, chain.clone(), engine.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn ks(salt: &str) -> Keyspace {
+        Keyspace {
+            salt: salt.into(),
+            ..Keyspace::tokens("m")
+        }
     }
 
     #[test]
     fn stores_rehash_tokens_and_parents_resolve_position_and_seed() {
         let mut t = Translator::new(KB, "m", "s", &[Lane::full(32)]);
-        let ks = Keyspace {
-            salt: "s".into(),
-            ..Keyspace::tokens("m")
-        };
-        let whole = token_chain(ks.seed(KB), KB, &(0..128).collect::<Vec<_>>());
+        let whole = token_chain(ks("s").seed(KB), KB, &(0..128).collect::<Vec<_>>());
         let (out, _) = run(
             &mut t,
-            batch(0, vec![EngineEvent::Stored(st(&[10, 11], None, 0..64))]),
+            vec![EngineEvent::Stored(st(&[10, 11], None, 0..64))],
         );
+        assert_eq!(*t.keyspace(out[0].ks), ks("s"));
         assert_eq!(
-            out,
-            vec![Outgoing {
-                rank: 0,
-                keyspace: ks.clone(),
-                events: vec![Event::Stored {
-                    lane: 0,
-                    start: 0,
-                    parent: None,
-                    chain: whole[..4].to_vec(),
-                    engine: vec![10, 11]
-                }]
+            out[0].events,
+            vec![Event::Stored {
+                lane: 0,
+                start: 0,
+                parent: None,
+                chain: whole[..4].to_vec(),
+                engine: vec![10, 11]
             }]
         );
         let (out, _) = run(
             &mut t,
-            batch(
-                0,
-                vec![EngineEvent::Stored(st(&[12, 13], Some(11), 64..128))],
-            ),
+            vec![EngineEvent::Stored(st(&[12, 13], Some(11), 64..128))],
         );
-        let Event::Stored { start, chain, .. } = &out[0].events[0] else {
+        let Event::Stored {
+            start,
+            chain,
+            parent,
+            ..
+        } = &out[0].events[0]
+        else {
             panic!()
         };
-        assert_eq!((*start, &chain[..]), (4, &whole[4..]));
+        assert_eq!(
+            (*start, &chain[..], *parent),
+            (4, &whole[4..], Some(whole[3]))
+        );
         // Mid-chain parent too.
         let (out, _) = run(
             &mut t,
-            batch(0, vec![EngineEvent::Stored(st(&[20], Some(10), 32..64))]),
+            vec![EngineEvent::Stored(st(&[20], Some(10), 32..64))],
         );
-        let Event::Stored { start, chain, .. } = &out[0].events[0] else {
-            panic!()
-        };
-        assert_eq!((*start, &chain[..]), (2, &whole[2..4]));
+        assert_eq!(stored_of(&out), vec![(2, whole[2..4].to_vec(), vec![20])]);
     }
 
     #[test]
-    fn unknown_parents_wrong_lanes_and_bad_stores_are_skipped_and_counted() {
+    fn unknown_parents_wrong_lanes_kinds_and_bad_stores_are_skipped_and_counted() {
         let lanes = [
             Lane::full(32),
             Lane {
@@ -396,54 +556,52 @@ mod tests {
         swa.group_idx = 1;
         swa.spec_kind = Some("sliding_window".into());
         swa.sliding_window = Some(64);
+        let mut swa_mla = swa.clone();
+        swa_mla.spec_kind = Some("sliding_window_mla".into());
         let mut wrong_window = swa.clone();
         wrong_window.sliding_window = Some(128);
         let mut wrong_kind = st(&[2], None, 0..32);
         wrong_kind.spec_kind = Some("mamba".into());
-        let mut wrong_size = st(&[3], None, 0..16);
-        wrong_size.block_size = 16;
+        let mut cross = st(&[2], None, 0..32);
+        cross.spec_kind = Some("cross_attention".into());
+        let mut too_big = st(&[3], None, 0..64);
+        too_big.block_size = 64;
         let mut no_group = st(&[4], None, 0..32);
         no_group.group_idx = 2;
+        let mut sink = st(&[7], None, 0..32);
+        sink.spec_kind = Some("sink_full_attention".into());
         let (out, c) = run(
             &mut t,
-            batch(
-                0,
-                vec![
-                    EngineEvent::Stored(swa),
-                    EngineEvent::Stored(wrong_window),
-                    EngineEvent::Stored(wrong_kind),
-                    EngineEvent::Stored(wrong_size),
-                    EngineEvent::Stored(no_group),
-                    EngineEvent::Stored(st(&[5], Some(99), 0..32)),
-                    EngineEvent::Stored(st(&[6], None, 0..31)),
-                    EngineEvent::Unknown("X".into()),
-                ],
-            ),
+            vec![
+                EngineEvent::Stored(swa),
+                EngineEvent::Stored(swa_mla),
+                EngineEvent::Stored(sink),
+                EngineEvent::Stored(wrong_window),
+                EngineEvent::Stored(wrong_kind),
+                EngineEvent::Stored(cross),
+                EngineEvent::Stored(too_big),
+                EngineEvent::Stored(no_group),
+                EngineEvent::Stored(st(&[5], Some(99), 0..32)),
+                EngineEvent::Stored(st(&[6], None, 0..31)),
+                EngineEvent::Unknown("X".into()),
+            ],
         );
-        assert_eq!(out.len(), 1);
-        assert_eq!(out[0].events.len(), 1);
-        assert_eq!(c.skipped, [1, 4, 1, 1]);
-        assert_eq!(c.stored, [1, 0, 0]);
+        assert_eq!(stored_of(&out).len(), 3);
+        assert_eq!(c.skipped, [1, 4, 1, 1, 1, 0]);
+        assert_eq!(c.stored, [3, 0, 0]);
     }
 
     #[test]
-    fn removals_wait_for_the_last_medium_and_dp_ranks_are_separate() {
+    fn removals_wait_for_the_last_medium() {
         let mut t = Translator::new(KB, "m", "", &[Lane::full(32)]);
         let mut cpu = st(&[7], None, 0..32);
         cpu.medium = Medium::Cpu;
         run(
             &mut t,
-            batch(
-                0,
-                vec![
-                    EngineEvent::Stored(st(&[7], None, 0..32)),
-                    EngineEvent::Stored(cpu),
-                ],
-            ),
-        );
-        run(
-            &mut t,
-            batch(1, vec![EngineEvent::Stored(st(&[7], None, 0..32))]),
+            vec![
+                EngineEvent::Stored(st(&[7], None, 0..32)),
+                EngineEvent::Stored(cpu),
+            ],
         );
         let rm = |m| {
             EngineEvent::Removed(Removed {
@@ -452,10 +610,10 @@ mod tests {
                 group_idx: 0,
             })
         };
-        let (out, c) = run(&mut t, batch(0, vec![rm(Medium::Gpu)]));
+        let (out, c) = run(&mut t, vec![rm(Medium::Gpu)]);
         assert!(out.is_empty(), "the CPU copy still holds it");
         assert_eq!(c.removed, [1, 0, 0]);
-        let (out, _) = run(&mut t, batch(0, vec![rm(Medium::Cpu)]));
+        let (out, _) = run(&mut t, vec![rm(Medium::Cpu)]);
         assert_eq!(
             out[0].events,
             vec![Event::Removed {
@@ -463,40 +621,161 @@ mod tests {
                 hashes: vec![7]
             }]
         );
-        assert_eq!(out[0].rank, 0);
-        let (out, c) = run(&mut t, batch(0, vec![rm(Medium::Cpu)]));
+        let (out, c) = run(&mut t, vec![rm(Medium::Cpu)]);
         assert!(out.is_empty());
         assert_eq!(c.unknown_removals, 1);
-        // Rank 1 still holds its own copy.
-        let (out, _) = run(&mut t, batch(1, vec![rm(Medium::Gpu)]));
-        assert_eq!(out[0].rank, 1);
-        assert_eq!(t.ranks(), vec![0, 1]);
         assert_eq!(t.tracked(), 0);
     }
 
     #[test]
-    fn lora_names_pick_the_keyspace_and_clears_drop_the_map() {
+    fn lora_names_and_salts_pick_the_keyspace_and_continuations_inherit_it() {
         let mut t = Translator::new(KB, "m", "", &[Lane::full(32)]);
         let mut lora = st(&[8], None, 0..32);
         lora.lora_name = Some("ad".into());
         let mut by_id = st(&[9], None, 0..32);
         by_id.lora_id = Some(3);
+        let mut salted = st(&[30], None, 0..32);
+        salted.cache_salt = Some("tenant".into());
+        let (out, c) = run(
+            &mut t,
+            vec![
+                EngineEvent::Stored(lora),
+                EngineEvent::Stored(by_id),
+                EngineEvent::Stored(salted),
+                EngineEvent::Stored(st(&[31], Some(30), 32..64)),
+            ],
+        );
+        assert_eq!(c.salted, 1);
+        assert_eq!(out.len(), 3);
+        assert_eq!(t.keyspace(out[0].ks).lora, "ad");
+        assert_eq!(t.keyspace(out[1].ks).lora, "lora-id:3");
+        assert_eq!(*t.keyspace(out[2].ks), ks("tenant"));
+        assert_eq!(
+            out[2].events.len(),
+            2,
+            "the continuation is filed under the salt"
+        );
+        let salted_chain = token_chain(ks("tenant").seed(KB), KB, &(0..64).collect::<Vec<_>>());
+        assert_eq!(
+            stored_of(&out[2..]),
+            vec![
+                (0, salted_chain[..2].to_vec(), vec![30]),
+                (2, salted_chain[2..].to_vec(), vec![31])
+            ]
+        );
+        let (out, _) = run(&mut t, vec![EngineEvent::Cleared]);
+        assert_eq!(out[0].events, vec![Event::Cleared]);
+        assert_eq!(t.tracked(), 0);
+    }
+
+    #[test]
+    fn extra_keys_change_the_chain_from_their_block_on_as_the_wire_function_does() {
+        let mut t = Translator::new(KB, "m", "", &[Lane::full(32)]);
+        let image = vec![ExtraKey::Multimodal {
+            identifier: "img".into(),
+            offset: 3,
+        }];
+        let mut keyed = st(&[1, 2, 3], None, 0..96);
+        keyed.extras = vec![vec![], image.clone(), vec![]];
+        let (out, c) = run(&mut t, vec![EngineEvent::Stored(keyed)]);
+        assert_eq!(c.extra_keys, 1);
+        let tokens: Vec<u32> = (0..96).collect();
+        let want = chain::token_chain_with_extras(
+            ks("").seed(KB),
+            KB,
+            32,
+            &tokens,
+            &[vec![], image, vec![]],
+        );
+        let plain = token_chain(ks("").seed(KB), KB, &tokens);
+        let got = &stored_of(&out)[0].1;
+        assert_eq!(got, &want);
+        assert_eq!(got[..2], plain[..2]);
+        assert!(got[2..].iter().zip(&plain[2..]).all(|(a, b)| a != b));
+    }
+
+    #[test]
+    fn pages_accumulate_into_lane_blocks_named_by_the_completing_page() {
+        // SGLang page size 1 under a 16-token lane: token-by-token stores.
+        let mut t = Translator::new(KB, "m", "", &[Lane::full(16)]);
+        let tokens: Vec<u32> = (100..140).collect();
+        let mut all = Vec::new();
+        let mut parent = None;
+        for (i, &tok) in tokens.iter().enumerate() {
+            let mut page = st(&[1000 + i as u64], parent, 0..0);
+            page.token_ids = vec![tok];
+            page.block_size = 1;
+            let (out, _) = run(&mut t, vec![EngineEvent::Stored(page)]);
+            all.extend(stored_of(&out));
+            parent = Some(1000 + i as u64);
+        }
+        let want = token_chain(ks("").seed(KB), KB, &tokens);
+        assert_eq!(
+            all,
+            vec![
+                (0, vec![want[0]], vec![1015]),
+                (1, vec![want[1]], vec![1031])
+            ]
+        );
+        // A partial last page of 5 tokens, then its continuation, is the same chain.
+        let mut t = Translator::new(KB, "m", "", &[Lane::full(16)]);
+        let mut a = st(&[1, 2], None, 0..0);
+        a.token_ids = tokens[..32].to_vec();
+        a.block_size = 16;
+        let mut partial = st(&[3], Some(2), 0..0);
+        partial.token_ids = tokens[32..37].to_vec();
+        partial.block_size = 5;
+        let mut rest = st(&[4], Some(3), 0..0);
+        rest.token_ids = tokens[37..40].to_vec();
+        rest.block_size = 3;
         let (out, _) = run(
             &mut t,
-            batch(
-                0,
-                vec![
-                    EngineEvent::Stored(lora),
-                    EngineEvent::Stored(by_id),
-                    EngineEvent::Cleared,
-                    EngineEvent::Stored(st(&[1], Some(8), 32..64)),
-                ],
-            ),
+            vec![
+                EngineEvent::Stored(a),
+                EngineEvent::Stored(partial),
+                EngineEvent::Stored(rest),
+            ],
         );
-        assert_eq!(out.len(), 3);
-        assert_eq!(out[0].keyspace.lora, "ad");
-        assert_eq!(out[1].keyspace.lora, "lora-id:3");
-        assert_eq!(out[2].events, vec![Event::Cleared]);
-        assert_eq!(t.tracked(), 0, "cleared, and the orphan store was skipped");
+        assert_eq!(stored_of(&out), vec![(0, want.clone(), vec![1, 2])]);
+        // Removing a page that completed nothing names nothing; its completing page does.
+        let rm = |h| {
+            EngineEvent::Removed(Removed {
+                block_hashes: vec![h],
+                medium: Medium::Gpu,
+                group_idx: 0,
+            })
+        };
+        let (out, _) = run(&mut t, vec![rm(4), rm(3)]);
+        assert!(out.is_empty());
+        let (out, _) = run(&mut t, vec![rm(2)]);
+        assert_eq!(
+            out[0].events,
+            vec![Event::Removed {
+                lane: 0,
+                hashes: vec![2]
+            }]
+        );
+    }
+
+    #[test]
+    fn export_and_import_continue_where_they_left_off() {
+        let lanes = [Lane::full(16)];
+        let mut t = Translator::new(KB, "m", "x", &lanes);
+        let mut page = st(&[1], None, 0..0);
+        page.token_ids = (0..10).collect();
+        page.block_size = 10;
+        run(&mut t, vec![EngineEvent::Stored(page)]);
+        let mut back = Translator::new(KB, "m", "x", &lanes);
+        assert!(back.import(&t.export()));
+        let mut next = st(&[2], Some(1), 0..0);
+        next.token_ids = (10..16).collect();
+        next.block_size = 6;
+        let (a, _) = run(&mut t, vec![EngineEvent::Stored(next.clone())]);
+        let (b, _) = run(&mut back, vec![EngineEvent::Stored(next)]);
+        assert_eq!(stored_of(&a), stored_of(&b));
+        assert_eq!(stored_of(&a).len(), 1);
+        assert!(
+            !Translator::new(KB, "m", "x", &[Lane::full(16), Lane::full(16)]).import(&t.export())
+        );
     }
 }

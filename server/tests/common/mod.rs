@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use kvix_wire::*;
 
+pub mod engines;
+
 pub struct Server {
     child: Child,
     pub addr: SocketAddr,
@@ -116,6 +118,18 @@ impl Server {
 
     pub fn connect(&self) -> Conn {
         Conn::open(self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The value of an unlabelled metric.
+    pub fn metric(&self, name: &str) -> u64 {
+        let text = self.scrape();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
     }
 
     /// A connection that has completed the handshake with 16-token blocks.
@@ -285,11 +299,31 @@ impl Conn {
         lanes: Vec<Lane>,
         feed: Feed,
     ) -> Result<Announced, ErrorReply> {
+        self.announce_with(name, lanes, feed, None)
+    }
+
+    /// Announces an event-fed worker that the server subscribes to.
+    pub fn announce_source(
+        &mut self,
+        name: &str,
+        lanes: Vec<Lane>,
+        source: EventSource,
+    ) -> Result<Announced, ErrorReply> {
+        self.announce_with(name, lanes, Feed::Events, Some(source))
+    }
+
+    pub fn announce_with(
+        &mut self,
+        name: &str,
+        lanes: Vec<Lane>,
+        feed: Feed,
+        source: Option<EventSource>,
+    ) -> Result<Announced, ErrorReply> {
         let r = self.ask(&Announce {
             name: name.into(),
             lanes,
             feed,
-            source: None,
+            source,
         });
         match r.kind {
             Kind::Announced => Ok(r.decode()),

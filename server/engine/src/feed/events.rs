@@ -180,10 +180,25 @@ impl EventFeed {
         events: &[E],
         out: &mut OpBatch,
     ) -> ApplyReport {
-        let mut report = ApplyReport::new(self.seq.admit(seq));
-        if report.status == ApplyStatus::Duplicate {
-            return report;
+        let status = self.seq.admit(seq);
+        if status == ApplyStatus::Duplicate {
+            return ApplyReport::new(status);
         }
+        self.apply_unsequenced(worker, ks, lane_blocks, events, status, out)
+    }
+
+    /// Applies events whose order their producer already checked (the engine-event
+    /// ingest, which sequences its streams itself), reporting `status`.
+    pub fn apply_unsequenced<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        ks: u64,
+        lane_blocks: &[u32],
+        events: &[E],
+        status: ApplyStatus,
+        out: &mut OpBatch,
+    ) -> ApplyReport {
+        let mut report = ApplyReport::new(status);
         for event in events {
             if self.one(worker, ks, lane_blocks, event.view(), out, &mut report) {
                 report.events += 1;

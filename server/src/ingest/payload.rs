@@ -1,11 +1,12 @@
 //! vLLM / SGLang KV event payloads: msgpack → typed events. Pure, no I/O.
 //!
-//! A payload is an `EventBatch` `[ts, events, data_parallel_rank]` (msgspec
-//! `array_like`), or, in the newer form, a map with the same field names. Each event is
-//! a tagged array `["BlockStored", block_hashes, parent_block_hash, token_ids,
-//! block_size, lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
-//! kv_cache_spec_sliding_window]` whose trailing defaults may be omitted, or a map
-//! with a `"type"` key. Both forms are accepted at both levels, and may be mixed.
+//! A payload is an `EventBatch` `[ts, events, rank]` (msgspec `array_like` in every
+//! release: vLLM's `data_parallel_rank`, SGLang's `attn_dp_rank`); a map with the same
+//! field names is accepted too. Each event is a tagged array (vLLM 0.9: `["BlockStored",
+//! block_hashes, parent_block_hash, token_ids, block_size, lora_id]`, later fields
+//! `medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
+//! kv_cache_spec_sliding_window` when present) or a map with a `"type"` key (vLLM 0.34,
+//! SGLang, whose `cache_salt` field exists only in maps).
 //!
 //! Engine block hashes arrive as ints (u64, or negative i64 for older builds) or as
 //! raw bytes (32 for sha256); either becomes a u64 key ([`hash_key`]). Decoding is
@@ -13,6 +14,7 @@
 //! bad message is never applied half-way. Unknown event types are kept as
 //! [`EngineEvent::Unknown`] (newer engines may add some) for the caller to count.
 
+use kvix_wire::chain::ExtraKey;
 use rmpv::Value;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -42,7 +44,11 @@ impl Medium {
                 Some(m) if m.eq_ignore_ascii_case("gpu") || m.eq_ignore_ascii_case("cuda") => {
                     Medium::Gpu
                 }
-                Some(m) if m.eq_ignore_ascii_case("cpu") => Medium::Cpu,
+                Some(m)
+                    if m.eq_ignore_ascii_case("cpu") || m.eq_ignore_ascii_case("cpu_pinned") =>
+                {
+                    Medium::Cpu
+                }
                 Some(_) => Medium::Other,
                 None => return Err(DecodeError::field("medium", "a UTF-8 string")),
             }),
@@ -80,9 +86,13 @@ pub struct Stored {
     pub lora_id: Option<i64>,
     pub medium: Medium,
     pub lora_name: Option<String>,
-    /// Whether the engine hashed extra keys (multimodal inputs, cache salt) into the
-    /// blocks: token ids alone then under-identify them.
-    pub extra_keys: bool,
+    /// Per block, the extra keys the engine hashed into it besides its tokens (vLLM's
+    /// multimodal items and prompt-embedding digests); empty when there are none. The
+    /// LoRA name and the cache salt are not in here.
+    pub extras: Vec<Vec<ExtraKey>>,
+    /// The request's cache salt: SGLang's `cache_salt`, or the text extra key vLLM
+    /// gives the first block of a salted prompt.
+    pub cache_salt: Option<String>,
     pub group_idx: u32,
     pub spec_kind: Option<String>,
     pub sliding_window: Option<u32>,
@@ -216,7 +226,10 @@ fn batch(v: &Value) -> Result<Batch, DecodeError> {
     let Value::Array(raw) = fields.required(1, "events")? else {
         return Err(DecodeError::field("events", "an array"));
     };
-    let dp_rank = match fields.get(2, "data_parallel_rank") {
+    let rank = fields
+        .get(2, "data_parallel_rank")
+        .or_else(|| fields.get(usize::MAX, "attn_dp_rank"));
+    let dp_rank = match rank {
         None | Some(Value::Nil) => 0,
         Some(v) => v
             .as_u64()
@@ -285,16 +298,21 @@ fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
     let Value::Array(tokens) = f.required(2, "token_ids")? else {
         return Err(DecodeError::field("token_ids", "an array"));
     };
+    // SGLang's EAGLE bigram pages send each token as the pair (token, next token).
     let token_ids = tokens
         .iter()
         .enumerate()
         .map(|(index, t)| {
+            let t = match t {
+                Value::Array(pair) if pair.len() == 2 => &pair[0],
+                t => t,
+            };
             t.as_u64()
                 .and_then(|t| u32::try_from(t).ok())
                 .ok_or(DecodeError::Item {
                     field: "token_ids",
                     index,
-                    want: "an integer in 0..2^32",
+                    want: "an integer in 0..2^32 or a pair of them",
                 })
         })
         .collect::<Result<_, _>>()?;
@@ -317,10 +335,20 @@ fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
         ),
         Some(_) => return Err(DecodeError::field("lora_name", "nil or a string")),
     };
-    let extra_keys = match f.get(7, "extra_keys") {
-        None | Some(Value::Nil) => false,
-        Some(Value::Array(a)) => a.iter().any(|v| !v.is_nil()),
-        Some(_) => return Err(DecodeError::field("extra_keys", "nil or an array")),
+    let block_hashes = hashes(f.required(0, "block_hashes")?, "block_hashes")?;
+    let (extras, vllm_salt) = extra_keys(
+        f.get(7, "extra_keys"),
+        lora_name.as_deref(),
+        parent.is_none(),
+    )?;
+    let cache_salt = match f.get(usize::MAX, "cache_salt") {
+        None | Some(Value::Nil) => vllm_salt,
+        Some(Value::String(s)) => Some(
+            s.as_str()
+                .ok_or(DecodeError::field("cache_salt", "UTF-8"))?
+                .to_string(),
+        ),
+        Some(_) => return Err(DecodeError::field("cache_salt", "nil or a string")),
     };
     let spec_kind = match f.get(9, "kv_cache_spec_kind") {
         None | Some(Value::Nil) => None,
@@ -332,14 +360,15 @@ fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
         Some(_) => return Err(DecodeError::field("kv_cache_spec_kind", "nil or a string")),
     };
     Ok(Stored {
-        block_hashes: hashes(f.required(0, "block_hashes")?, "block_hashes")?,
+        block_hashes,
         parent,
         token_ids,
         block_size,
         lora_id,
         medium: Medium::parse(f.get(5, "medium"))?,
         lora_name,
-        extra_keys,
+        extras,
+        cache_salt,
         group_idx: opt_u32(f.get(8, "group_idx"), "group_idx")?.unwrap_or(0),
         spec_kind,
         sliding_window: opt_u32(
@@ -347,6 +376,71 @@ fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
             "kv_cache_spec_sliding_window",
         )?,
     })
+}
+
+/// vLLM's `extra_keys`: one entry per block, nil or the block's keys untagged (a LoRA
+/// name, `[mm_identifier, offset]` for a multimodal item, the cache salt as text on the
+/// first block of a prompt, a prompt-embedding digest as bytes). Returns the keys per
+/// block without the LoRA name and the salt, and the salt.
+fn extra_keys(
+    v: Option<&Value>,
+    lora_name: Option<&str>,
+    starts_prompt: bool,
+) -> Result<(Vec<Vec<ExtraKey>>, Option<String>), DecodeError> {
+    let entries = match v {
+        None | Some(Value::Nil) => return Ok((Vec::new(), None)),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(DecodeError::field("extra_keys", "nil or an array")),
+    };
+    let mut salt = None;
+    let mut out = Vec::with_capacity(entries.len());
+    for (block, entry) in entries.iter().enumerate() {
+        let keys = match entry {
+            Value::Nil => &[][..],
+            Value::Array(keys) => &keys[..],
+            _ => {
+                return Err(DecodeError::Item {
+                    field: "extra_keys",
+                    index: block,
+                    want: "nil or an array of keys",
+                })
+            }
+        };
+        let mut mine = Vec::new();
+        for key in keys {
+            match key {
+                Value::String(t) => match t.as_str() {
+                    Some(t) if Some(t) == lora_name => {}
+                    Some(t) if block == 0 && starts_prompt && salt.is_none() => {
+                        salt = Some(t.to_string())
+                    }
+                    Some(t) => mine.push(ExtraKey::Text(t.to_string())),
+                    None => mine.push(ExtraKey::Bytes(t.as_bytes().to_vec())),
+                },
+                Value::Array(mm) if mm.len() == 2 && mm[1].as_i64().is_some() => {
+                    let identifier = match &mm[0] {
+                        Value::String(s) => s.as_str().unwrap_or_default().to_string(),
+                        other => other.to_string(),
+                    };
+                    mine.push(ExtraKey::Multimodal {
+                        identifier,
+                        offset: mm[1].as_i64().unwrap_or_default(),
+                    })
+                }
+                Value::Binary(b) => mine.push(ExtraKey::Bytes(b.clone())),
+                Value::Integer(i) => mine.push(ExtraKey::Int(
+                    i.as_i64()
+                        .unwrap_or_else(|| i.as_u64().unwrap_or_default() as i64),
+                )),
+                other => mine.push(ExtraKey::Text(other.to_string())),
+            }
+        }
+        out.push(mine);
+    }
+    if out.iter().all(Vec::is_empty) {
+        out.clear();
+    }
+    Ok((out, salt))
 }
 
 fn opt_u32(v: Option<&Value>, field: &'static str) -> Result<Option<u32>, DecodeError> {
@@ -503,6 +597,81 @@ mod tests {
             })
         );
         assert_eq!(b.events[2], EngineEvent::Cleared);
+    }
+
+    #[test]
+    fn extra_keys_split_into_lora_salt_and_block_keys_and_bigrams_keep_the_token() {
+        // vLLM 0.34's untagged keys as observed: LoRA name, image, salt on block 0.
+        let keys = Value::Array(vec![
+            Value::Array(vec![
+                s("ad"),
+                Value::Array(vec![s("mm-abc"), Value::from(-2)]),
+                s("salt-1"),
+            ]),
+            Value::Nil,
+            Value::Array(vec![Value::Binary(vec![9; 32])]),
+        ]);
+        let ev = |parent: Value, keys: Value| {
+            map(vec![
+                ("type", s("BlockStored")),
+                ("block_hashes", Value::Array(vec![Value::from(1u32); 3])),
+                ("parent_block_hash", parent),
+                ("token_ids", Value::Array(vec![Value::from(1u32); 6])),
+                ("block_size", Value::from(2u32)),
+                ("lora_id", Value::Nil),
+                ("medium", Value::Nil),
+                ("lora_name", s("ad")),
+                ("extra_keys", keys),
+            ])
+        };
+        let one = |e: Value| {
+            let b = decode(&enc(&Value::Array(vec![
+                Value::F64(0.0),
+                Value::Array(vec![e]),
+            ])))
+            .unwrap();
+            match b.events.into_iter().next() {
+                Some(EngineEvent::Stored(st)) => st,
+                other => panic!("{other:?}"),
+            }
+        };
+        let st = one(ev(Value::Nil, keys.clone()));
+        assert_eq!(st.cache_salt.as_deref(), Some("salt-1"));
+        assert_eq!(
+            st.extras,
+            vec![
+                vec![ExtraKey::Multimodal {
+                    identifier: "mm-abc".into(),
+                    offset: -2
+                }],
+                vec![],
+                vec![ExtraKey::Bytes(vec![9; 32])],
+            ]
+        );
+        // Continuing a prompt, a text key is not a salt (vLLM salts block 0 only).
+        let st = one(ev(Value::from(5u32), keys));
+        assert_eq!(st.cache_salt, None);
+        assert!(st.extras[0].contains(&ExtraKey::Text("salt-1".into())));
+        // SGLang: cache_salt as a field, and bigram token pairs.
+        let sg = map(vec![
+            ("type", s("BlockStored")),
+            ("block_hashes", Value::Array(vec![Value::from(-7i64)])),
+            ("parent_block_hash", Value::Nil),
+            (
+                "token_ids",
+                Value::Array(vec![
+                    Value::Array(vec![Value::from(4u32), Value::from(5u32)]),
+                    Value::Array(vec![Value::from(5u32), Value::from(6u32)]),
+                ]),
+            ),
+            ("block_size", Value::from(2u32)),
+            ("lora_id", Value::Nil),
+            ("cache_salt", s("tenant")),
+        ]);
+        let st = one(sg);
+        assert_eq!(st.token_ids, vec![4, 5]);
+        assert_eq!(st.cache_salt.as_deref(), Some("tenant"));
+        assert!(st.extras.is_empty());
     }
 
     #[test]

@@ -1,0 +1,175 @@
+//! The ZMQ side of one source, over libzmq (the `zmq` crate: the same ZMTP the engines'
+//! pyzmq speaks, over `tcp://` and `ipc://`, with reconnects done by libzmq): a SUB on the
+//! publisher with a monitor that reports each (re)connection, and one-shot DEALER
+//! replays.
+//!
+//! Frames, as the engines send them: live `[topic, seq (8 bytes BE), payload]`; a replay
+//! request `["", start (8 bytes BE)]`; replay replies `["", seq, payload]` (vLLM 0.9) or
+//! `["", topic, seq, payload]` (vLLM 0.34, SGLang), ending with seq −1 and an empty
+//! payload. Both are read the same way: seq is the second-to-last frame, the payload the
+//! last.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use super::stream::Replay;
+
+/// Longest frame accepted from a publisher (a batch of many long stores still fits).
+pub const MAX_FRAME: i64 = 64 << 20;
+/// How long a replay may wait for its first reply (the engine's publisher thread serves
+/// replays between batches, ~100 ms apart at most) and then between replies.
+const REPLAY_FIRST: Duration = Duration::from_secs(3);
+const REPLAY_NEXT: Duration = Duration::from_secs(1);
+/// Most batches one replay takes (engines keep 10,000 by default).
+const REPLAY_MAX: usize = 1 << 20;
+
+/// What the monitor reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    Up,
+    Down,
+}
+
+/// A subscription to one publisher.
+pub struct Subscription {
+    pub sub: zmq::Socket,
+    pub monitor: zmq::Socket,
+}
+
+impl Subscription {
+    /// Connects (in the background: libzmq retries until the publisher is there).
+    pub fn open(ctx: &zmq::Context, endpoint: &str) -> Result<Self, zmq::Error> {
+        // A fresh monitor name each time: a closed socket's monitor endpoint is released
+        // by libzmq later, so a worker subscribing again cannot reuse its old name.
+        static MONITORS: AtomicU64 = AtomicU64::new(0);
+        let id = MONITORS.fetch_add(1, Relaxed);
+        let sub = ctx.socket(zmq::SUB)?;
+        sub.set_maxmsgsize(MAX_FRAME)?;
+        sub.set_rcvhwm(100_000)?;
+        sub.set_linger(0)?;
+        sub.set_reconnect_ivl(100)?;
+        sub.set_reconnect_ivl_max(2000)?;
+        sub.set_subscribe(b"")?;
+        let name = format!("inproc://kvix-ingest-monitor-{id}");
+        sub.monitor(
+            &name,
+            (zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32)
+                | (zmq::SocketEvent::DISCONNECTED as i32),
+        )?;
+        let monitor = ctx.socket(zmq::PAIR)?;
+        monitor.set_linger(0)?;
+        monitor.connect(&name)?;
+        sub.connect(endpoint)?;
+        Ok(Subscription { sub, monitor })
+    }
+
+    /// The next live message, if one is waiting: (seq, payload), or Err for a message
+    /// that is not `[topic, seq, payload]`.
+    pub fn next(&self) -> Option<Result<(u64, Vec<u8>), usize>> {
+        let frames = self.sub.recv_multipart(zmq::DONTWAIT).ok()?;
+        Some(seq_and_payload(frames))
+    }
+
+    /// The next monitor event, if one is waiting.
+    pub fn link(&self) -> Option<Link> {
+        let frames = self.monitor.recv_multipart(zmq::DONTWAIT).ok()?;
+        let event = frames.first().filter(|f| f.len() >= 2)?;
+        let id = u16::from_le_bytes([event[0], event[1]]);
+        Some(if id == zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16 {
+            Link::Up
+        } else {
+            Link::Down
+        })
+    }
+}
+
+/// seq and payload of a live or replayed message: the last two frames.
+fn seq_and_payload(mut frames: Vec<Vec<u8>>) -> Result<(u64, Vec<u8>), usize> {
+    let n = frames.len();
+    if n < 2 || frames[n - 2].len() != 8 {
+        return Err(n);
+    }
+    let payload = frames.pop().expect("n >= 2");
+    let seq = u64::from_be_bytes(frames[n - 2][..].try_into().expect("8 bytes"));
+    Ok((seq, payload))
+}
+
+/// Replays over a fresh DEALER per request.
+pub struct Replayer<'a> {
+    pub ctx: &'a zmq::Context,
+    pub endpoint: &'a str,
+}
+
+impl Replay for Replayer<'_> {
+    fn replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
+        let err = |e: zmq::Error| format!("replay socket {}: {e}", self.endpoint);
+        let dealer = self.ctx.socket(zmq::DEALER).map_err(err)?;
+        dealer.set_linger(0).map_err(err)?;
+        dealer.set_maxmsgsize(MAX_FRAME).map_err(err)?;
+        dealer.set_rcvhwm(0).map_err(err)?;
+        dealer.connect(self.endpoint).map_err(err)?;
+        dealer
+            .send_multipart([&b""[..], &from.to_be_bytes()[..]], 0)
+            .map_err(err)?;
+        let mut out = Vec::new();
+        let mut wait = REPLAY_FIRST;
+        loop {
+            let deadline = Instant::now() + wait;
+            if dealer
+                .poll(
+                    zmq::POLLIN,
+                    deadline
+                        .saturating_duration_since(Instant::now())
+                        .as_millis() as i64,
+                )
+                .map_err(err)?
+                == 0
+            {
+                return Err(format!(
+                    "replay {} did not finish: no reply within {wait:?} after {} batches",
+                    self.endpoint,
+                    out.len()
+                ));
+            }
+            let mut frames = dealer.recv_multipart(0).map_err(err)?;
+            if frames.first().is_some_and(Vec::is_empty) {
+                frames.remove(0);
+            }
+            let (seq, payload) = seq_and_payload(frames)
+                .map_err(|n| format!("replay {}: a reply of {n} frames", self.endpoint))?;
+            if seq == u64::MAX {
+                return Ok(out);
+            }
+            if out.len() >= REPLAY_MAX {
+                return Err(format!(
+                    "replay {} sent more than {REPLAY_MAX} batches",
+                    self.endpoint
+                ));
+            }
+            out.push((seq, payload));
+            wait = REPLAY_NEXT;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_replay_framings_and_live_frames_read_the_last_two_frames() {
+        let seq = 7u64.to_be_bytes().to_vec();
+        assert_eq!(
+            seq_and_payload(vec![b"topic".to_vec(), seq.clone(), b"p".to_vec()]),
+            Ok((7, b"p".to_vec()))
+        );
+        assert_eq!(
+            seq_and_payload(vec![seq.clone(), b"p".to_vec()]),
+            Ok((7, b"p".to_vec()))
+        );
+        let end = seq_and_payload(vec![Vec::new(), vec![0xff; 8], Vec::new()]);
+        assert_eq!(end, Ok((u64::MAX, Vec::new())));
+        assert_eq!(seq_and_payload(vec![b"p".to_vec()]), Err(1));
+        assert_eq!(seq_and_payload(vec![vec![1, 2], b"p".to_vec()]), Err(2));
+    }
+}

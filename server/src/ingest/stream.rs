@@ -1,0 +1,444 @@
+//! One publisher's stream, as a state machine: which batches to apply, which to drop
+//! as duplicates, when to replay, and when the publisher is a new process. Pure logic:
+//! the sockets are behind [`Replay`], the output is a list of [`Delivery`].
+//!
+//! A publisher numbers its batches 0, 1, 2, … per process and keeps the last ones for
+//! replay. The stream remembers the last batch it applied as a [`Record`]: its seq, its
+//! timestamp and a fingerprint (xxh3) of its payload. Identity is checked whenever
+//! continuity is in doubt:
+//!
+//! - **(re)connected, or a gap** (seq beyond last + 1): replay from the last seq. If the
+//!   publisher still has that batch with the same fingerprint, it is the same process:
+//!   apply what follows. If not (a new process that already published past our seq,
+//!   or one that has not reached it, or a buffer that no longer reaches back), resync:
+//!   replay from 0 and apply it all onto a cleared worker.
+//! - **seq at or below the last**: a batch of the same process is a duplicate (its
+//!   timestamp is not later than the last applied one's); a later timestamp means a new
+//!   process counting from 0 again: resync.
+//!
+//! Without a replay endpoint nothing can be recovered: gaps are counted, a new process
+//! is still detected by the timestamp rule and clears the worker.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::payload::{self, Batch};
+
+/// The last batch applied from a stream.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct Record {
+    pub seq: u64,
+    /// The batch's own timestamp (the engine's clock, seconds).
+    pub ts: f64,
+    /// xxh3 of the payload bytes.
+    pub fp: u64,
+}
+
+/// What to apply to the stream's worker, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    /// Drop everything the worker holds first (a new engine process).
+    pub reset: bool,
+    /// The stream's last batch once this one is applied (None after a reset alone).
+    pub record: Option<Record>,
+    /// None: nothing to apply (a reset alone, or a payload that did not decode).
+    pub batch: Option<Batch>,
+}
+
+/// The replay socket: the batches from `from` on, in order, as (seq, payload).
+pub trait Replay {
+    fn replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String>;
+}
+
+/// What happened, for the metrics and the log.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub applied: u64,
+    pub duplicates: u64,
+    pub gaps: u64,
+    pub replayed: u64,
+    pub replay_failures: u64,
+    pub restarts: u64,
+    pub malformed: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Stream {
+    last: Option<Record>,
+    has_replay: bool,
+    /// The next delivery must clear the worker (a resync found no replay to apply).
+    reset_pending: bool,
+    /// A replay from 0 found nothing: the publisher's seq 0 needs no replay.
+    empty: bool,
+}
+
+impl Stream {
+    /// A stream that resumes after `last` (None: a new one), with or without replay.
+    pub fn new(last: Option<Record>, has_replay: bool) -> Self {
+        Stream {
+            last,
+            has_replay,
+            reset_pending: false,
+            empty: false,
+        }
+    }
+
+    pub fn last(&self) -> Option<Record> {
+        self.last
+    }
+
+    /// The subscription (re)connected: catch up, checking identity.
+    pub fn connected(&mut self, rp: &mut dyn Replay, out: &mut Vec<Delivery>, t: &mut Tally) {
+        if self.has_replay {
+            self.verify(rp, out, t);
+        }
+    }
+
+    /// A live message.
+    pub fn live(
+        &mut self,
+        seq: u64,
+        payload: &[u8],
+        rp: &mut dyn Replay,
+        out: &mut Vec<Delivery>,
+        t: &mut Tally,
+    ) {
+        let decoded = payload::decode(payload);
+        let ts = decoded.as_ref().map_or(f64::NAN, |b| b.ts);
+        match self.last {
+            Some(l) if seq <= l.seq => {
+                // Same process: not later than what was applied. An undecodable
+                // payload (NaN) counts as a duplicate.
+                let later = ts.partial_cmp(&l.ts) == Some(std::cmp::Ordering::Greater);
+                if !later {
+                    t.duplicates += 1;
+                    return;
+                }
+                t.restarts += 1;
+                self.resync(rp, out, t);
+            }
+            Some(l) if seq > l.seq + 1 => {
+                t.gaps += 1;
+                if self.has_replay {
+                    self.verify(rp, out, t);
+                }
+            }
+            None if self.has_replay && !(self.empty && seq == 0) => self.verify(rp, out, t),
+            _ => {}
+        }
+        if self.last.is_some_and(|l| seq <= l.seq) {
+            t.duplicates += 1;
+            return;
+        }
+        let fp = xxh3_64(payload);
+        self.accept(seq, fp, decoded, out, t);
+    }
+
+    fn accept(
+        &mut self,
+        seq: u64,
+        fp: u64,
+        decoded: Result<Batch, payload::DecodeError>,
+        out: &mut Vec<Delivery>,
+        t: &mut Tally,
+    ) {
+        let (ts, batch) = match decoded {
+            Ok(b) => (b.ts, Some(b)),
+            Err(e) => {
+                t.malformed += 1;
+                tracing::debug!(seq, "ingest: undecodable payload skipped: {e}");
+                (self.last.map_or(0.0, |l| l.ts), None)
+            }
+        };
+        let record = Record { seq, ts, fp };
+        self.last = Some(record);
+        t.applied += u64::from(batch.is_some());
+        out.push(Delivery {
+            reset: std::mem::take(&mut self.reset_pending),
+            record: Some(record),
+            batch,
+        });
+    }
+
+    /// Replays from the last seq and continues if the publisher is the same process.
+    fn verify(&mut self, rp: &mut dyn Replay, out: &mut Vec<Delivery>, t: &mut Tally) {
+        let Some(l) = self.last else {
+            return self.resync(rp, out, t);
+        };
+        let replies = match rp.replay(l.seq) {
+            Ok(r) => r,
+            Err(e) => {
+                t.replay_failures += 1;
+                tracing::debug!("ingest: replay from {} failed: {e}", l.seq);
+                return;
+            }
+        };
+        let same = replies
+            .first()
+            .is_some_and(|(s, p)| *s == l.seq && xxh3_64(p) == l.fp);
+        if !same {
+            t.restarts += 1;
+            return self.resync(rp, out, t);
+        }
+        self.apply_replay(&replies[1..], out, t);
+    }
+
+    /// Starts over: clears the worker and applies everything the publisher still has.
+    fn resync(&mut self, rp: &mut dyn Replay, out: &mut Vec<Delivery>, t: &mut Tally) {
+        self.last = None;
+        self.reset_pending = true;
+        if !self.has_replay {
+            return;
+        }
+        match rp.replay(0) {
+            Ok(replies) => {
+                self.empty = replies.is_empty();
+                self.apply_replay(&replies, out, t)
+            }
+            Err(e) => {
+                t.replay_failures += 1;
+                tracing::debug!("ingest: replay from 0 failed: {e}");
+            }
+        }
+        if self.reset_pending {
+            // Nothing to apply: still clear the worker now, not at the next batch.
+            out.push(Delivery {
+                reset: true,
+                record: None,
+                batch: None,
+            });
+            self.reset_pending = false;
+        }
+    }
+
+    fn apply_replay(&mut self, replies: &[(u64, Vec<u8>)], out: &mut Vec<Delivery>, t: &mut Tally) {
+        for (seq, p) in replies {
+            if self.last.is_some_and(|l| *seq <= l.seq) {
+                continue;
+            }
+            if let Some(l) = self.last {
+                if *seq != l.seq + 1 {
+                    t.gaps += 1;
+                }
+            }
+            t.replayed += 1;
+            self.accept(*seq, xxh3_64(p), payload::decode(p), out, t);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A publisher process: its buffer of (seq, payload), all of it kept.
+    #[derive(Default)]
+    struct Publisher {
+        buffer: Vec<(u64, Vec<u8>)>,
+        /// Oldest seq still kept.
+        keeps_from: u64,
+        down: bool,
+    }
+
+    impl Replay for Publisher {
+        fn replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
+            if self.down {
+                return Err("no answer".into());
+            }
+            Ok(self
+                .buffer
+                .iter()
+                .filter(|(s, _)| *s >= from && *s >= self.keeps_from)
+                .cloned()
+                .collect())
+        }
+    }
+
+    /// A payload `[ts, [["AllBlocksCleared"] × n], 0]`: n tells batches apart.
+    fn payload(ts: f64, n: usize) -> Vec<u8> {
+        use rmpv::Value;
+        let ev = Value::Array(vec![Value::from("AllBlocksCleared")]);
+        let v = Value::Array(vec![
+            Value::F64(ts),
+            Value::Array(vec![ev; n]),
+            Value::from(0),
+        ]);
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &v).unwrap();
+        out
+    }
+
+    impl Publisher {
+        fn publish(&mut self, ts: f64, n: usize) -> (u64, Vec<u8>) {
+            let seq = self.buffer.len() as u64;
+            let p = payload(ts, n);
+            self.buffer.push((seq, p.clone()));
+            (seq, p)
+        }
+    }
+
+    fn seqs(out: &[Delivery]) -> Vec<(bool, u64)> {
+        out.iter()
+            .map(|d| (d.reset, d.record.map_or(0, |r| r.seq)))
+            .collect()
+    }
+
+    #[test]
+    fn a_late_join_replays_the_whole_buffer_then_drops_live_duplicates() {
+        let mut p = Publisher::default();
+        for i in 0..3 {
+            p.publish(1.0 + i as f64, 1);
+        }
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        s.connected(&mut p, &mut out, &mut t);
+        assert_eq!(seqs(&out), vec![(true, 0), (false, 1), (false, 2)]);
+        out.clear();
+        // The SUB also got seq 2 live, then 3.
+        let two = p.buffer[2].1.clone();
+        s.live(2, &two, &mut p, &mut out, &mut t);
+        let (seq, three) = p.publish(4.0, 1);
+        s.live(seq, &three, &mut p, &mut out, &mut t);
+        assert_eq!(seqs(&out), vec![(false, 3)]);
+        assert_eq!((t.duplicates, t.replayed, t.restarts), (1, 3, 0));
+    }
+
+    #[test]
+    fn a_gap_is_filled_from_the_replay_of_the_same_process() {
+        let mut p = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, false), Vec::new(), Tally::default());
+        let (q, b) = p.publish(1.0, 1);
+        s.live(q, &b, &mut p, &mut out, &mut t);
+        s.has_replay = true;
+        p.publish(2.0, 2);
+        p.publish(3.0, 3);
+        let (q, b) = p.publish(4.0, 4);
+        s.live(q, &b, &mut p, &mut out, &mut t);
+        assert_eq!(
+            seqs(&out),
+            vec![(false, 0), (false, 1), (false, 2), (false, 3)]
+        );
+        assert_eq!((t.gaps, t.restarts), (1, 0));
+    }
+
+    #[test]
+    fn a_restart_below_the_last_seq_clears_and_replays_the_new_process() {
+        let mut old = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        for i in 0..5 {
+            let (q, b) = old.publish(1.0 + i as f64, 1);
+            s.live(q, &b, &mut old, &mut out, &mut t);
+        }
+        out.clear();
+        // The new process lost its first message to the slow joiner; we see seq 1.
+        let mut new = Publisher::default();
+        new.publish(10.0, 7);
+        let (q, b) = new.publish(11.0, 8);
+        s.live(q, &b, &mut new, &mut out, &mut t);
+        assert_eq!(seqs(&out), vec![(true, 0), (false, 1)]);
+        assert_eq!(out[0].batch.as_ref().unwrap().events.len(), 7);
+        assert_eq!(t.restarts, 1);
+    }
+
+    #[test]
+    fn a_restart_that_published_past_the_last_seq_is_not_taken_for_a_gap() {
+        let mut old = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        for i in 0..3 {
+            let (q, b) = old.publish(1.0 + i as f64, 1);
+            s.live(q, &b, &mut old, &mut out, &mut t);
+        }
+        out.clear();
+        let mut new = Publisher::default();
+        for i in 0..6 {
+            new.publish(10.0 + i as f64, 2 + i);
+        }
+        // Reconnected: the new process has seq 2 too, with another payload.
+        s.connected(&mut new, &mut out, &mut t);
+        assert_eq!(
+            seqs(&out),
+            vec![
+                (true, 0),
+                (false, 1),
+                (false, 2),
+                (false, 3),
+                (false, 4),
+                (false, 5)
+            ]
+        );
+        assert_eq!(t.restarts, 1);
+        // Seen as a gap first (seq 6 live), the same holds.
+        let (mut s2, mut out2, mut t2) = (Stream::new(None, false), Vec::new(), Tally::default());
+        for (q, b) in old.buffer.clone() {
+            s2.live(q, &b, &mut old, &mut out2, &mut t2);
+        }
+        s2.has_replay = true;
+        out2.clear();
+        let (q, b) = new.publish(20.0, 9);
+        s2.live(q, &b, &mut new, &mut out2, &mut t2);
+        assert_eq!(out2.len(), 7);
+        assert!(out2[0].reset);
+        assert_eq!((t2.gaps, t2.restarts), (1, 1));
+    }
+
+    #[test]
+    fn an_idle_new_process_clears_the_worker_with_nothing_to_apply() {
+        let mut old = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        let (q, b) = old.publish(1.0, 1);
+        s.live(q, &b, &mut old, &mut out, &mut t);
+        out.clear();
+        let mut new = Publisher::default();
+        s.connected(&mut new, &mut out, &mut t);
+        assert_eq!(seqs(&out), vec![(true, 0)]);
+        assert!(out[0].batch.is_none());
+        assert_eq!(s.last(), None);
+        // Its first batch then applies without another reset.
+        out.clear();
+        let (q, b) = new.publish(5.0, 2);
+        s.live(q, &b, &mut new, &mut out, &mut t);
+        assert_eq!(seqs(&out), vec![(false, 0)]);
+    }
+
+    #[test]
+    fn a_buffer_that_no_longer_reaches_back_resyncs_from_what_is_kept() {
+        let mut p = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        let (q, b) = p.publish(1.0, 1);
+        s.live(q, &b, &mut p, &mut out, &mut t);
+        for i in 0..10 {
+            p.publish(2.0 + i as f64, 1);
+        }
+        p.keeps_from = 6;
+        out.clear();
+        s.connected(&mut p, &mut out, &mut t);
+        assert_eq!(seqs(&out)[0], (true, 6));
+        assert_eq!(out.len(), 5);
+    }
+
+    #[test]
+    fn without_replay_gaps_are_counted_and_a_new_process_still_clears() {
+        let mut p = Publisher {
+            down: true,
+            ..Default::default()
+        };
+        let (mut s, mut out, mut t) = (Stream::new(None, false), Vec::new(), Tally::default());
+        for (q, ts) in [(0, 1.0), (3, 2.0), (1, 9.0)] {
+            s.live(q, &payload(ts, 1), &mut p, &mut out, &mut t);
+        }
+        assert_eq!(seqs(&out), vec![(false, 0), (false, 3), (true, 1)]);
+        assert_eq!((t.gaps, t.restarts, t.replay_failures), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_silent_replay_socket_keeps_the_state_and_counts() {
+        let mut p = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        let (q, b) = p.publish(1.0, 1);
+        s.live(q, &b, &mut p, &mut out, &mut t);
+        p.down = true;
+        out.clear();
+        s.connected(&mut p, &mut out, &mut t);
+        assert!(out.is_empty());
+        assert_eq!(t.replay_failures, 1);
+        assert_eq!(s.last().map(|l| l.seq), Some(0));
+    }
+}

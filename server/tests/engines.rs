@@ -1,0 +1,871 @@
+//! The ingest against the engines' real publishers: vLLM 0.9.2, vLLM 0.34.0 and SGLang
+//! 0.5.23, each release's own `kv_events.py` from its wheel (scripts/engines.py), driven
+//! batch by batch. Expected scores are worked out here from the token ids and the reuse
+//! rules, independently of the server's code, and awaited exactly after every step
+//! (an answer that never comes fails the test; nothing sleeps and hopes).
+
+mod common;
+
+use std::time::Duration;
+
+use common::engines::{available, free_port, Publisher, RELEASES};
+use common::*;
+use kvix_wire::chain::{token_chain, token_chain_with_extras, ExtraKey};
+use kvix_wire::*;
+use serde_json::{json, Value};
+
+/// Prompt `p`'s tokens of 16-token blocks `from..to`.
+fn toks(p: u32, from: u32, to: u32) -> Vec<u32> {
+    (from * 16..to * 16).map(|i| p * 100_000 + i).collect()
+}
+
+fn ks(salt: &str, lora: &str) -> Keyspace {
+    Keyspace {
+        model: "m".into(),
+        lora: lora.into(),
+        salt: salt.into(),
+        kind: ChunkKind::Tokens,
+    }
+}
+
+fn chain(ks: &Keyspace, p: u32, blocks: u32) -> Vec<u64> {
+    token_chain(ks.seed(16), 16, &toks(p, 0, blocks))
+}
+
+/// What a release's events look like.
+#[derive(Clone, Copy)]
+struct Rel(&'static str);
+
+impl Rel {
+    fn sglang(self) -> bool {
+        self.0.starts_with("sglang")
+    }
+    fn v034(self) -> bool {
+        self.0 == "vllm-0.34.0"
+    }
+    /// Engine hash `n`: above 2^63 for vLLM (its u64 hashes), negative for SGLang (its
+    /// signed 64-bit ones).
+    fn hash(self, n: u64) -> Value {
+        if self.sglang() {
+            json!(-(n as i64) - 1_000)
+        } else {
+            json!(0xF000_0000_0000_0000u64 | n)
+        }
+    }
+    fn stored(self, hashes: &[u64], parent: Option<u64>, tokens: &[u32], block: u32) -> Value {
+        let mut e = json!({
+            "type": "BlockStored",
+            "block_hashes": hashes.iter().map(|&h| self.hash(h)).collect::<Vec<_>>(),
+            "parent_block_hash": parent.map(|h| self.hash(h)),
+            "token_ids": tokens,
+            "block_size": block,
+            "lora_id": null,
+        });
+        if self.v034() {
+            e["medium"] = json!("GPU");
+            e["lora_name"] = Value::Null;
+            e["group_idx"] = json!(0);
+            e["kv_cache_spec_kind"] = json!("full_attention");
+        }
+        if self.sglang() {
+            e["medium"] = json!("GPU");
+        }
+        e
+    }
+    /// Blocks `from..to` of prompt `p` in one event; block i's hash is `base + i`.
+    fn blocks(self, p: u32, from: u32, to: u32, base: u64) -> Value {
+        let hashes: Vec<u64> = (from..to).map(|i| base + u64::from(i)).collect();
+        let parent = (from > 0).then(|| base + u64::from(from) - 1);
+        self.stored(&hashes, parent, &toks(p, from, to), 16)
+    }
+    fn removed(self, hashes: &[u64]) -> Value {
+        let mut e = json!({
+            "type": "BlockRemoved",
+            "block_hashes": hashes.iter().map(|&h| self.hash(h)).collect::<Vec<_>>(),
+        });
+        if self.v034() {
+            e["medium"] = json!("GPU");
+            e["group_idx"] = json!(0);
+        }
+        if self.sglang() {
+            e["medium"] = json!("GPU");
+        }
+        e
+    }
+}
+
+fn cleared() -> Value {
+    json!({"type": "AllBlocksCleared"})
+}
+
+/// Waits (bounded) until `chain` scores exactly `want` (worker, blocks), best first.
+fn expect(c: &mut Conn, ks: &Keyspace, chain: &[u64], want: &[(WorkerId, u32)], what: &str) {
+    let want: Vec<Score> = want
+        .iter()
+        .map(|&(worker, blocks)| Score { worker, blocks })
+        .collect();
+    let mut last = None;
+    for _ in 0..600 {
+        let a = c.query(ks, chain);
+        if a.scores == want {
+            return;
+        }
+        last = Some(a.scores);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what}: expected {want:?}, last answer {last:?}");
+}
+
+/// Waits (bounded) until metric `name` reaches at least `at_least`.
+fn await_metric(server: &Server, name: &str, at_least: u64) -> u64 {
+    for _ in 0..600 {
+        let v = server.metric(name);
+        if v >= at_least {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{name} never reached {at_least}");
+}
+
+struct Ports {
+    pub_port: u16,
+    replay_port: u16,
+}
+
+impl Ports {
+    fn new() -> Ports {
+        Ports {
+            pub_port: free_port(),
+            replay_port: free_port(),
+        }
+    }
+    fn start(&self, rel: Rel) -> Publisher {
+        Publisher::start(
+            rel.0,
+            &format!("tcp://*:{}", self.pub_port),
+            Some(&format!("tcp://127.0.0.1:{}", self.replay_port)),
+            0,
+        )
+    }
+    fn source(&self, salt: &str) -> EventSource {
+        EventSource {
+            endpoint: format!("tcp://127.0.0.1:{}", self.pub_port),
+            replay: format!("tcp://127.0.0.1:{}", self.replay_port),
+            model: "m".into(),
+            salt: salt.into(),
+        }
+    }
+}
+
+fn full() -> Vec<Lane> {
+    vec![Lane::full(16)]
+}
+
+/// A server (2 executors), one release's publisher, and a session in which worker
+/// `name` was announced with that publisher as its source.
+struct Rig {
+    server: Server,
+    publisher: Publisher,
+    c: Conn,
+    w: WorkerId,
+    ports: Ports,
+}
+
+impl Rig {
+    fn new(rel: Rel, name: &str, lanes: Vec<Lane>) -> Rig {
+        let server = Server::start(&["--cores", "2"]);
+        let ports = Ports::new();
+        let publisher = ports.start(rel);
+        let mut c = server.session();
+        let w = c
+            .announce_source(name, lanes, ports.source(""))
+            .unwrap()
+            .worker;
+        Rig {
+            server,
+            publisher,
+            c,
+            w,
+            ports,
+        }
+    }
+}
+
+#[test]
+fn every_release_scores_exactly_through_stores_decode_removals_clears_and_lora() {
+    if available("every_release_scores_exactly").is_none() {
+        return;
+    }
+    for name in RELEASES {
+        let rel = Rel(name);
+        let Rig {
+            server,
+            mut publisher,
+            mut c,
+            w,
+            ..
+        } = Rig::new(rel, "w", full());
+        let base = ks("", "");
+        let p1 = chain(&base, 1, 8);
+        publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
+        expect(
+            &mut c,
+            &base,
+            &p1,
+            &[(w, 4)],
+            &format!("{name}: first store"),
+        );
+        publisher.publish(vec![rel.blocks(1, 4, 6, 1)]);
+        expect(
+            &mut c,
+            &base,
+            &p1,
+            &[(w, 6)],
+            &format!("{name}: chained parent"),
+        );
+        // Decode: one block per event, each naming its parent.
+        publisher.publish(vec![rel.blocks(1, 6, 7, 1)]);
+        publisher.publish(vec![rel.blocks(1, 7, 8, 1)]);
+        expect(&mut c, &base, &p1, &[(w, 8)], &format!("{name}: decode"));
+        publisher.publish(vec![rel.removed(&[8])]);
+        expect(
+            &mut c,
+            &base,
+            &p1,
+            &[(w, 7)],
+            &format!("{name}: tail removed"),
+        );
+        publisher.publish(vec![rel.removed(&[3])]);
+        expect(
+            &mut c,
+            &base,
+            &p1,
+            &[(w, 2)],
+            &format!("{name}: middle removed"),
+        );
+        publisher.publish(vec![rel.removed(&[1])]);
+        expect(&mut c, &base, &p1, &[], &format!("{name}: block 0 removed"));
+        // A store and a clear in one batch, then the stream goes on.
+        publisher.publish(vec![
+            rel.blocks(2, 0, 3, 100),
+            cleared(),
+            rel.blocks(3, 0, 3, 200),
+        ]);
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 3, 3),
+            &[(w, 3)],
+            &format!("{name}: after clear"),
+        );
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 2, 3),
+            &[],
+            &format!("{name}: cleared"),
+        );
+        expect(&mut c, &base, &p1, &[], &format!("{name}: cleared"));
+        // LoRA: its own keyspace (by name, or `lora-id:N` where only the id is sent).
+        let mut lora = rel.blocks(4, 0, 3, 300);
+        lora["lora_id"] = json!(7);
+        let adapter = if name == "vllm-0.9.2" {
+            "lora-id:7"
+        } else {
+            lora["lora_name"] = json!("ad");
+            "ad"
+        };
+        publisher.publish(vec![lora]);
+        let lks = ks("", adapter);
+        expect(
+            &mut c,
+            &lks,
+            &chain(&lks, 4, 3),
+            &[(w, 3)],
+            &format!("{name}: LoRA"),
+        );
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 4, 3),
+            &[],
+            &format!("{name}: base model"),
+        );
+        let skipped = server.scrape();
+        assert!(
+            skipped.contains("kvix_ingest_skipped_events_total{reason=\"unknown_parent\"} 0"),
+            "{name}: {skipped}"
+        );
+        publisher.stop();
+    }
+}
+
+#[test]
+fn vllm_034_hybrid_groups_and_spec_kinds_score_jointly() {
+    if available("vllm_034_hybrid_groups").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let lanes = vec![
+        Lane::full(16),
+        Lane {
+            kind: LaneKind::SlidingWindow { window: 32 },
+            block_tokens: 16,
+        },
+    ];
+    let Rig {
+        server,
+        mut publisher,
+        mut c,
+        w,
+        ..
+    } = Rig::new(rel, "hybrid", lanes);
+    let group = |mut e: Value, g: u32, kind: &str| {
+        e["group_idx"] = json!(g);
+        e["kv_cache_spec_kind"] = json!(kind);
+        if g == 1 {
+            e["kv_cache_spec_sliding_window"] = json!(32);
+        }
+        e
+    };
+    let rm1 = |hashes: &[u64]| {
+        let mut e = rel.removed(hashes);
+        e["group_idx"] = json!(1);
+        e
+    };
+    let base = ks("", "");
+    let p = chain(&base, 1, 8);
+    publisher.publish(vec![
+        group(rel.blocks(1, 0, 8, 1), 0, "sink_full_attention"),
+        group(rel.blocks(1, 0, 8, 101), 1, "sliding_window_mla"),
+    ]);
+    expect(&mut c, &base, &p, &[(w, 8)], "both groups hold everything");
+    // The window slides: blocks before the last two leave the sliding-window group.
+    publisher.publish(vec![rm1(&[101, 102, 103, 104, 105, 106])]);
+    expect(
+        &mut c,
+        &base,
+        &p,
+        &[(w, 8)],
+        "the window before the hit is enough",
+    );
+    publisher.publish(vec![rm1(&[108])]);
+    expect(&mut c, &base, &p, &[], "no hit has its whole window");
+    // A cache group vLLM never reuses across requests is skipped and counted, by name.
+    publisher.publish(vec![group(rel.blocks(2, 0, 2, 201), 1, "cross_attention")]);
+    await_metric(
+        &server,
+        "kvix_ingest_skipped_events_total{reason=\"unsupported_kind\"}",
+        1,
+    );
+    publisher.stop();
+}
+
+#[test]
+fn bytes_hashes_extra_keys_and_salts_are_part_of_block_identity() {
+    if available("bytes_hashes_extra_keys_and_salts").is_none() {
+        return;
+    }
+    // vLLM 0.34: raw 32-byte hashes, a multimodal item, a salt as the first block's key.
+    let rel = Rel("vllm-0.34.0");
+    let Rig {
+        server: _server,
+        mut publisher,
+        mut c,
+        w,
+        ..
+    } = Rig::new(rel, "mm", full());
+    let bytes = |n: u8| json!({"bytes": format!("{:02x}", n).repeat(32)});
+    let mut e = rel.blocks(1, 0, 4, 0);
+    e["block_hashes"] = json!([bytes(1), bytes(2), bytes(3), bytes(4)]);
+    e["extra_keys"] = json!([null, null, [["mm-abc", 3]], null]);
+    publisher.publish(vec![e]);
+    let base = ks("", "");
+    let image = vec![ExtraKey::Multimodal {
+        identifier: "mm-abc".into(),
+        offset: 3,
+    }];
+    let keyed = token_chain_with_extras(
+        base.seed(16),
+        16,
+        16,
+        &toks(1, 0, 4),
+        &[vec![], vec![], image],
+    );
+    expect(&mut c, &base, &keyed, &[(w, 4)], "the same image");
+    expect(
+        &mut c,
+        &base,
+        &chain(&base, 1, 4),
+        &[(w, 2)],
+        "no image: up to it",
+    );
+    let mut rm = rel.removed(&[]);
+    rm["block_hashes"] = json!([bytes(4)]);
+    publisher.publish(vec![rm]);
+    expect(&mut c, &base, &keyed, &[(w, 3)], "removed by its raw hash");
+    let mut salted = rel.blocks(2, 0, 3, 10);
+    salted["extra_keys"] = json!([["salt-1"], null, null]);
+    publisher.publish(vec![salted, rel.blocks(2, 3, 4, 10)]);
+    let sks = ks("salt-1", "");
+    expect(&mut c, &sks, &chain(&sks, 2, 4), &[(w, 4)], "the same salt");
+    expect(&mut c, &base, &chain(&base, 2, 4), &[], "another tenant");
+    publisher.stop();
+    // SGLang: cache_salt on every page's event.
+    let rel = Rel("sglang-0.5.23");
+    let ports = Ports::new();
+    let mut publisher = ports.start(rel);
+    let w = c
+        .announce_source("sg", full(), ports.source(""))
+        .unwrap()
+        .worker;
+    let mut pages = Vec::new();
+    for b in 0..3 {
+        let mut e = rel.blocks(3, b, b + 1, 20);
+        e["cache_salt"] = json!("t1");
+        pages.push(e);
+    }
+    publisher.publish(pages);
+    let tks = ks("t1", "");
+    expect(&mut c, &tks, &chain(&tks, 3, 3), &[(w, 3)], "SGLang salt");
+    expect(&mut c, &base, &chain(&base, 3, 3), &[], "SGLang, unsalted");
+    publisher.stop();
+}
+
+#[test]
+fn sglang_pages_smaller_than_a_block_hold_it_once_all_are_held() {
+    if available("sglang_pages").is_none() {
+        return;
+    }
+    let rel = Rel("sglang-0.5.23");
+    let Rig {
+        server: _server,
+        mut publisher,
+        mut c,
+        w,
+        ..
+    } = Rig::new(rel, "sg", full());
+    // --page-size 1 (SGLang's default on CUDA): one event per token, chained.
+    let tokens = toks(1, 0, 3);
+    let page = |i: usize| {
+        let parent = (i > 0).then_some(1000 + i as u64 - 1);
+        rel.stored(&[1000 + i as u64], parent, &tokens[i..i + 1], 1)
+    };
+    publisher.publish((0..40).map(page).collect());
+    let base = ks("", "");
+    let p = chain(&base, 1, 3);
+    expect(
+        &mut c,
+        &base,
+        &p,
+        &[(w, 2)],
+        "40 tokens hold 2 whole blocks",
+    );
+    publisher.publish((40..48).map(page).collect());
+    expect(
+        &mut c,
+        &base,
+        &p,
+        &[(w, 3)],
+        "the 48th token completes block 2",
+    );
+    publisher.publish(vec![rel.removed(&[1047])]);
+    expect(&mut c, &base, &p, &[(w, 2)], "its completing page evicted");
+    // --page-size 16 with a partial last page, then the page that continues it.
+    let t2 = toks(2, 0, 3);
+    publisher.publish(vec![
+        rel.stored(&[2000, 2001], None, &t2[..32], 16),
+        rel.stored(&[2002], Some(2001), &t2[32..37], 5),
+    ]);
+    let p2 = chain(&base, 2, 3);
+    expect(
+        &mut c,
+        &base,
+        &p2,
+        &[(w, 2)],
+        "a partial page holds no block",
+    );
+    publisher.publish(vec![rel.stored(&[2003], Some(2002), &t2[37..48], 11)]);
+    expect(
+        &mut c,
+        &base,
+        &p2,
+        &[(w, 3)],
+        "its continuation completes it",
+    );
+    publisher.stop();
+}
+
+#[test]
+fn data_parallel_ranks_are_their_own_holders_and_streams() {
+    if available("data_parallel_ranks").is_none() {
+        return;
+    }
+    for name in RELEASES {
+        let rel = Rel(name);
+        let server = Server::start(&["--cores", "2"]);
+        // Ranks add their rank to both ports, as every release does.
+        let (pub_port, replay_port) = loop {
+            let (a, b) = (free_port(), free_port());
+            let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+            if a.abs_diff(b) > 1 && free(a + 1) && free(b + 1) {
+                break (a, b);
+            }
+        };
+        let start = |rank| {
+            Publisher::start(
+                name,
+                &format!("tcp://*:{pub_port}"),
+                Some(&format!("tcp://127.0.0.1:{replay_port}")),
+                rank,
+            )
+        };
+        let (mut r0, mut r1) = (start(0), start(1));
+        let mut c = server.session();
+        let source = |rank: u16| EventSource {
+            endpoint: format!("tcp://127.0.0.1:{}", pub_port + rank),
+            replay: format!("tcp://127.0.0.1:{}", replay_port + rank),
+            model: "m".into(),
+            salt: String::new(),
+        };
+        let w0 = c
+            .announce_source("e-dp0", full(), source(0))
+            .unwrap()
+            .worker;
+        let w1 = c
+            .announce_source("e-dp1", full(), source(1))
+            .unwrap()
+            .worker;
+        r0.publish(vec![rel.blocks(1, 0, 3, 1)]);
+        r1.publish(vec![rel.blocks(2, 0, 2, 1)]);
+        r1.publish(vec![rel.blocks(1, 0, 1, 50)]);
+        let base = ks("", "");
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 1, 3),
+            &[(w0, 3), (w1, 1)],
+            &format!("{name}: rank 0"),
+        );
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 2, 2),
+            &[(w1, 2)],
+            &format!("{name}: rank 1"),
+        );
+        r0.stop();
+        r1.stop();
+    }
+}
+
+#[test]
+fn ipc_endpoints_work_for_every_release() {
+    if available("ipc_endpoints").is_none() {
+        return;
+    }
+    for name in RELEASES {
+        let rel = Rel(name);
+        let dir = std::env::temp_dir().join(format!("kvix-ipc-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (p, r) = (dir.join("pub.sock"), dir.join("replay.sock"));
+        let (p, r) = (
+            format!("ipc://{}", p.display()),
+            format!("ipc://{}", r.display()),
+        );
+        let server = Server::start(&["--cores", "1"]);
+        let mut publisher = Publisher::start(name, &p, Some(&r), 0);
+        publisher.publish(vec![rel.blocks(1, 0, 2, 1)]);
+        let mut c = server.session();
+        let source = EventSource {
+            endpoint: p,
+            replay: r,
+            model: "m".into(),
+            salt: String::new(),
+        };
+        let w = c.announce_source("ipc", full(), source).unwrap().worker;
+        publisher.publish(vec![rel.blocks(1, 2, 3, 1)]);
+        let base = ks("", "");
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 1, 3),
+            &[(w, 3)],
+            &format!("{name}: ipc"),
+        );
+        publisher.stop();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn an_idle_engine_that_joins_late_is_caught_up_from_its_replay() {
+    if available("late_join").is_none() {
+        return;
+    }
+    for name in RELEASES {
+        let rel = Rel(name);
+        let server = Server::start(&["--cores", "2"]);
+        let ports = Ports::new();
+        let mut publisher = ports.start(rel);
+        publisher.publish(vec![rel.blocks(1, 0, 2, 1)]);
+        publisher.publish(vec![rel.blocks(1, 2, 5, 1)]);
+        publisher.publish(vec![rel.removed(&[5])]);
+        // Announced after the engine went quiet: nothing more is published.
+        let mut c = server.session();
+        let w = c
+            .announce_source("late", full(), ports.source(""))
+            .unwrap()
+            .worker;
+        let base = ks("", "");
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 1, 5),
+            &[(w, 4)],
+            &format!("{name}: caught up"),
+        );
+        assert!(server.metric("kvix_ingest_replayed_total") >= 3);
+        publisher.stop();
+    }
+}
+
+#[test]
+fn an_engine_restart_is_never_taken_for_a_gap() {
+    if available("engine_restart").is_none() {
+        return;
+    }
+    for name in RELEASES {
+        for past in [false, true] {
+            let rel = Rel(name);
+            let what = format!(
+                "{name}, new process {}",
+                if past { "past the old seq" } else { "quiet" }
+            );
+            let Rig {
+                server,
+                publisher: mut old,
+                mut c,
+                w,
+                ports,
+            } = Rig::new(rel, "e", full());
+            for (from, to) in [(0, 2), (2, 4), (4, 6)] {
+                old.publish(vec![rel.blocks(1, from, to, 1)]);
+            }
+            let base = ks("", "");
+            let (p1, p2) = (chain(&base, 1, 6), chain(&base, 2, 6));
+            expect(&mut c, &base, &p1, &[(w, 6)], &what);
+            old.kill();
+            let mut new = ports.start(rel);
+            new.publish(vec![rel.blocks(2, 0, 2, 1)]);
+            let mut want = 2;
+            if past {
+                for b in 2..6 {
+                    new.publish(vec![rel.blocks(2, b, b + 1, 1)]);
+                }
+                want = 6;
+            }
+            expect(&mut c, &base, &p2, &[(w, want)], &what);
+            expect(
+                &mut c,
+                &base,
+                &p1,
+                &[],
+                &format!("{what}: the old process's blocks"),
+            );
+            assert!(server.metric("kvix_ingest_restarts_total") >= 1, "{what}");
+            new.stop();
+        }
+    }
+}
+
+#[test]
+fn a_killed_server_catches_up_with_and_without_a_snapshot() {
+    if available("killed_server").is_none() {
+        return;
+    }
+    for name in RELEASES {
+        let rel = Rel(name);
+        let base = ks("", "");
+        let p1 = chain(&base, 1, 8);
+        // Without a snapshot: announced again, the stream replays from 0.
+        let ports = Ports::new();
+        let mut publisher = ports.start(rel);
+        let server = Server::start(&["--cores", "2"]);
+        let mut c = server.session();
+        let w = c
+            .announce_source("e", full(), ports.source(""))
+            .unwrap()
+            .worker;
+        publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
+        expect(&mut c, &base, &p1, &[(w, 4)], name);
+        server.kill();
+        publisher.publish(vec![rel.blocks(1, 4, 6, 1)]);
+        let server = Server::start(&["--cores", "2"]);
+        let mut c = server.session();
+        let w = c
+            .announce_source("e", full(), ports.source(""))
+            .unwrap()
+            .worker;
+        expect(
+            &mut c,
+            &base,
+            &p1,
+            &[(w, 6)],
+            &format!("{name}: re-announced"),
+        );
+        drop(server);
+        publisher.stop();
+
+        // With a snapshot: resubscribed by itself, the stream resumes where it was.
+        let dir = std::env::temp_dir().join(format!("kvix-eng-snap-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let snap = dir.join("index.snapshot");
+        let snap_arg = snap.to_str().unwrap();
+        let args = [
+            "--cores",
+            "2",
+            "--snapshot",
+            snap_arg,
+            "--snapshot-every",
+            "1",
+        ];
+        let ports = Ports::new();
+        let mut publisher = ports.start(rel);
+        let server = Server::start(&args);
+        let mut c = server.session();
+        let w = c
+            .announce_source("e", full(), ports.source(""))
+            .unwrap()
+            .worker;
+        publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
+        expect(&mut c, &base, &p1, &[(w, 4)], name);
+        // A snapshot started after the blocks were in: two more written.
+        let written = server.metric("kvix_snapshots_written_total");
+        await_metric(&server, "kvix_snapshots_written_total", written + 2);
+        server.kill();
+        publisher.publish(vec![rel.blocks(1, 4, 6, 1)]);
+        // On a new port: another test's server may have taken the old one.
+        let server = Server::start(&args);
+        let mut c = server.session();
+        expect(
+            &mut c,
+            &base,
+            &p1,
+            &[(w, 6)],
+            &format!("{name}: restored and replayed"),
+        );
+        // A block stored before the snapshot is removed by its engine hash.
+        publisher.publish(vec![rel.removed(&[3])]);
+        expect(
+            &mut c,
+            &base,
+            &p1,
+            &[(w, 2)],
+            &format!("{name}: removal by a restored name"),
+        );
+        drop(server);
+        publisher.stop();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn sources_are_checked_at_announce_and_bounded_by_max_sources() {
+    let server = Server::start(&["--cores", "2", "--max-sources", "2"]);
+    let mut c = server.session();
+    let src = |ep: &str| EventSource {
+        endpoint: ep.into(),
+        replay: String::new(),
+        model: "m".into(),
+        salt: String::new(),
+    };
+    let code = |r: Result<Announced, ErrorReply>| r.map(|_| ()).map_err(|e| e.code);
+    // Nothing listens on port 1: the subscriptions wait quietly.
+    assert_eq!(
+        code(c.announce_source("a", full(), src("tcp://127.0.0.1:1"))),
+        Ok(())
+    );
+    assert_eq!(
+        code(c.announce_source("b", full(), src("ipc:///tmp/kvix-none.sock"))),
+        Ok(())
+    );
+    assert_eq!(
+        code(c.announce_source("c", full(), src("tcp://127.0.0.1:2"))),
+        Err(ErrorCode::TooManySources)
+    );
+    // A worker replacing its own source is not one more.
+    assert_eq!(
+        code(c.announce_source("a", full(), src("tcp://127.0.0.1:3"))),
+        Ok(())
+    );
+    for bad in [
+        "tcp://*:5557",
+        "udp://127.0.0.1:5",
+        "tcp://127.0.0.1",
+        "inproc://kv",
+    ] {
+        let e = c.announce_source("a", full(), src(bad)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadSource, "{bad}: {}", e.message);
+    }
+    let r = c.ask(&Announce {
+        name: "p".into(),
+        lanes: full(),
+        feed: Feed::Placements {
+            capacity_blocks: 10,
+            ttl_ms: 0,
+        },
+        source: Some(src("tcp://127.0.0.1:4")),
+    });
+    assert_eq!(r.error().code, ErrorCode::BadSource);
+    assert_eq!(await_metric(&server, "kvix_ingest_sources", 2), 2);
+    let a = c.announce("a", full(), Feed::Events).unwrap().worker;
+    assert_eq!(c.ask(&Retire { worker: a }).kind, Kind::Ack);
+    assert_eq!(
+        code(c.announce_source("c", full(), src("tcp://127.0.0.1:2"))),
+        Ok(())
+    );
+}
+
+/// Threads of process `pid`.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
+#[test]
+fn ingest_threads_do_not_grow_with_the_workers() {
+    let server = Server::start(&["--cores", "2", "--ingest-threads", "2"]);
+    let mut c = server.session();
+    let src = |i: u32| EventSource {
+        endpoint: format!("tcp://127.0.0.1:{}", 1 + i % 5),
+        replay: String::new(),
+        model: "m".into(),
+        salt: String::new(),
+    };
+    c.announce_source("first", full(), src(0)).unwrap();
+    await_metric(&server, "kvix_ingest_sources", 1);
+    let before = threads(server.pid());
+    let workers: Vec<WorkerId> = (0..300)
+        .map(|i| {
+            c.announce_source(&format!("w{i}"), full(), src(i))
+                .unwrap()
+                .worker
+        })
+        .collect();
+    await_metric(&server, "kvix_ingest_sources", 301);
+    assert_eq!(threads(server.pid()), before, "no thread per worker");
+    for w in workers {
+        assert_eq!(c.ask(&Retire { worker: w }).kind, Kind::Ack);
+    }
+    for _ in 0..600 {
+        if server.metric("kvix_ingest_sources") == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(server.metric("kvix_ingest_sources"), 1);
+    assert_eq!(threads(server.pid()), before);
+}
