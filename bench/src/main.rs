@@ -740,14 +740,22 @@ fn cmd_redis(a: RedisArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
     })
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.cmd {
+    let done = match cli.cmd {
         Cmd::Sim(a) => cmd_sim(a, cli.json, cli.quiet),
         Cmd::Trace(a) => cmd_trace(a, cli.json, cli.quiet),
         Cmd::Latency(a) => cmd_latency(a, cli.json, cli.quiet),
         Cmd::Load(a) => cmd_load(a, cli.json, cli.quiet),
         Cmd::Soak(a) => cmd_soak(a, cli.json, cli.quiet),
         Cmd::Redis(a) => cmd_redis(a, cli.json, cli.quiet),
+    };
+    match done {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the cause chain (a dead server, a bad flag), no backtrace.
+            eprintln!("kvix-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

@@ -98,3 +98,18 @@ fn trace_in_process_json_parses() {
     assert!(err.contains("line 2"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn an_unreachable_server_is_an_error_line_not_a_panic() {
+    // Nothing listens on port 1.
+    for cmd in ["latency", "load"] {
+        let out = bench()
+            .args([cmd, "--server", "127.0.0.1:1", "--quiet"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{cmd}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("kvix-bench: "), "{cmd}: {err}");
+        assert!(!err.contains("panicked"), "{cmd}: {err}");
+    }
+}

@@ -52,13 +52,37 @@ pub struct Config {
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
 
-    /// Bytes of replies a connection may have unsent before the server stops reading it.
+    /// Bytes of replies a connection may have unsent before the server stops reading it
+    /// (at least --max-frame).
     #[arg(long, default_value_t = 4 << 20)]
     pub max_unsent: usize,
 
-    /// Shared token clients must present in Hello (also from KVIX_AUTH_TOKEN).
+    /// A client that takes no reply bytes for this long while replies wait is
+    /// disconnected (milliseconds).
+    #[arg(long, default_value_t = 10_000)]
+    pub stall_timeout_ms: u64,
+
+    /// A connection must send its Hello within this many milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    pub handshake_timeout_ms: u64,
+
+    /// A connection with nothing pending that sends nothing for this many seconds is
+    /// closed (0 = never).
+    #[arg(long, default_value_t = 600)]
+    pub idle_timeout_s: u64,
+
+    /// Shared token clients must present in Hello (also from KVIX_AUTH_TOKEN). A flag's
+    /// value is visible to every local user in /proc: prefer --auth-token-file.
     #[arg(long, env = "KVIX_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+
+    /// File holding the shared token (its first line; keep the file mode 0600).
+    #[arg(long, conflicts_with = "auth_token")]
+    pub auth_token_file: Option<PathBuf>,
+
+    /// Permissions of the Unix socket file (octal): who may connect without a token.
+    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    pub unix_mode: u32,
 
     /// Snapshot file: restored on start, written on shutdown and every --snapshot-every.
     #[arg(long)]
@@ -81,6 +105,16 @@ pub struct Config {
     #[arg(long, default_value_t = 1024)]
     pub max_sources: usize,
 
+    /// Networks event sources may be in (comma-separated CIDRs, or "any"): the server
+    /// connects to whatever endpoint an announce names, so by default only to loopback
+    /// and private addresses. ipc:// sources are always local.
+    #[arg(
+        long,
+        default_value = "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7",
+        value_delimiter = ','
+    )]
+    pub source_allow: Vec<String>,
+
     /// Connection steering across executors: ebpf, cbpf or none (plain SO_REUSEPORT).
     /// eBPF falls back to classic BPF, and that to none, when the kernel refuses it.
     #[arg(long, default_value = "ebpf")]
@@ -94,7 +128,29 @@ pub enum Steering {
     None,
 }
 
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal file mode like 600 or 660"))
+}
+
 impl Config {
+    /// Reads --auth-token-file into the token, once at start.
+    pub fn load_auth_token_file(&mut self) -> Result<(), String> {
+        let Some(path) = &self.auth_token_file else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?;
+        let token = text.lines().next().unwrap_or_default().trim().to_string();
+        if token.is_empty() {
+            return Err(format!("--auth-token-file {} is empty", path.display()));
+        }
+        self.auth_token = Some(token);
+        Ok(())
+    }
+
     /// Executors to start: `--cores`, or one per online CPU.
     pub fn executors(&self) -> usize {
         if self.cores > 0 {
@@ -122,6 +178,7 @@ impl Config {
         if (self.max_frame as usize) < 1024 {
             return Err("--max-frame must be at least 1024 bytes".into());
         }
+        self.source_networks()?;
         if self.ingest_threads == 0 || self.ingest_threads > 64 {
             return Err("--ingest-threads must be between 1 and 64".into());
         }
@@ -129,6 +186,24 @@ impl Config {
             return Err("--max-inflight and --max-connections must be at least 1".into());
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// --source-allow as networks; None = any address.
+    pub fn source_networks(&self) -> Result<Option<Vec<ipnet::IpNet>>, String> {
+        if self.source_allow.iter().any(|s| s.trim() == "any") {
+            return Ok(None);
+        }
+        self.source_allow
+            .iter()
+            .map(|s| {
+                s.trim().parse().map_err(|_| {
+                    format!("--source-allow: {s:?} is not a network like 10.0.0.0/8 (or \"any\")")
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
     }
 }
 

@@ -2,57 +2,104 @@
 //! [`crate::handler`] → replies, written by a task of their own.
 //!
 //! Requests are handled in arrival order; a reply that waits (a write on its way to
-//! every executor) becomes a task, so a connection pipelines. Backpressure: at most
-//! `max_inflight` replies pending per connection, and reading stops while they are.
+//! every executor) becomes a task, so a connection pipelines. What one connection can
+//! hold is bounded whatever the client does:
+//! - at most `--max-inflight` requests pending (fire-and-forget ones included);
+//! - at most `--max-unsent` bytes of replies not yet taken by the client: past it the
+//!   server stops reading, and a client that takes nothing for `--stall-timeout-ms` is
+//!   disconnected;
+//! - a connection that sends no Hello within `--handshake-timeout-ms`, or nothing for
+//!   `--idle-timeout-s` with nothing pending, is closed.
+//!
+//! When the connection ends, its slot and buffers are freed at once: pending replies
+//! are dropped with the writer.
 
 use std::rc::Rc;
+use std::time::Duration;
 
+use futures::channel::oneshot;
+use futures::future::{select, Either};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use glommio::channels::local_channel;
-use glommio::sync::Semaphore;
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::sync::{Semaphore, StaticPermit};
 use kvix_wire::{AlignedVec, ErrorCode, ErrorReply, FrameError, FrameReader};
 
 use crate::executor::Executor;
 use crate::handler::{error_frame, handle, Reply, Session};
-use crate::metrics::Rejected;
+use crate::metrics::{ExecutorMetrics, Rejected};
 
-/// Serves one connection until the peer closes it or breaks the protocol.
+/// A reply on its way to the socket, holding its share of the byte budget.
+type Outgoing = (AlignedVec, StaticPermit);
+
+/// Why a connection was closed by the server (for the log and the metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    Peer,
+    Protocol,
+    Handshake,
+    Idle,
+    Stalled,
+}
+
+/// Serves one connection until the peer closes it, breaks the protocol or a limit ends it.
 pub async fn serve<S>(stream: S, ex: Rc<Executor>)
 where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
+    let cfg = ex.config();
+    let (max_frame, max_inflight) = (cfg.max_frame, cfg.max_inflight);
+    let max_unsent = cfg.max_unsent.max(max_frame as usize) as u64;
+    let stall = Duration::from_millis(cfg.stall_timeout_ms.max(1));
     let (mut rd, mut wr) = futures::io::AsyncReadExt::split(stream);
-    let (max_frame, max_inflight) = (ex.config().max_frame, ex.config().max_inflight);
-    let (tx, rx) = local_channel::new_bounded::<AlignedVec>(max_inflight);
-    let writer = glommio::spawn_local(async move {
-        while let Some(frame) = rx.recv().await {
-            if wr.write_all(&frame).await.is_err() {
-                break;
+    let budget = Rc::new(Semaphore::new(max_unsent));
+    let (tx, rx) = local_channel::new_unbounded::<Outgoing>();
+    let (writer_gone, mut gone) = oneshot::channel::<()>();
+    let writer = {
+        let (budget, ex) = (budget.clone(), ex.clone());
+        glommio::spawn_local(async move {
+            while let Some((frame, permit)) = rx.recv().await {
+                let write = async { wr.write_all(&frame).await.map_err(Into::into) };
+                match glommio::timer::timeout(stall, write).await {
+                    Ok(()) => drop(permit),
+                    Err(glommio::GlommioError::TimedOut(_)) => {
+                        ExecutorMetrics::add(&ex.metrics().stalled, 1);
+                        break;
+                    }
+                    Err(_) => break,
+                }
             }
-        }
-        let _ = wr.close().await;
-    });
-    let tx = Rc::new(tx);
+            // Wakes a reader waiting for budget, and tells it the connection is over.
+            budget.close();
+            let _ = writer_gone.send(());
+            let _ = wr.close().await;
+        })
+    };
+    let out = Out {
+        tx: Rc::new(tx),
+        budget,
+        cap: max_unsent,
+    };
     let inflight = Rc::new(Semaphore::new(max_inflight as u64));
     let mut session = Session::default();
     let mut reader = FrameReader::new(max_frame);
-    'conn: loop {
+    let closed = 'conn: loop {
         // Handle every whole frame already buffered.
         loop {
             let frame = match reader.next() {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => {
-                    refuse(&ex, &tx, 0, &e).await;
-                    break 'conn;
+                    let id = reader.request_id().unwrap_or(0);
+                    refuse(&ex, &out, id, &e).await;
+                    break 'conn Closed::Protocol;
                 }
             };
             let (id, len) = (frame.header.request_id, frame.len);
             let msg = match frame.message() {
                 Ok(m) => m,
                 Err(e) => {
-                    refuse(&ex, &tx, id, &e).await;
-                    break 'conn;
+                    refuse(&ex, &out, id, &e).await;
+                    break 'conn Closed::Protocol;
                 }
             };
             let reply = handle(&ex, &mut session, &frame.header, msg, frame.body);
@@ -61,62 +108,139 @@ where
             match reply {
                 Reply::Nothing => {}
                 Reply::Now(bytes) => {
-                    if tx.send(bytes).await.is_err() {
-                        break 'conn;
+                    if !out.send(bytes).await {
+                        break 'conn Closed::Stalled;
                     }
                 }
                 Reply::Later(fut) => {
-                    // The permit is taken here, in order, so backpressure stops reading.
-                    let Ok(permit) = inflight.clone().acquire_static_permit(1).await else {
-                        break 'conn;
-                    };
-                    let tx = tx.clone();
-                    glommio::spawn_local(async move {
-                        let bytes = fut.await;
-                        let _ = tx.send(bytes).await;
-                        drop(permit);
-                    })
-                    .detach();
+                    if !pending(&inflight, &out, fut, false).await {
+                        break 'conn Closed::Stalled;
+                    }
+                }
+                Reply::Quiet(fut) => {
+                    if !pending(&inflight, &out, fut, true).await {
+                        break 'conn Closed::Stalled;
+                    }
                 }
             }
             if close {
-                break 'conn;
+                break 'conn Closed::Protocol;
             }
         }
         reader.shrink();
-        match rd.read(reader.spare()).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => reader.filled(n),
+        let limit = if !session.hello {
+            Duration::from_millis(cfg.handshake_timeout_ms.max(1))
+        } else if cfg.idle_timeout_s == 0 {
+            Duration::from_secs(u64::from(u32::MAX))
+        } else {
+            Duration::from_secs(cfg.idle_timeout_s)
+        };
+        let got = {
+            let read = glommio::timer::timeout(limit, async {
+                rd.read(reader.spare()).await.map_err(Into::into)
+            });
+            match select(Box::pin(read), &mut gone).await {
+                Either::Left((r, _)) => Some(r),
+                Either::Right(_) => None,
+            }
+        };
+        match got {
+            Some(Ok(0)) => break Closed::Peer,
+            Some(Ok(n)) => reader.filled(n),
+            Some(Err(glommio::GlommioError::TimedOut(_))) => {
+                let pending = inflight.available() < max_inflight as u64;
+                if pending {
+                    continue;
+                }
+                break if session.hello {
+                    Closed::Idle
+                } else {
+                    Closed::Handshake
+                };
+            }
+            Some(Err(_)) => break Closed::Peer,
+            None => break Closed::Stalled,
         }
+    };
+    match closed {
+        Closed::Handshake => {
+            ex.metrics().reject(Rejected::Handshake);
+            refuse_with(&out, 0, ErrorCode::BadFrame, "no Hello in time").await;
+        }
+        Closed::Idle => ExecutorMetrics::add(&ex.metrics().idle_closed, 1),
+        Closed::Peer | Closed::Protocol | Closed::Stalled => {}
     }
-    drop(tx);
-    // Pending replies still go out; the writer ends when every sender is gone.
-    let _ = inflight.acquire(max_inflight as u64).await;
+    tracing::debug!(?closed, "connection closed");
+    drop(out);
+    // The writer flushes what is queued (each write bounded by the stall timeout) and
+    // ends when every sender is gone; replies still being computed find it gone.
     writer.await;
 }
 
+/// The sending side of a connection: replies go out within the byte budget.
+#[derive(Clone)]
+struct Out {
+    tx: Rc<LocalSender<Outgoing>>,
+    budget: Rc<Semaphore>,
+    /// The whole budget: a reply larger than it takes all of it.
+    cap: u64,
+}
+
+impl Out {
+    /// Queues a reply once the budget has room for it; false when the connection is over.
+    async fn send(&self, bytes: AlignedVec) -> bool {
+        let cost = (bytes.len() as u64).min(self.cap);
+        let Ok(permit) = self.budget.clone().acquire_static_permit(cost).await else {
+            return false;
+        };
+        self.tx.try_send((bytes, permit)).is_ok()
+    }
+}
+
+/// Runs a reply that waits as a task holding one of the connection's in-flight permits
+/// (taken here, in order, so a full connection stops reading); a quiet one (the client
+/// asked for no reply) is dropped when done. False when the connection is over.
+async fn pending(
+    inflight: &Rc<Semaphore>,
+    out: &Out,
+    fut: crate::mesh::LocalFuture<AlignedVec>,
+    quiet: bool,
+) -> bool {
+    let Ok(permit) = inflight.clone().acquire_static_permit(1).await else {
+        return false;
+    };
+    let out = out.clone();
+    glommio::spawn_local(async move {
+        let bytes = fut.await;
+        if !quiet {
+            out.send(bytes).await;
+        }
+        drop(permit);
+    })
+    .detach();
+    true
+}
+
 /// Answers a frame that broke the protocol with an error frame before closing.
-async fn refuse(
-    ex: &Executor,
-    tx: &local_channel::LocalSender<AlignedVec>,
-    id: u64,
-    e: &FrameError,
-) {
+async fn refuse(ex: &Executor, out: &Out, id: u64, e: &FrameError) {
     ex.metrics().reject(Rejected::of(e));
     tracing::debug!("closing a connection: {e}");
     let code = match e {
         FrameError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
         _ => ErrorCode::BadFrame,
     };
-    let _ = tx
-        .send(error_frame(
-            id,
-            &ErrorReply {
-                code,
-                message: e.to_string(),
-            },
-        ))
-        .await;
+    refuse_with(out, id, code, &e.to_string()).await;
+}
+
+async fn refuse_with(out: &Out, id: u64, code: ErrorCode, message: &str) {
+    let frame = error_frame(
+        id,
+        &ErrorReply {
+            code,
+            message: message.to_string(),
+        },
+    );
+    out.send(frame).await;
 }
 
 /// Tells a connection over the limit why it is closed.

@@ -26,6 +26,7 @@ impl From<EngineError> for Failure {
             EngineError::Roster(_)
             | EngineError::WrongFeed { .. }
             | EngineError::Refused { .. } => ErrorCode::BadLane,
+            EngineError::BadSequence { .. } => ErrorCode::BadSequence,
             EngineError::Index(_) => ErrorCode::Internal,
         };
         Failure::new(code, e.to_string())

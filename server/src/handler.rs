@@ -19,6 +19,9 @@ use crate::failure::Failure;
 use crate::mesh::LocalFuture;
 use crate::metrics::Rejected;
 
+/// Longest worker name accepted (names are kept for the life of the server).
+pub const MAX_NAME: usize = 256;
+
 /// Per-connection protocol state.
 #[derive(Default)]
 pub struct Session {
@@ -31,6 +34,9 @@ pub struct Session {
 pub enum Reply {
     Now(AlignedVec),
     Later(LocalFuture<AlignedVec>),
+    /// Work the client wants no reply to: it still counts against the connection's
+    /// in-flight limit until done.
+    Quiet(LocalFuture<AlignedVec>),
     Nothing,
 }
 
@@ -101,7 +107,23 @@ pub fn handle(
         };
     }
     let reply = match msg {
-        MessageRef::Query(q) => Reply::Now(ex.query(q, |a| frame(id, &a.to_wire()))),
+        MessageRef::Query(q) => Reply::Now(ex.query(q, |a| {
+            let bytes = frame(id, &a.to_wire());
+            let max = ex.config().max_frame as usize;
+            if bytes.len() <= max {
+                return bytes;
+            }
+            failure_frame(
+                id,
+                Failure::new(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "the answer is {} bytes, over --max-frame {max}: ask without want_runs, or name candidates",
+                        bytes.len()
+                    ),
+                ),
+            )
+        })),
         MessageRef::Announce(a) => announce(ex, id, a),
         MessageRef::Retire(r) => {
             let worker = r.worker.to_native();
@@ -137,14 +159,10 @@ pub fn handle(
             ),
         )),
     };
-    if header.wants_reply() {
-        reply
-    } else {
-        // Fire-and-forget: the work still completes, only the reply is dropped.
-        if let Reply::Later(fut) = reply {
-            glommio::spawn_local(fut).detach();
-        }
-        Reply::Nothing
+    match reply {
+        Reply::Later(fut) if !header.wants_reply() => Reply::Quiet(fut),
+        Reply::Now(_) if !header.wants_reply() => Reply::Nothing,
+        reply => reply,
     }
 }
 
@@ -200,10 +218,16 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
 
 fn announce(ex: &Rc<Executor>, id: u64, a: &ArchivedAnnounce) -> Reply {
     let a: kvix_wire::Announce = kvix_wire::to_native(a);
-    if a.name.is_empty() {
+    if a.name.is_empty() || a.name.len() > MAX_NAME {
         return Reply::Now(failure_frame(
             id,
-            Failure::new(ErrorCode::BadLane, "a worker needs a non-empty name"),
+            Failure::new(
+                ErrorCode::BadLane,
+                format!(
+                    "a worker name is 1 to {MAX_NAME} bytes, not {}",
+                    a.name.len()
+                ),
+            ),
         ));
     }
     let register = Register {

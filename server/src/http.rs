@@ -1,7 +1,12 @@
 //! The metrics endpoint: `GET /metrics` (Prometheus text) and `GET /healthz`, HTTP/1.1
 //! with `Connection: close`. Served by executor 0; it reads the executors' atomics only.
+//! Bounded: 64 scrapes at once, 8 KiB requests, 5 s per scrape.
 
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpListener;
@@ -9,30 +14,54 @@ use glommio::net::TcpListener;
 use crate::metrics::{self, ExecutorMetrics};
 
 const MAX_REQUEST: usize = 8 * 1024;
+/// Scrapes served at once; more are closed at once (a scraper retries).
+const MAX_CONNECTIONS: usize = 64;
+/// A scrape must arrive and be taken within this long.
+const TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn serve(listener: TcpListener, shards: Arc<[ExecutorMetrics]>) {
+    let open = Rc::new(Cell::new(0usize));
     loop {
-        let Ok(mut stream) = listener.accept().await else {
-            continue;
-        };
-        let shards = shards.clone();
-        glommio::spawn_local(async move {
-            let mut req = Vec::with_capacity(512);
-            let mut chunk = [0u8; 1024];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < MAX_REQUEST {
-                match stream.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => req.extend_from_slice(&chunk[..n]),
+        let mut stream = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of descriptors, most likely: pause instead of spinning.
+                let errors = &shards[0].accept_errors;
+                if errors.fetch_add(1, Relaxed) < 4 {
+                    tracing::warn!("metrics accept failed: {e}");
                 }
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-            let (status, body) = respond(&req, &shards);
-            let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = stream.write_all(head.as_bytes()).await;
-            let _ = stream.write_all(body.as_bytes()).await;
-            let _ = stream.close().await;
+        };
+        if open.get() >= MAX_CONNECTIONS {
+            drop(stream);
+            continue;
+        }
+        open.set(open.get() + 1);
+        let (shards, open) = (shards.clone(), open.clone());
+        glommio::spawn_local(async move {
+            let _ = glommio::timer::timeout(TIMEOUT, async {
+                let mut req = Vec::with_capacity(512);
+                let mut chunk = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < MAX_REQUEST {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return Ok(()),
+                        Ok(n) => req.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let (status, body) = respond(&req, &shards);
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(body.as_bytes()).await;
+                let _ = stream.close().await;
+                Ok(())
+            })
+            .await;
+            open.set(open.get() - 1);
         })
         .detach();
     }

@@ -51,12 +51,20 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     let ingest = Arc::new(
-        ingest::Ingest::start(config.ingest_threads, executors, config.max_sources)
-            .context("starting the event ingest threads")?,
+        ingest::Ingest::start(
+            config.ingest_threads,
+            executors,
+            config.max_sources,
+            config.source_networks().map_err(anyhow::Error::msg)?,
+        )
+        .context("starting the event ingest threads")?,
     );
     // A snapshot that cannot be read whole stops the start: never serve half an index.
     let restored = match &config.snapshot {
-        Some(path) => snapshot::load(path, config.block_size)?,
+        Some(path) => {
+            snapshot::check_writable(path)?;
+            snapshot::load(path, config.block_size)?
+        }
         None => None,
     };
     if let Some(image) = &restored {
@@ -72,7 +80,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         metrics: (0..executors).map(|_| ExecutorMetrics::default()).collect(),
         stop,
         // No executor serves before every executor is wired to the mesh and restored.
-        ready: std::sync::Barrier::new(executors),
+        ready: StartGate::new(executors),
+        serving: std::sync::Barrier::new(executors),
         restored,
         snapshot_done: AtomicBool::new(false),
         ingest: ingest.clone(),
@@ -104,11 +113,22 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("starting executor {i}: {e}"))?;
         handles.push(handle);
     }
-    let mut first_error = None;
+    let mut first_error: Option<anyhow::Error> = None;
     for (i, h) in handles.into_iter().enumerate() {
         match h.join() {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => first_error = first_error.or(Some(e.context(format!("executor {i}")))),
+            // The reason a peer gave beats "another executor failed".
+            Ok(Err(e)) if e.is::<PeerFailed>() => {
+                first_error = first_error.or(Some(e.context(format!("executor {i}"))))
+            }
+            Ok(Err(e)) => {
+                let replace = first_error
+                    .as_ref()
+                    .is_none_or(|f| f.root_cause().is::<PeerFailed>());
+                if replace {
+                    first_error = Some(e.context(format!("executor {i}")));
+                }
+            }
             Err(e) => {
                 first_error = first_error.or(Some(anyhow::anyhow!("executor {i} panicked: {e:?}")))
             }
@@ -126,11 +146,47 @@ struct Shared {
     config: Arc<Config>,
     metrics: Arc<[ExecutorMetrics]>,
     stop: Arc<AtomicBool>,
-    ready: std::sync::Barrier,
+    ready: StartGate,
+    serving: std::sync::Barrier,
     restored: Option<snapshot::ServerImage>,
     ingest: Arc<ingest::Ingest>,
     /// Set by executor 0 once the shutdown snapshot is written; peers serve it until then.
     snapshot_done: AtomicBool,
+}
+
+/// An executor stopped because a peer could not start (the peer says why).
+#[derive(Debug, thiserror::Error)]
+#[error("another executor failed to start")]
+struct PeerFailed;
+
+/// Where executors report whether they restored: a failed one makes every other one stop
+/// instead of waiting for it (a barrier would hang the process).
+struct StartGate {
+    state: std::sync::Mutex<(usize, bool)>,
+    all_in: std::sync::Condvar,
+    executors: usize,
+}
+
+impl StartGate {
+    fn new(executors: usize) -> Self {
+        StartGate {
+            state: std::sync::Mutex::new((0, false)),
+            all_in: std::sync::Condvar::new(),
+            executors,
+        }
+    }
+
+    /// Reports this executor's start and waits for the others; true when all started.
+    fn arrive(&self, ok: bool) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.0 += 1;
+        st.1 |= !ok;
+        self.all_in.notify_all();
+        while st.0 < self.executors && !st.1 {
+            st = self.all_in.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        !st.1
+    }
 }
 
 /// This executor's engine, registry and ingest state, restored from the snapshot if
@@ -188,7 +244,13 @@ async fn executor_main(
     let writes = gx.create_task_queue(Shares::Static(100), Latency::NotImportant, "writes");
     let (mesh, inbox) = mesh::Mesh::join(mesh, &shared.metrics).await?;
     let me = mesh.me();
-    let (core, registry, holders) = restore(&shared, me, mesh.executors())?;
+    let restored = restore(&shared, me, mesh.executors());
+    // Every executor reports here, failed or not, so none waits for a peer that left.
+    if !shared.ready.arrive(restored.is_ok()) {
+        restored?;
+        return Err(PeerFailed.into());
+    }
+    let (core, registry, holders) = restored?;
     let (jobs, queue) = glommio::channels::local_channel::new_unbounded();
     let ex = Executor::new(
         config.clone(),
@@ -211,7 +273,7 @@ async fn executor_main(
             .detach();
     }
     // Blocking here is fine: nothing on this executor may run before its peers are wired.
-    shared.ready.wait();
+    shared.serving.wait();
     if let (0, Some(image)) = (me, &shared.restored) {
         resubscribe(&ex, image);
     }
@@ -228,6 +290,13 @@ async fn executor_main(
     if me == 0 && !config.unix.is_empty() {
         let unix = glommio::net::UnixListener::bind(&config.unix)
             .map_err(|e| anyhow::anyhow!("binding Unix socket {}: {e}", config.unix))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(config.unix_mode);
+            std::fs::set_permissions(&config.unix, mode).map_err(|e| {
+                anyhow::anyhow!("setting the mode of Unix socket {}: {e}", config.unix)
+            })?;
+        }
         println!("kvix-server listening on unix://{}", config.unix);
         let ex = ex.clone();
         glommio::spawn_local_into(
@@ -235,7 +304,7 @@ async fn executor_main(
                 loop {
                     match unix.accept().await {
                         Ok(s) => spawn_conn(&ex, s, queries),
-                        Err(e) => tracing::warn!("unix accept: {e}"),
+                        Err(e) => accept_failed(&ex, "unix", e).await,
                     }
                 }
             },
@@ -254,10 +323,7 @@ async fn executor_main(
                             let _ = s.set_nodelay(true);
                             spawn_conn(&ex, s, queries);
                         }
-                        Err(e) => {
-                            tracing::warn!("accept: {e}");
-                            glommio::timer::sleep(Duration::from_millis(10)).await;
-                        }
+                        Err(e) => accept_failed(&ex, "tcp", e).await,
                     }
                 }
             },
@@ -274,13 +340,15 @@ async fn executor_main(
             ex.enqueue(writer::Job::Expire);
         }
         if me == 0 && snapshot_ticks > 0 && ticks.is_multiple_of(snapshot_ticks) {
-            take_snapshot(&ex, false).await;
+            // A failure is counted and logged; the next period tries again.
+            let _ = take_snapshot(&ex, false).await;
         }
     }
     drop(accept);
     if me == 0 {
-        take_snapshot(&ex, true).await;
+        let last = take_snapshot(&ex, true).await;
         shared.snapshot_done.store(true, Ordering::Release);
+        last?;
     } else {
         // Keep answering executor 0's export until the last snapshot is on disk.
         while !shared.snapshot_done.load(Ordering::Acquire) {
@@ -292,10 +360,11 @@ async fn executor_main(
 }
 
 /// Gathers every executor's part and writes a snapshot when `--snapshot` is set. The file
-/// is written by a helper thread so the executor keeps serving; at shutdown we wait for it.
-async fn take_snapshot(ex: &Rc<Executor>, last: bool) {
+/// is written by a helper thread so the executor keeps serving; at shutdown we wait for it
+/// and say whether it was written.
+async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
     let Some(path) = ex.config().snapshot.clone() else {
-        return;
+        return Ok(());
     };
     let parts: Vec<_> = (0..ex.executors())
         .map(|e| ex.on(e, calls::export::Export))
@@ -315,7 +384,11 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) {
                 image.engine.feeds.extend(p.feeds);
                 image.holders.extend(p.holders);
             }
-            Err(f) => return tracing::error!("snapshot not taken: {}", f.message),
+            Err(f) => {
+                ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
+                tracing::error!("snapshot not taken: {}", f.message);
+                anyhow::bail!("snapshot not taken: {}", f.message);
+            }
         }
     }
     image.engine.feeds.sort_unstable_by_key(|(w, _)| *w);
@@ -328,16 +401,36 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) {
     let writer = std::thread::spawn(move || match snapshot::write(&path, &bytes) {
         Ok(()) => {
             written.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written")
+            tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written");
+            Ok(())
         }
         Err(e) => {
             failed.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(path = %path.display(), "snapshot not written: {e}")
+            tracing::error!(path = %path.display(), "snapshot not written: {e}");
+            Err(anyhow::anyhow!(
+                "snapshot {} not written: {e}",
+                path.display()
+            ))
         }
     });
     if last {
-        let _ = writer.join();
+        return writer
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the snapshot writer panicked")));
     }
+    Ok(())
+}
+
+/// A failed accept (most often out of file descriptors): counted, logged at most once a
+/// second, and followed by a pause so the loop never spins; connections closing (idle
+/// and handshake timeouts) give the descriptors back.
+async fn accept_failed(ex: &Executor, what: &str, e: glommio::GlommioError<()>) {
+    let m = ex.metrics();
+    let n = m.accept_errors.fetch_add(1, Ordering::Relaxed);
+    if n.is_power_of_two() || n < 4 {
+        tracing::warn!("{what} accept failed ({} so far): {e}", n + 1);
+    }
+    glommio::timer::sleep(Duration::from_millis(50)).await;
 }
 
 /// Serves a new connection unless this executor is at its connection limit.

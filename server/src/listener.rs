@@ -18,6 +18,9 @@ pub struct TcpGroup {
 }
 
 pub fn tcp_group(addr: SocketAddr, executors: usize, wanted: Steering) -> anyhow::Result<TcpGroup> {
+    if addr.port() != 0 {
+        ensure_unserved(addr)?;
+    }
     let mut socks: Vec<Socket> = Vec::with_capacity(executors);
     let mut bound = addr;
     for i in 0..executors {
@@ -44,6 +47,23 @@ pub fn tcp_group(addr: SocketAddr, executors: usize, wanted: Steering) -> anyhow
         addr: bound,
         steering,
     })
+}
+
+/// SO_REUSEPORT would let this server share a port another process serves (answering
+/// some of its clients from an empty index): a plain bind first says whether it is free.
+fn ensure_unserved(addr: SocketAddr) -> anyhow::Result<()> {
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, None)
+        .context("creating a TCP socket")?;
+    probe
+        .set_reuse_address(true)
+        .context("setting SO_REUSEADDR")?;
+    match probe.bind(&addr.into()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
+            "{addr} is already served by another process (is another kvix-server running?)"
+        ),
+        Err(e) => Err(e).with_context(|| format!("binding {addr}")),
+    }
 }
 
 /// Makes `path` free for a new Unix socket: removes a stale socket file left by a dead

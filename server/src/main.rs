@@ -10,10 +10,12 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_target(false)
+        .with_writer(std::io::stderr)
         .init();
-    let config = kvix_server::Config::parse();
+    let mut config = kvix_server::Config::parse();
     let outcome = config
-        .validate()
+        .load_auth_token_file()
+        .and_then(|()| config.validate())
         .map_err(anyhow::Error::msg)
         .context("invalid flags")
         .and_then(|()| kvix_server::run(config).context("kvix-server stopped"));

@@ -25,9 +25,10 @@ pub enum Rejected {
     Unauthorized,
     BlockSize,
     Overloaded,
+    Handshake,
 }
 
-const REJECTED: [(Rejected, &str); 10] = [
+const REJECTED: [(Rejected, &str); 11] = [
     (Rejected::BadMagic, "bad_magic"),
     (Rejected::Version, "version"),
     (Rejected::Kind, "kind"),
@@ -38,6 +39,7 @@ const REJECTED: [(Rejected, &str); 10] = [
     (Rejected::Unauthorized, "unauthorized"),
     (Rejected::BlockSize, "block_size"),
     (Rejected::Overloaded, "overloaded"),
+    (Rejected::Handshake, "handshake_timeout"),
 ];
 
 impl Rejected {
@@ -83,6 +85,11 @@ pub struct ExecutorMetrics {
     pub query_hops: Arc<AtomicU64>,
     /// Bounded slices long writes were applied in (queries run between slices).
     pub write_slices: AtomicU64,
+    /// Connections closed for taking no replies for --stall-timeout-ms, or idle.
+    pub stalled: AtomicU64,
+    pub idle_closed: AtomicU64,
+    /// Accepts that failed (out of file descriptors, ...), each followed by a pause.
+    pub accept_errors: AtomicU64,
     /// Snapshots written to disk, and those that failed (executor 0's).
     pub snapshots: Arc<AtomicU64>,
     pub snapshot_failures: Arc<AtomicU64>,
@@ -149,7 +156,7 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 11] = [
+    let plain: [(&str, &str, &str, Field); 14] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -203,6 +210,24 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
             "Bounded slices that long writes were applied in, letting queries run between them.",
             "counter",
             |s| &s.write_slices,
+        ),
+        (
+            "kvix_connections_stalled_total",
+            "Connections closed because the client took no reply bytes for --stall-timeout-ms.",
+            "counter",
+            |s| &s.stalled,
+        ),
+        (
+            "kvix_connections_idle_closed_total",
+            "Connections closed after --idle-timeout-s without a request.",
+            "counter",
+            |s| &s.idle_closed,
+        ),
+        (
+            "kvix_accept_errors_total",
+            "Failed accepts (e.g. out of file descriptors); each backs off before the next.",
+            "counter",
+            |s| &s.accept_errors,
         ),
         (
             "kvix_snapshots_written_total",

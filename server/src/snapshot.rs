@@ -47,6 +47,11 @@ pub enum SnapshotError {
     Checksum { path: String },
     #[error("snapshot {path} is corrupt: {reason}")]
     Invalid { path: String, reason: String },
+    #[error("cannot write snapshots beside {path}: {source}")]
+    Unwritable {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// What a snapshot holds.
@@ -85,6 +90,18 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+/// Checks at start that snapshots can be written beside `path` (a missing or read-only
+/// directory would otherwise only show at the first write, or at shutdown).
+pub fn check_writable(path: &Path) -> Result<(), SnapshotError> {
+    let probe = path.with_extension("probe");
+    let io = |source| SnapshotError::Unwritable {
+        path: path.display().to_string(),
+        source,
+    };
+    write(&probe, b"kvix").map_err(io)?;
+    std::fs::remove_file(&probe).map_err(io)
 }
 
 /// Checks and decodes snapshot bytes.

@@ -114,8 +114,9 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
                 reply,
             } => {
                 let mut u = Update::new();
+                let worker = entry.id;
                 if outcome != AnnounceOutcome::Unchanged {
-                    ex.holders().forget(entry.id);
+                    ex.holders().forget(worker);
                 }
                 ex.core().register(entry, outcome, &mut u);
                 publish(&ex, u, move || {

@@ -40,18 +40,7 @@ fn queries_never_leave_their_executor_and_see_writes_acknowledged_anywhere() {
         // Written on one connection, read at once on every other: an acknowledged write
         // is in every executor's copy (the reply waits for all of them).
         let writer = round % conns.len();
-        let r = conns[writer].ask(&EventBatch {
-            worker: w,
-            seq: 0,
-            keyspace: ks.clone(),
-            events: vec![Event::Stored {
-                lane: 0,
-                start: 0,
-                parent: None,
-                chain: chain.clone(),
-                engine: vec![],
-            }],
-        });
+        let r = conns[writer].ask(&stored_batch(w, 0, &ks, &chain));
         assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
         for c in &mut conns {
             let a = c.query(&ks, &chain);

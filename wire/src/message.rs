@@ -257,6 +257,10 @@ pub enum ErrorCode {
     BadSource,
     /// An announce would subscribe more event sources than `--max-sources`.
     TooManySources,
+    /// The reply would exceed the largest frame (`--max-frame`).
+    TooLarge,
+    /// An event batch's sequence number jumps absurdly far ahead of the last one.
+    BadSequence,
 }
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -282,6 +286,8 @@ impl ArchivedErrorCode {
             A::Internal => ErrorCode::Internal,
             A::BadSource => ErrorCode::BadSource,
             A::TooManySources => ErrorCode::TooManySources,
+            A::TooLarge => ErrorCode::TooLarge,
+            A::BadSequence => ErrorCode::BadSequence,
         }
     }
 }

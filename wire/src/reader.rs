@@ -41,6 +41,14 @@ impl FrameReader {
         split_frame(&self.buf[self.start..self.end], self.max_frame)
     }
 
+    /// The request id of the frame at the front, when its header got that far and is a
+    /// kvix header (so an error reply can name the request it answers).
+    pub fn request_id(&self) -> Option<u64> {
+        let b = &self.buf[self.start..self.end];
+        (b.len() >= 16 && b[..4] == crate::frame::MAGIC)
+            .then(|| u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")))
+    }
+
     /// Drops `n` bytes (a frame just handled) from the front.
     pub fn consume(&mut self, n: usize) {
         self.start = (self.start + n).min(self.end);

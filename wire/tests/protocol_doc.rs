@@ -157,7 +157,7 @@ fn kind_table_matches_the_codec() {
     assert_eq!(seen, known, "the document lists every kind and only those");
 }
 
-const ERROR_CODES: [ErrorCode; 12] = [
+const ERROR_CODES: [ErrorCode; 14] = [
     ErrorCode::BadFrame,
     ErrorCode::UnsupportedVersion,
     ErrorCode::NoHello,
@@ -170,6 +170,8 @@ const ERROR_CODES: [ErrorCode; 12] = [
     ErrorCode::Internal,
     ErrorCode::BadSource,
     ErrorCode::TooManySources,
+    ErrorCode::TooLarge,
+    ErrorCode::BadSequence,
 ];
 
 /// Fails to compile when a code is added: add it to `ERROR_CODES` and to the document.
@@ -186,7 +188,9 @@ fn _every_error_code_is_listed(c: ErrorCode) {
         | ErrorCode::Overloaded
         | ErrorCode::Internal
         | ErrorCode::BadSource
-        | ErrorCode::TooManySources => {}
+        | ErrorCode::TooManySources
+        | ErrorCode::TooLarge
+        | ErrorCode::BadSequence => {}
     }
 }
 

@@ -83,6 +83,8 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
         ErrorCode::Internal,
         ErrorCode::BadSource,
         ErrorCode::TooManySources,
+        ErrorCode::TooLarge,
+        ErrorCode::BadSequence,
     ])
 }
 
@@ -186,6 +188,57 @@ proptest! {
         }
         let cut = truncate.index(buf.len() + 1);
         drain(&buf[..cut]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The write-side bodies (event batches with every event kind, announces with lanes
+    /// and sources), bit-flipped in place: validated or refused, never a panic, and what
+    /// validates also converts.
+    #[test]
+    fn mutated_event_batches_and_announces_never_panic(
+        chain in vec(any::<u64>(), 0..32),
+        flips in vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        announce in any::<bool>(),
+    ) {
+        let buf = if announce {
+            encode(&Announce {
+                name: "worker-0".into(),
+                lanes: vec![Lane::full(16), Lane { kind: LaneKind::SlidingWindow { window: 64 }, block_tokens: 32 }],
+                feed: Feed::Placements { capacity_blocks: 9, ttl_ms: 3 },
+                source: Some(EventSource {
+                    endpoint: "tcp://127.0.0.1:5557".into(),
+                    replay: "tcp://127.0.0.1:5558".into(),
+                    model: "m".into(),
+                    salt: "s".into(),
+                }),
+            }, 5, 0)
+        } else {
+            encode(&EventBatch {
+                worker: 3,
+                seq: 7,
+                keyspace: Keyspace::tokens("m"),
+                events: vec![
+                    Event::Stored { lane: 0, start: 2, parent: Some(1), chain: chain.clone(), engine: chain.clone() },
+                    Event::Removed { lane: 1, hashes: chain.clone() },
+                    Event::Cleared,
+                ],
+            }, 6, 0)
+        };
+        let mut buf = buf.unwrap().to_vec();
+        for (at, x) in flips {
+            let i = at.index(buf.len());
+            buf[i] ^= x;
+        }
+        if let Ok(Some(frame)) = split_frame(&buf, DEFAULT_MAX_FRAME) {
+            match frame.message() {
+                Ok(MessageRef::Announce(a)) => drop(to_native::<Announce>(a)),
+                Ok(MessageRef::EventBatch(b)) => drop(to_native::<EventBatch>(b)),
+                Ok(_) | Err(_) => {}
+            }
+        }
     }
 }
 
@@ -316,4 +369,35 @@ fn chains_read_in_place_match_the_sent_hashes() {
         panic!("kind")
     };
     assert_eq!(u64s(&p.chain), &chain[..]);
+}
+
+#[test]
+fn a_body_that_does_not_validate_says_why() {
+    let buf = encode(
+        &Announce {
+            name: "worker-with-a-long-name".into(),
+            lanes: vec![Lane::full(16)],
+            feed: Feed::Events,
+            source: None,
+        },
+        9,
+        0,
+    )
+    .unwrap();
+    // The root sits at the end of the body: set each of its bytes to 0xff in turn.
+    let body_len = u32::from_le_bytes(buf[16..20].try_into().unwrap()) as usize;
+    let root = HEADER_LEN + body_len - std::mem::size_of::<ArchivedAnnounce>();
+    let mut refused = 0;
+    for at in root..HEADER_LEN + body_len {
+        let mut bad = buf.clone();
+        bad[at] = 0xff;
+        let frame = split_frame(&bad, DEFAULT_MAX_FRAME).unwrap().unwrap();
+        if let Err(e) = frame.message() {
+            let e = e.to_string();
+            assert!(e.starts_with("invalid Announce body: "), "{e}");
+            assert!(!e.contains("without error information"), "{e}");
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "some byte of the root must matter");
 }

@@ -108,6 +108,9 @@ impl Core {
         out: &mut Update,
     ) -> Result<ApplyReport, EngineError> {
         let (lane_blocks, feed) = self.checked(worker, ks, seq, events)?;
+        if let Some(why) = feed.sequencer().implausible(seq) {
+            return Err(EngineError::BadSequence { seq, why });
+        }
         Ok(feed.apply(worker, seq, ks.seed, lane_blocks, events, &mut out.ops))
     }
 

@@ -92,6 +92,8 @@ pub enum EngineError {
         #[source]
         source: EventError,
     },
+    #[error("batch seq {seq} refused: {why} (retire and announce the worker again to start its sequence over)")]
+    BadSequence { seq: u64, why: String },
     #[error(transparent)]
     Roster(#[from] RosterError),
     #[error(transparent)]

@@ -36,20 +36,32 @@ impl Call for Register {
                 return refuse(code, format!("worker {:?}: {e}", self.name));
             }
         }
-        let block = on.config().block_size;
-        let registered = on
-            .registry()
-            .register(&self.name, &self.lanes, self.feed, block);
-        let (entry, outcome) = match registered {
-            Ok(v) => v,
-            Err(e) => return refuse(ErrorCode::BadLane, e.to_string()),
-        };
-        let worker = entry.id;
-        let created = outcome != kvix_engine::AnnounceOutcome::Unchanged;
-        let installed = on.on(on.home_of(worker), Install { entry, outcome });
+        // Where a source's host is a name, checking it asks the resolver: off the executor.
+        let hosts = self.source.clone().map(|source| {
+            let allow = on.ingest().allow.clone();
+            glommio::executor()
+                .spawn_blocking(move || crate::ingest::check_hosts(&source, allow.as_deref()))
+        });
         let on = on.clone();
         Box::pin(async move {
-            installed.await?;
+            if let Some(hosts) = hosts {
+                if let Err(e) = hosts.await {
+                    return Err(Failure::new(
+                        ErrorCode::BadSource,
+                        format!("worker {:?}: {e}", self.name),
+                    ));
+                }
+            }
+            let block = on.config().block_size;
+            let registered = on
+                .registry()
+                .register(&self.name, &self.lanes, self.feed, block);
+            let (entry, outcome) =
+                registered.map_err(|e| Failure::new(ErrorCode::BadLane, e.to_string()))?;
+            let worker = entry.id;
+            let created = outcome != kvix_engine::AnnounceOutcome::Unchanged;
+            on.on(on.home_of(worker), Install { entry, outcome })
+                .await?;
             // Installed everywhere: the ingest may subscribe to its source now.
             on.ingest()
                 .announced(worker, &self.name, self.source, created);

@@ -76,6 +76,10 @@ pub enum SourceError {
     Feed,
     #[error("{max} event sources are subscribed already (--max-sources)")]
     TooMany { max: usize },
+    #[error("event source endpoint {endpoint:?}: {addr} is outside --source-allow")]
+    NotAllowed { endpoint: String, addr: String },
+    #[error("event source endpoint {endpoint:?}: {why}")]
+    Unresolved { endpoint: String, why: String },
 }
 
 /// Checks an endpoint the way libzmq will use it to connect.
@@ -100,6 +104,45 @@ fn check_endpoint(ep: &str) -> Result<(), SourceError> {
     }
 }
 
+/// Checks that every address a tcp endpoint names (or resolves to) is in `allow` (None:
+/// any). Blocking: it may ask the resolver.
+pub fn check_hosts(
+    source: &EventSource,
+    allow: Option<&[ipnet::IpNet]>,
+) -> Result<(), SourceError> {
+    use std::net::ToSocketAddrs;
+    let Some(allow) = allow else { return Ok(()) };
+    for ep in [&source.endpoint, &source.replay] {
+        let Some(rest) = ep.strip_prefix("tcp://") else {
+            continue;
+        };
+        let (host, port) = rest.rsplit_once(':').unwrap_or((rest, "0"));
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port: u16 = port.parse().unwrap_or(0);
+        let addrs: Vec<std::net::IpAddr> = match host.parse() {
+            Ok(ip) => vec![ip],
+            Err(_) => (host, port)
+                .to_socket_addrs()
+                .map_err(|e| SourceError::Unresolved {
+                    endpoint: ep.clone(),
+                    why: e.to_string(),
+                })?
+                .map(|a| a.ip())
+                .collect(),
+        };
+        if let Some(bad) = addrs
+            .iter()
+            .find(|ip| !allow.iter().any(|n| n.contains(*ip)))
+        {
+            return Err(SourceError::NotAllowed {
+                endpoint: ep.clone(),
+                addr: bad.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The process's ingest: its threads, the executors' inboxes, the sources subscribed.
 pub struct Ingest {
     pool: Pool,
@@ -107,11 +150,18 @@ pub struct Ingest {
     /// Every subscribed source by worker (executor 0 announces and retires; snapshots).
     sources: Mutex<BTreeMap<WorkerId, EventSource>>,
     max_sources: usize,
+    /// --source-allow (None: any address).
+    pub allow: Option<Arc<[ipnet::IpNet]>>,
 }
 
 impl Ingest {
     /// Starts `threads` ingest threads for `executors` executors.
-    pub fn start(threads: usize, executors: usize, max_sources: usize) -> std::io::Result<Ingest> {
+    pub fn start(
+        threads: usize,
+        executors: usize,
+        max_sources: usize,
+        allow: Option<Vec<ipnet::IpNet>>,
+    ) -> std::io::Result<Ingest> {
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..executors).map(|_| mpsc::channel(INBOX)).unzip();
         METRICS.threads.store(threads.max(1) as u64, Relaxed);
@@ -120,6 +170,7 @@ impl Ingest {
             inboxes: Mutex::new(receivers.into_iter().map(Some).collect()),
             sources: Mutex::new(BTreeMap::new()),
             max_sources,
+            allow: allow.map(Into::into),
         })
     }
 
@@ -388,6 +439,33 @@ pub fn render(out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hosts_outside_the_allowed_networks_are_refused() {
+        let allow: Vec<ipnet::IpNet> = vec![
+            "127.0.0.0/8".parse().unwrap(),
+            "10.0.0.0/8".parse().unwrap(),
+        ];
+        let src = |ep: &str, replay: &str| EventSource {
+            endpoint: ep.into(),
+            replay: replay.into(),
+            model: String::new(),
+            salt: String::new(),
+        };
+        let ok = |ep, replay| check_hosts(&src(ep, replay), Some(&allow[..]));
+        assert_eq!(ok("tcp://127.0.0.1:5", "tcp://10.1.2.3:6"), Ok(()));
+        assert_eq!(ok("ipc:///tmp/x", ""), Ok(()));
+        assert_eq!(ok("tcp://localhost:5", ""), Ok(()));
+        assert!(matches!(
+            ok("tcp://8.8.8.8:5", ""),
+            Err(SourceError::NotAllowed { .. })
+        ));
+        assert!(matches!(
+            ok("tcp://127.0.0.1:5", "tcp://[2001:db8::1]:6"),
+            Err(SourceError::NotAllowed { .. })
+        ));
+        assert_eq!(check_hosts(&src("tcp://8.8.8.8:5", ""), None), Ok(()));
+    }
 
     #[test]
     fn endpoints_are_checked_as_libzmq_connects_to_them() {

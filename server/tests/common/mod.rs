@@ -67,8 +67,10 @@ impl Server {
 
     /// Like `spawn`, but a server that exits before listening is an error, not a panic.
     pub fn try_spawn(mut cmd: Command) -> Result<Server, String> {
+        if !cmd.get_envs().any(|(k, _)| k == "KVIX_LOG") {
+            cmd.env("KVIX_LOG", "warn");
+        }
         let mut child = cmd
-            .env("KVIX_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -338,6 +340,31 @@ impl Conn {
             ..Default::default()
         })
         .decode()
+    }
+}
+
+/// The server binary run with `args`, on an ephemeral port, without a Unix socket or
+/// metrics (for runs that are expected to stop on their own).
+pub fn bare_command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvix-server"));
+    cmd.args(["--listen", "127.0.0.1:0", "--unix", "", "--metrics", ""])
+        .args(args);
+    cmd
+}
+
+/// A batch storing `chain` from block 0 on lane 0.
+pub fn stored_batch(worker: WorkerId, seq: u64, keyspace: &Keyspace, chain: &[u64]) -> EventBatch {
+    EventBatch {
+        worker,
+        seq,
+        keyspace: keyspace.clone(),
+        events: vec![Event::Stored {
+            lane: 0,
+            start: 0,
+            parent: None,
+            chain: chain.to_vec(),
+            engine: vec![],
+        }],
     }
 }
 

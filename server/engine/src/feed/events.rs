@@ -15,7 +15,26 @@ pub struct Sequencer {
     last: Option<u64>,
 }
 
+/// How far past the last applied seq a batch may jump: further is not a lost message
+/// but a broken producer, and would make every later batch a duplicate.
+pub const MAX_SEQ_JUMP: u64 = 1 << 32;
+
 impl Sequencer {
+    /// Why `seq` is refused outright, if it is: at or above 2^63, or more than
+    /// [`MAX_SEQ_JUMP`] past the last applied.
+    pub fn implausible(&self, seq: u64) -> Option<String> {
+        if seq >= 1 << 63 {
+            return Some("at or above 2^63".into());
+        }
+        match self.last {
+            Some(last) if seq > last && seq - last > MAX_SEQ_JUMP => Some(format!(
+                "{} past the last applied {last} (more than 2^32)",
+                seq - last
+            )),
+            _ => None,
+        }
+    }
+
     /// Classifies batch `seq`: at or below the last applied → duplicate (ignore it);
     /// beyond the next expected → applied with a gap; the first batch sets the baseline.
     pub fn admit(&mut self, seq: u64) -> ApplyStatus {

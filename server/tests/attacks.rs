@@ -1,0 +1,458 @@
+//! The attack suite: what a hostile or broken client, a full machine or a bad flag does
+//! to the server, one test per attack. Each asserts that the server stays up (or, for a
+//! start it cannot make, exits non-zero saying why), that other clients keep their
+//! answers, that memory stays under a stated ceiling, and that the offender is told.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use kvix_wire::*;
+
+/// Resident memory of process `pid`, in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap();
+    kib / 1024
+}
+
+/// Retries `f` (bounded) until it gives Some.
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    for _ in 0..400 {
+        if let Some(v) = f() {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} never happened");
+}
+
+/// A client that still gets correct answers: stores 4 blocks for a fresh worker, then
+/// sees them scored.
+fn still_serves(server: &Server, name: &str) {
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let w = c
+        .announce(name, vec![Lane::full(16)], Feed::Events)
+        .unwrap()
+        .worker;
+    let chain = chain_of(&ks, 7, 4);
+    let applied = c.ask(&stored_batch(w, 0, &ks, &chain));
+    assert_eq!(applied.decode::<Applied>().status, ApplyStatus::Applied);
+    let a = c.query(&ks, &chain);
+    assert!(
+        a.scores.contains(&Score {
+            worker: w,
+            blocks: 4
+        }),
+        "{a:?}"
+    );
+}
+
+fn server_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kvix-server")
+}
+
+/// D1: descriptors exhausted through the metrics port; the accept loops pause instead
+/// of spinning, and once the connections close the server serves and stops as usual.
+#[test]
+fn exhausted_descriptors_leave_the_server_serving_and_stoppable() {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "ulimit -n 96 && exec \"$0\" \"$@\"", server_bin()])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--unix",
+            "",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .args(["--cores", "1"]);
+    let server = Server::spawn(cmd);
+    let metrics = server.metrics.unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..150 {
+        if let Ok(s) = TcpStream::connect_timeout(&metrics, Duration::from_millis(500)) {
+            idle.push(s);
+        }
+        let _ = TcpStream::connect_timeout(&server.addr, Duration::from_millis(500))
+            .map(|s| idle.push(s));
+    }
+    drop(idle);
+    eventually("a scrape after the flood", || {
+        std::panic::catch_unwind(|| server.scrape()).ok()
+    });
+    assert!(
+        server.metric("kvix_accept_errors_total") > 0,
+        "the limit was reached"
+    );
+    still_serves(&server, "after-d1");
+    assert!(server.stop().success(), "SIGTERM still stops it");
+}
+
+/// D2: a client asks for 4 MiB Echo replies and never reads them: the server stops
+/// reading it, disconnects it after the stall timeout, and memory stays bounded.
+#[test]
+fn a_client_that_never_reads_big_replies_is_cut_off_with_bounded_memory() {
+    let server = Server::start(&["--cores", "1", "--stall-timeout-ms", "1000"]);
+    let mut hog = server.session();
+    let ask = encode(
+        &Echo {
+            payload: vec![],
+            reply_len: 4 << 20,
+        },
+        1,
+        0,
+    )
+    .unwrap();
+    hog.stream
+        .set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    for _ in 0..2000 {
+        if hog.stream.write_all(&ask).is_err() {
+            break;
+        }
+    }
+    eventually("the stalled client cut off", || {
+        (server.metric("kvix_connections_stalled_total") >= 1).then_some(())
+    });
+    assert!(
+        rss_mib(server.pid()) < 200,
+        "RSS {} MiB",
+        rss_mib(server.pid())
+    );
+    // The hog finds its connection closed once it reads what was sent.
+    hog.stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut sink = vec![0u8; 1 << 20];
+    let closed = loop {
+        match hog.stream.read(&mut sink) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    assert!(closed, "the server closed the stalled connection");
+    eventually("the slot freed", || {
+        (server.metric("kvix_connections") == 0).then_some(())
+    });
+    still_serves(&server, "after-d2");
+}
+
+/// D3: fire-and-forget placements as fast as two senders can write: each connection's
+/// pending work is capped, so memory stays bounded and a fresh query is answered.
+#[test]
+fn a_fire_and_forget_flood_is_throttled_per_connection() {
+    let server = Server::start(&["--cores", "2"]);
+    let ks = Keyspace::tokens("m");
+    let mut c = server.session();
+    let w = c
+        .announce(
+            "placed",
+            vec![Lane::full(16)],
+            Feed::Placements {
+                capacity_blocks: 100_000,
+                ttl_ms: 0,
+            },
+        )
+        .unwrap()
+        .worker;
+    let senders: Vec<_> = (0..2)
+        .map(|s| {
+            let mut conn = server.session();
+            let ks = ks.clone();
+            std::thread::spawn(move || {
+                for i in 0..100_000u32 {
+                    let p = Placement {
+                        worker: w,
+                        keyspace: ks.clone(),
+                        chain: chain_of(&ks, s * 100_000_000 + i * 1000, 64),
+                    };
+                    conn.send_flags(&p, FLAG_NO_REPLY);
+                }
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    assert!(
+        rss_mib(server.pid()) < 300,
+        "RSS {} MiB",
+        rss_mib(server.pid())
+    );
+    let mut fresh = server.session();
+    let a = fresh.query(&ks, &chain_of(&ks, 0, 64));
+    assert!(a.scores.len() <= 1);
+    still_serves(&server, "after-d3");
+}
+
+/// D4: a snapshot that checks out but that one executor cannot restore: the process
+/// exits non-zero and says why, instead of hanging with its port bound.
+#[test]
+fn an_executor_that_cannot_restore_stops_the_process_with_the_reason() {
+    use kvix_engine::{EngineImage, WorkerImage};
+    use kvix_server::ingest::holders::HolderImage;
+    use kvix_server::ingest::translate::TranslatorImage;
+    use kvix_server::snapshot::{encode as encode_snapshot, write, ServerImage};
+    let dir = std::env::temp_dir().join(format!("kvix-d4-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.snapshot");
+    // Worker 1 (homed on executor 1 of 2) has ingest state for two lanes but one lane.
+    let image = ServerImage {
+        engine: EngineImage {
+            workers: (0..2)
+                .map(|id| WorkerImage {
+                    id,
+                    name: format!("w{id}"),
+                    lanes: vec![Lane::full(16)],
+                    feed: Feed::Events,
+                    active: true,
+                })
+                .collect(),
+            ..Default::default()
+        },
+        sources: vec![],
+        holders: vec![(
+            1,
+            HolderImage {
+                model: "m".into(),
+                salt: String::new(),
+                last: None,
+                translator: TranslatorImage {
+                    keyspaces: vec![],
+                    lanes: vec![vec![], vec![]],
+                },
+            },
+        )],
+    };
+    write(&path, &encode_snapshot(&image, 16)).unwrap();
+    let out = bare_command(&["--cores", "2", "--snapshot", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("does not fit its roster"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// D5: silent connections fill the connection limit: the handshake timeout closes them
+/// and a real client gets in.
+#[test]
+fn silent_connections_are_closed_by_the_handshake_timeout() {
+    let server = Server::start(&[
+        "--cores",
+        "1",
+        "--max-connections",
+        "32",
+        "--handshake-timeout-ms",
+        "300",
+    ]);
+    let mut silent: Vec<TcpStream> = (0..100)
+        .filter_map(|_| TcpStream::connect(server.addr).ok())
+        .collect();
+    // Each silent connection is told and closed (or refused as one too many).
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        assert!(buf.len() >= HEADER_LEN, "an error frame before the close");
+    }
+    assert!(server.metric("kvix_rejected_frames_total{reason=\"handshake_timeout\"}") >= 1);
+    still_serves(&server, "after-d5");
+}
+
+/// D6: an answer with runs over thousands of lanes would exceed the frame limit: the
+/// client gets TooLarge, and the same query without runs is answered.
+#[test]
+fn an_answer_over_the_frame_limit_is_a_typed_error() {
+    let server = Server::start(&["--cores", "1", "--max-frame", "4096"]);
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let chain = chain_of(&ks, 0, 8);
+    for i in 0..200 {
+        let w = c
+            .announce(&format!("w{i}"), vec![Lane::full(16)], Feed::Events)
+            .unwrap()
+            .worker;
+        c.ask(&stored_batch(w, 0, &ks, &chain));
+    }
+    let r = c.ask(&Query {
+        keyspace: ks.clone(),
+        chain: chain.clone(),
+        want_runs: true,
+        ..Default::default()
+    });
+    assert_eq!(r.error().code, ErrorCode::TooLarge);
+    let a = c.query(&ks, &chain);
+    assert_eq!(a.scores.len(), 200, "every holder, without runs");
+}
+
+/// D7: the server connects only where --source-allow lets it.
+#[test]
+fn event_sources_outside_the_allowed_networks_are_refused() {
+    let server = Server::start(&["--cores", "1"]);
+    let mut c = server.session();
+    let src = |ep: &str| EventSource {
+        endpoint: ep.into(),
+        replay: String::new(),
+        model: "m".into(),
+        salt: String::new(),
+    };
+    let e = c
+        .announce_source("public", vec![Lane::full(16)], src("tcp://8.8.8.8:5557"))
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadSource);
+    assert!(e.message.contains("--source-allow"), "{}", e.message);
+    c.announce_source("local", vec![Lane::full(16)], src("tcp://127.0.0.1:1"))
+        .unwrap();
+    let open = Server::start(&["--cores", "1", "--source-allow", "any"]);
+    open.session()
+        .announce_source("public", vec![Lane::full(16)], src("tcp://192.0.2.1:5557"))
+        .unwrap();
+}
+
+/// D8: a second server on a port another one serves refuses to start.
+#[test]
+fn a_second_server_on_a_served_port_refuses_to_start() {
+    let first = Server::start(&["--cores", "1"]);
+    let out = Command::new(server_bin())
+        .args([
+            "--listen",
+            &first.addr.to_string(),
+            "--unix",
+            "",
+            "--metrics",
+            "",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("already served by another process"), "{err}");
+    still_serves(&first, "after-d8");
+}
+
+/// D9: snapshots that cannot be written: refused at start, and a write failing later
+/// makes shutdown exit non-zero.
+#[test]
+fn unwritable_snapshots_are_refused_at_start_and_fail_the_shutdown() {
+    let out = bare_command(&["--snapshot", "/nonexistent-kvix-dir/index.snapshot"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cannot write snapshots beside"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("kvix-d9-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("index.snapshot");
+    let server = Server::start(&["--cores", "1", "--snapshot", path.to_str().unwrap()]);
+    still_serves(&server, "before-d9");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        !server.stop().success(),
+        "the last snapshot could not be written"
+    );
+}
+
+/// D10: an absurd sequence number is refused instead of making every later batch a
+/// duplicate; retiring and announcing again starts over.
+#[test]
+fn absurd_sequence_numbers_are_refused() {
+    let server = Server::start(&["--cores", "1"]);
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let w = c
+        .announce("seq", vec![Lane::full(16)], Feed::Events)
+        .unwrap()
+        .worker;
+    let batch = |seq| EventBatch {
+        worker: w,
+        seq,
+        keyspace: ks.clone(),
+        events: vec![Event::Cleared],
+    };
+    assert_eq!(c.ask(&batch(u64::MAX)).error().code, ErrorCode::BadSequence);
+    assert_eq!(
+        c.ask(&batch(5)).decode::<Applied>().status,
+        ApplyStatus::Applied
+    );
+    assert_eq!(
+        c.ask(&batch(5 + (1 << 33))).error().code,
+        ErrorCode::BadSequence
+    );
+    assert!(matches!(
+        c.ask(&batch(9)).decode::<Applied>().status,
+        ApplyStatus::Gap { .. }
+    ));
+}
+
+/// D11: worker names are bounded.
+#[test]
+fn huge_worker_names_are_refused() {
+    let server = Server::start(&["--cores", "1"]);
+    let mut c = server.session();
+    let e = c
+        .announce(&"n".repeat(1 << 20), vec![Lane::full(16)], Feed::Events)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadLane);
+    assert!(e.message.contains("256"), "{}", e.message);
+    c.announce(&"n".repeat(256), vec![Lane::full(16)], Feed::Events)
+        .unwrap();
+}
+
+/// Misc: error replies name the request, logs stay off stdout, the token comes from a
+/// file, the Unix socket is private.
+#[test]
+fn errors_echo_the_request_id_and_secrets_stay_private() {
+    let dir = std::env::temp_dir().join(format!("kvix-misc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let sock = dir.join("kvix.sock");
+    let mut cmd = Command::new(server_bin());
+    cmd.args(["--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+        .args(["--unix", sock.to_str().unwrap()])
+        .args(["--auth-token-file", token.to_str().unwrap()])
+        .env("KVIX_LOG", "info");
+    let server = Server::spawn(cmd);
+    assert!(
+        server
+            .stdout_lines
+            .iter()
+            .all(|l| l.starts_with("kvix-server ")),
+        "logs on stdout: {:?}",
+        server.stdout_lines
+    );
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", server.pid())).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains("s3cret"));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    let mut c = server.connect();
+    assert_eq!(c.hello(16, None).unwrap_err().code, ErrorCode::Unauthorized);
+    let mut c = server.connect();
+    c.hello(16, Some("s3cret")).unwrap();
+    // A frame of an unknown kind: the error names its request id.
+    let mut bad = encode(&StatsRequest {}, 77, 0).unwrap();
+    bad[6] = 200;
+    c.send_raw(&bad);
+    let r = c.recv().unwrap();
+    assert_eq!(r.header.request_id, 77);
+    assert_eq!(r.error().code, ErrorCode::BadFrame);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
