@@ -88,6 +88,18 @@ pub struct Config {
     #[arg(long)]
     pub snapshot: Option<PathBuf>,
 
+    /// Write-ahead log beside the snapshot (SNAPSHOT.wal.N): every accepted write is
+    /// appended before it is applied and replayed on start, so kill -9 loses nothing
+    /// acknowledged. Needs --snapshot.
+    #[arg(long, default_value_t = false)]
+    pub wal: bool,
+
+    /// How often the write-ahead log is flushed to disk, in milliseconds; 0 = before each
+    /// write is acknowledged (a machine crash then loses nothing either, at the price of
+    /// a disk flush per write).
+    #[arg(long, default_value_t = 100)]
+    pub wal_sync_ms: u64,
+
     /// Seconds between periodic snapshots (0 = only on shutdown).
     #[arg(long, default_value_t = 60)]
     pub snapshot_every: u64,
@@ -179,6 +191,9 @@ impl Config {
             return Err("--max-frame must be at least 1024 bytes".into());
         }
         self.source_networks()?;
+        if self.wal && self.snapshot.is_none() {
+            return Err("--wal keeps its files beside the snapshot: give --snapshot too".into());
+        }
         if self.ingest_threads == 0 || self.ingest_threads > 64 {
             return Err("--ingest-threads must be between 1 and 64".into());
         }

@@ -23,6 +23,7 @@ use crate::ingest::holders::Holders;
 use crate::ingest::Ingest;
 use crate::mesh::{Call, LocalFuture, Mesh, QueryScope};
 use crate::metrics::{ExecutorMetrics, Outcome};
+use crate::wal::{Record, Wal};
 use crate::writer::Job;
 
 pub struct Executor {
@@ -39,6 +40,8 @@ pub struct Executor {
     ingest: Arc<Ingest>,
     /// Ingest state of the event-source workers homed here.
     holders: RefCell<Holders>,
+    /// The write-ahead log (`--wal`), shared by every executor.
+    wal: Option<Arc<Wal>>,
     answer: RefCell<Answer>,
     candidates: RefCell<Vec<WorkerId>>,
     started: Instant,
@@ -54,6 +57,7 @@ impl Executor {
         registry: Registry,
         holders: Holders,
         ingest: Arc<Ingest>,
+        wal: Option<Arc<Wal>>,
         writes: LocalSender<Job>,
     ) -> Rc<Self> {
         Rc::new(Executor {
@@ -67,6 +71,7 @@ impl Executor {
             writes,
             ingest,
             holders: RefCell::new(holders),
+            wal,
             answer: RefCell::new(Answer::default()),
             candidates: RefCell::new(Vec::new()),
             started: Instant::now(),
@@ -118,6 +123,32 @@ impl Executor {
 
     pub fn ingest(&self) -> &Ingest {
         &self.ingest
+    }
+
+    pub fn wal(&self) -> Option<&Arc<Wal>> {
+        self.wal.as_ref()
+    }
+
+    /// Appends an accepted write to the write-ahead log (if there is one) and waits
+    /// until it is as durable as `--wal-sync-ms` promises; a log that refuses the write
+    /// refuses it to the client.
+    pub async fn log(&self, record: &Record) -> Result<(), Failure> {
+        let Some(wal) = &self.wal else { return Ok(()) };
+        match wal.append(record) {
+            Ok(None) => Ok(()),
+            Ok(Some(on_disk)) => {
+                let _ = on_disk.await;
+                Ok(())
+            }
+            Err(e) => {
+                ExecutorMetrics::add(&self.metrics().wal_failures, 1);
+                tracing::error!("{e}");
+                Err(Failure::new(
+                    kvix_wire::ErrorCode::Internal,
+                    format!("the write was not accepted: {e}"),
+                ))
+            }
+        }
     }
 
     /// The ingest state of the workers homed here. Never held across an await.

@@ -19,6 +19,7 @@ pub mod mesh;
 pub mod metrics;
 pub mod snapshot;
 pub mod steering;
+pub mod wal;
 pub mod writer;
 
 use std::os::fd::FromRawFd;
@@ -67,6 +68,15 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let (wal, replay) = match (&config.snapshot, config.wal) {
+        (Some(path), true) => {
+            let from = restored.as_ref().map_or(0, |i| i.wal_from);
+            let (wal, records) = wal::Wal::open(path, from, config.wal_sync_ms)
+                .context("opening the write-ahead log")?;
+            (Some(wal), records)
+        }
+        _ => (None, Vec::new()),
+    };
     if let Some(image) = &restored {
         tracing::info!(
             workers = image.engine.workers.len(),
@@ -85,6 +95,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         restored,
         snapshot_done: AtomicBool::new(false),
         ingest: ingest.clone(),
+        wal,
+        replay: std::sync::Mutex::new(replay),
+        restored_all: AtomicBool::new(false),
     });
     let config = shared.config.clone();
     let mesh = mesh::builder(executors);
@@ -150,6 +163,11 @@ struct Shared {
     serving: std::sync::Barrier,
     restored: Option<snapshot::ServerImage>,
     ingest: Arc<ingest::Ingest>,
+    wal: Option<Arc<wal::Wal>>,
+    /// The write-ahead log's records, replayed by executor 0 before anyone is served.
+    replay: std::sync::Mutex<Vec<wal::Record>>,
+    /// Set by executor 0 once the snapshot and the log are in: then connections are taken.
+    restored_all: AtomicBool,
     /// Set by executor 0 once the shutdown snapshot is written; peers serve it until then.
     snapshot_done: AtomicBool,
 }
@@ -215,17 +233,91 @@ fn restore(
     Ok((core, registry, holders))
 }
 
-/// Executor 0, once every executor is ready: resubscribes the snapshot's event sources
-/// where their streams left off.
-fn resubscribe(ex: &Executor, image: &snapshot::ServerImage) {
-    for (w, source) in &image.sources {
-        let last = image
-            .holders
-            .iter()
-            .find(|(h, _)| h == w)
-            .and_then(|(_, h)| h.last);
-        let name = ex.registry().name_of(*w).unwrap_or_default().to_string();
-        ex.ingest().restore(*w, &name, source.clone(), last);
+/// Executor 0, once every executor is ready: replays the write-ahead log over the
+/// snapshot, then has the ingest subscribe every source where its stream left off.
+async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
+    if let Some(image) = &shared.restored {
+        for (w, source) in &image.sources {
+            ex.ingest().restore(*w, source.clone());
+        }
+    }
+    let records = std::mem::take(&mut *shared.replay.lock().unwrap_or_else(|p| p.into_inner()));
+    if !records.is_empty() {
+        tracing::info!(records = records.len(), "replaying the write-ahead log");
+        if let Some(wal) = ex.wal() {
+            wal.replaying(true);
+        }
+        for r in records {
+            replay_one(ex, r).await;
+        }
+        if let Some(wal) = ex.wal() {
+            wal.replaying(false);
+        }
+    }
+    let parts: Vec<_> = (0..ex.executors())
+        .map(|e| ex.on(e, calls::lasts::Lasts))
+        .collect();
+    let mut lasts = std::collections::HashMap::new();
+    for p in parts {
+        lasts.extend(p.await.unwrap_or_default());
+    }
+    ex.ingest().resume(
+        |w| lasts.get(&w).copied().flatten(),
+        |w| ex.registry().name_of(w).unwrap_or_default().to_string(),
+    );
+}
+
+/// Applies one record of the write-ahead log through the same calls a client's write
+/// takes, and waits for it (the log's order is the order writes were applied).
+async fn replay_one(ex: &Rc<Executor>, record: wal::Record) {
+    use kvix_wire::{codec, EventBatch, Placement};
+    let aligned = |body: Vec<u8>| {
+        let mut v = kvix_wire::AlignedVec::with_capacity(body.len());
+        v.extend_from_slice(&body);
+        v
+    };
+    match record {
+        wal::Record::Announce {
+            name,
+            lanes,
+            feed,
+            source,
+        } => {
+            let _ = ex
+                .on(
+                    0,
+                    calls::register::Register {
+                        name,
+                        lanes,
+                        feed,
+                        source,
+                    },
+                )
+                .await;
+        }
+        wal::Record::Retire { worker } => {
+            let _ = ex.on(0, calls::retire::Retire { worker }).await;
+        }
+        wal::Record::Events { body } => {
+            let body = aligned(body);
+            if let Ok(b) = codec::access::<EventBatch>(&body) {
+                let home = ex.home_of(b.worker.to_native());
+                let _ = ex.on(home, calls::events::Events { body }).await;
+            }
+        }
+        wal::Record::Place { body } => {
+            let body = aligned(body);
+            if let Ok(p) = codec::access::<Placement>(&body) {
+                let home = ex.home_of(p.worker.to_native());
+                let _ = ex.on(home, calls::place::Place { body }).await;
+            }
+        }
+        r @ wal::Record::Ingest { .. } => {
+            if let Some(job) = ingest::holders::from_record(r) {
+                let home = ex.home_of(job.worker);
+                let _ = ex.on(home, calls::redeliver::Redeliver { job }).await;
+            }
+        }
     }
 }
 
@@ -260,6 +352,7 @@ async fn executor_main(
         registry,
         holders,
         shared.ingest.clone(),
+        shared.wal.clone(),
         jobs,
     );
     ex.refresh_gauges();
@@ -274,8 +367,13 @@ async fn executor_main(
     }
     // Blocking here is fine: nothing on this executor may run before its peers are wired.
     shared.serving.wait();
-    if let (0, Some(image)) = (me, &shared.restored) {
-        resubscribe(&ex, image);
+    if me == 0 {
+        finish_restore(&ex, &shared).await;
+        shared.restored_all.store(true, Ordering::Release);
+    }
+    // Nobody is served before the log is replayed (a client's write would interleave).
+    while !shared.restored_all.load(Ordering::Acquire) {
+        glommio::timer::sleep(Duration::from_millis(1)).await;
     }
     if me == 0 && !config.metrics.is_empty() {
         let addr = &config.metrics;
@@ -366,10 +464,19 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
     let Some(path) = ex.config().snapshot.clone() else {
         return Ok(());
     };
+    // Everything appended from here on may be missing from the parts: replay it.
+    let wal_from = match ex.wal().map(|w| w.rotate()).transpose() {
+        Ok(g) => g.unwrap_or(0),
+        Err(e) => {
+            ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
+            anyhow::bail!("snapshot not taken: {e}");
+        }
+    };
     let parts: Vec<_> = (0..ex.executors())
         .map(|e| ex.on(e, calls::export::Export))
         .collect();
     let mut image = snapshot::ServerImage {
+        wal_from,
         engine: EngineImage {
             workers: ex.registry().export(),
             ..Default::default()
@@ -398,10 +505,15 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
         ex.metrics().snapshots.clone(),
         ex.metrics().snapshot_failures.clone(),
     );
+    let wal = ex.wal().cloned();
     let writer = std::thread::spawn(move || match snapshot::write(&path, &bytes) {
         Ok(()) => {
             written.fetch_add(1, Ordering::Relaxed);
             tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written");
+            // The log below the snapshot's start is in the file now.
+            if let Some(Err(e)) = wal.map(|w| w.drop_below(wal_from)) {
+                tracing::warn!("write-ahead log: old generations not removed: {e}");
+            }
             Ok(())
         }
         Err(e) => {

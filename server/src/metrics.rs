@@ -90,6 +90,8 @@ pub struct ExecutorMetrics {
     pub idle_closed: AtomicU64,
     /// Accepts that failed (out of file descriptors, ...), each followed by a pause.
     pub accept_errors: AtomicU64,
+    /// Writes the write-ahead log refused (the client got an error).
+    pub wal_failures: AtomicU64,
     /// Snapshots written to disk, and those that failed (executor 0's).
     pub snapshots: Arc<AtomicU64>,
     pub snapshot_failures: Arc<AtomicU64>,
@@ -156,7 +158,7 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 14] = [
+    let plain: [(&str, &str, &str, Field); 15] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -228,6 +230,12 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
             "Failed accepts (e.g. out of file descriptors); each backs off before the next.",
             "counter",
             |s| &s.accept_errors,
+        ),
+        (
+            "kvix_wal_failures_total",
+            "Writes refused because the write-ahead log could not take them (disk full, ...).",
+            "counter",
+            |s| &s.wal_failures,
         ),
         (
             "kvix_snapshots_written_total",

@@ -62,6 +62,8 @@ pub struct ServerImage {
     pub sources: Vec<(WorkerId, EventSource)>,
     /// The ingest state of event-source workers: where their streams left off.
     pub holders: Vec<(WorkerId, crate::ingest::holders::HolderImage)>,
+    /// The write-ahead log generation this snapshot started in: replay from there.
+    pub wal_from: u64,
 }
 
 /// Serializes `image` into the snapshot format.
@@ -198,6 +200,7 @@ mod tests {
                 },
             )],
             holders: vec![],
+            wal_from: 3,
         }
     }
 

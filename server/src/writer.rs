@@ -22,6 +22,7 @@ use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::ingest::holders::HolderImage;
 use crate::metrics::ExecutorMetrics;
+use crate::wal::Record;
 
 /// Blocks applied between two yields to the query task queue (about 50 µs of work).
 pub const SLICE_BLOCKS: u64 = 512;
@@ -62,7 +63,7 @@ pub enum Job {
     /// executor applied them.
     Ingest {
         job: crate::ingest::IngestJob,
-        slot: glommio::sync::StaticPermit,
+        done: Box<dyn FnOnce()>,
     },
 }
 
@@ -82,6 +83,15 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
         match job {
             Job::Events { body, reply } => {
                 let started = Instant::now();
+                let logged = ex
+                    .log(&Record::Events {
+                        body: body.to_vec(),
+                    })
+                    .await;
+                if let Err(f) = logged {
+                    let _ = reply.send(Err(f));
+                    continue;
+                }
                 let mut u = Update::new();
                 match events(&ex, &body, &mut u) {
                     Ok(applied) => {
@@ -96,6 +106,15 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
             }
             Job::Place { body, reply } => {
                 let started = Instant::now();
+                let logged = ex
+                    .log(&Record::Place {
+                        body: body.to_vec(),
+                    })
+                    .await;
+                if let Err(f) = logged {
+                    let _ = reply.send(Err(f));
+                    continue;
+                }
                 let mut u = Update::new();
                 match place(&ex, &body, &mut u).await {
                     Ok(()) => {
@@ -151,11 +170,14 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
             Job::Export { reply } => {
                 let _ = reply.send(export(&ex).await);
             }
-            Job::Ingest { job, slot } => {
+            Job::Ingest { job, done } => {
                 let started = Instant::now();
+                // The engine's buffer is the source of truth: a log that refuses is
+                // counted and the delivery applied all the same.
+                let _ = ex.log(&crate::ingest::holders::record(&job)).await;
                 let mut u = Update::new();
                 crate::ingest::holders::apply(&ex, job, &mut u);
-                publish(&ex, u, move || drop(slot)).await;
+                publish(&ex, u, done).await;
                 ex.metrics().applied(started.elapsed());
             }
         }

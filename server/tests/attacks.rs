@@ -235,6 +235,7 @@ fn an_executor_that_cannot_restore_stops_the_process_with_the_reason() {
                 },
             },
         )],
+        wal_from: 0,
     };
     write(&path, &encode_snapshot(&image, 16)).unwrap();
     let out = bare_command(&["--cores", "2", "--snapshot", path.to_str().unwrap()])

@@ -869,3 +869,49 @@ fn ingest_threads_do_not_grow_with_the_workers() {
     assert_eq!(server.metric("kvix_ingest_sources"), 1);
     assert_eq!(threads(server.pid()), before);
 }
+
+#[test]
+fn ingested_batches_come_back_from_the_write_ahead_log() {
+    if available("ingest_wal").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let dir = std::env::temp_dir().join(format!("kvix-eng-wal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let snap = dir.join("index.snapshot");
+    let args = [
+        "--cores",
+        "2",
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "--wal",
+    ];
+    let ports = Ports::new();
+    let mut publisher = ports.start(rel);
+    let server = Server::start(&args);
+    let mut c = server.session();
+    let w = c
+        .announce_source("e", full(), ports.source(""))
+        .unwrap()
+        .worker;
+    publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
+    publisher.publish(vec![rel.removed(&[4])]);
+    let base = ks("", "");
+    let p1 = chain(&base, 1, 4);
+    expect(&mut c, &base, &p1, &[(w, 3)], "before the kill");
+    server.kill();
+    // The engine is gone too: what comes back can only come from the log.
+    publisher.kill();
+    let server = Server::start(&args);
+    let mut c = server.session();
+    assert_eq!(
+        c.query(&base, &p1).scores,
+        vec![Score {
+            worker: w,
+            blocks: 3
+        }]
+    );
+    await_metric(&server, "kvix_ingest_sources", 1);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

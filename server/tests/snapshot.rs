@@ -178,3 +178,111 @@ fn torn_or_corrupt_snapshots_are_refused_with_a_clear_message() {
     }
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
+
+/// Waits (bounded) until `name` has grown by at least `by` from what it is now.
+fn await_growth(server: &Server, name: &str, by: u64) {
+    let from = server.metric(name);
+    for _ in 0..600 {
+        if server.metric(name) >= from + by {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("{name} did not grow by {by}");
+}
+
+#[test]
+fn with_the_write_ahead_log_a_kill_9_loses_no_acknowledged_write() {
+    let path = snapshot_path("wal");
+    let args = [
+        "--cores",
+        "2",
+        "--snapshot",
+        path.to_str().unwrap(),
+        "--snapshot-every",
+        "1",
+        "--wal",
+    ];
+    let ks = Keyspace::tokens("m");
+    let (a_chain, b_chain) = (chain_of(&ks, 0, 8), chain_of(&ks, 100_000, 6));
+    let server = Server::start(&args);
+    let mut c = server.session();
+    let a = c
+        .announce("a", vec![Lane::full(16)], Feed::Events)
+        .unwrap()
+        .worker;
+    let gone = c
+        .announce("gone", vec![Lane::full(16)], Feed::Events)
+        .unwrap()
+        .worker;
+    let stored = |chain: &[u64], start: u32, engine: u64| Event::Stored {
+        lane: 0,
+        start,
+        parent: None,
+        chain: chain.to_vec(),
+        engine: (0..chain.len() as u64).map(|i| engine + i).collect(),
+    };
+    let batch = |seq, events| EventBatch {
+        worker: a,
+        seq,
+        keyspace: ks.clone(),
+        events,
+    };
+    c.ask(&batch(0, vec![stored(&a_chain[..4], 0, 100)]));
+    // A snapshot covering the first batch, then writes it does not have.
+    await_growth(&server, "kvix_snapshots_written_total", 2);
+    c.ask(&batch(1, vec![stored(&a_chain[4..], 4, 104)]));
+    c.ask(&batch(
+        2,
+        vec![Event::Removed {
+            lane: 0,
+            hashes: vec![107],
+        }],
+    ));
+    let late = c
+        .announce("late", vec![Lane::full(16)], Feed::Events)
+        .unwrap()
+        .worker;
+    c.ask(&stored_batch(late, 0, &ks, &b_chain));
+    assert_eq!(c.ask(&Retire { worker: gone }).kind, Kind::Ack);
+    let before = (c.query(&ks, &a_chain), c.query(&ks, &b_chain));
+    assert_eq!(
+        before.0.scores,
+        vec![Score {
+            worker: a,
+            blocks: 7
+        }]
+    );
+    server.kill();
+
+    let server = Server::start(&args);
+    let mut c = server.session();
+    assert_eq!((c.query(&ks, &a_chain), c.query(&ks, &b_chain)), before);
+    // Sequences and engine-hash names came back with the log.
+    assert_eq!(
+        c.ask(&batch(2, vec![Event::Cleared]))
+            .decode::<Applied>()
+            .status,
+        ApplyStatus::Duplicate
+    );
+    c.ask(&batch(
+        3,
+        vec![Event::Removed {
+            lane: 0,
+            hashes: vec![101],
+        }],
+    ));
+    assert_eq!(
+        c.query(&ks, &a_chain).scores,
+        vec![Score {
+            worker: a,
+            blocks: 1
+        }]
+    );
+    assert_eq!(
+        c.ask(&stored_batch(gone, 0, &ks, &b_chain)).error().code,
+        ErrorCode::UnknownWorker
+    );
+    assert!(server.stop().success());
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}

@@ -4,14 +4,18 @@
 //! Writes go to the worker's home: [`events`], [`place`]; names and ids to executor 0:
 //! [`register`] (which then [`install`]s the worker on its home) and [`retire`] (which
 //! then has the home [`forget`] it). A home's update reaches the others as [`apply`].
-//! [`stats`] and [`export`] gather every executor's part.
+//! [`stats`] and [`export`] gather every executor's part; [`lasts`] and [`redeliver`]
+//! serve the restore (where streams left off, ingest deliveries read back from the
+//! write-ahead log).
 
 pub mod apply;
 pub mod events;
 pub mod export;
 pub mod forget;
 pub mod install;
+pub mod lasts;
 pub mod place;
+pub mod redeliver;
 pub mod register;
 pub mod retire;
 pub mod stats;

@@ -10,6 +10,7 @@ use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::ingest::SourceError;
 use crate::mesh::{Call, LocalFuture};
+use crate::wal::Record;
 
 pub struct Register {
     pub name: String,
@@ -52,6 +53,13 @@ impl Call for Register {
                     ));
                 }
             }
+            on.log(&Record::Announce {
+                name: self.name.clone(),
+                lanes: self.lanes.clone(),
+                feed: self.feed,
+                source: self.source.clone(),
+            })
+            .await?;
             let block = on.config().block_size;
             let registered = on
                 .registry()

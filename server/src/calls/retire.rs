@@ -9,6 +9,8 @@ use crate::calls::forget::Forget;
 use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::mesh::{Call, LocalFuture};
+use crate::wal::Record;
+use kvix_engine::EngineError;
 
 pub struct Retire {
     pub worker: WorkerId,
@@ -19,16 +21,16 @@ impl Call for Retire {
 
     fn run(self, on: &Rc<Executor>) -> LocalFuture<Self::Reply> {
         debug_assert_eq!(on.me(), 0, "executor 0 numbers workers");
-        if let Err(e) = on.registry().retire(self.worker) {
-            return Box::pin(std::future::ready(Err(e.into())));
-        }
-        on.ingest().retired(self.worker);
-        let forgotten = on.on(
-            on.home_of(self.worker),
-            Forget {
-                worker: self.worker,
-            },
-        );
-        Box::pin(async move { forgotten.await? })
+        let on = on.clone();
+        let worker = self.worker;
+        Box::pin(async move {
+            if !on.registry().is_active(worker) {
+                return Err(EngineError::UnknownWorker(worker).into());
+            }
+            on.log(&Record::Retire { worker }).await?;
+            on.registry().retire(worker)?;
+            on.ingest().retired(worker);
+            on.on(on.home_of(worker), Forget { worker }).await?
+        })
     }
 }

@@ -38,6 +38,11 @@ pub struct Holders {
 }
 
 impl Holders {
+    /// The last batch applied from each worker's stream.
+    pub fn lasts(&self) -> Vec<(WorkerId, Option<Record>)> {
+        self.by_worker.iter().map(|(w, h)| (*w, h.last)).collect()
+    }
+
     /// Forgets a worker (retired, or announced again with another roster or source).
     pub fn forget(&mut self, worker: WorkerId) {
         self.by_worker.remove(&worker);
@@ -86,6 +91,50 @@ impl Holders {
         );
         true
     }
+}
+
+/// The write-ahead log's record of a delivery.
+pub fn record(job: &IngestJob) -> crate::wal::Record {
+    crate::wal::Record::Ingest {
+        worker: job.worker,
+        model: job.source.model.clone(),
+        salt: job.source.salt.clone(),
+        reset: job.delivery.reset,
+        last: job.delivery.record,
+        payload: job.delivery.payload.clone(),
+    }
+}
+
+/// The delivery a write-ahead log record holds (its batch decoded again).
+pub fn from_record(r: crate::wal::Record) -> Option<IngestJob> {
+    let crate::wal::Record::Ingest {
+        worker,
+        model,
+        salt,
+        reset,
+        last,
+        payload,
+    } = r
+    else {
+        return None;
+    };
+    Some(IngestJob {
+        worker,
+        source: Arc::new(SourceSpec {
+            endpoint: String::new(),
+            replay: String::new(),
+            model,
+            salt,
+        }),
+        delivery: super::stream::Delivery {
+            reset,
+            record: last,
+            batch: payload
+                .as_deref()
+                .and_then(|p| super::payload::decode(p).ok()),
+            payload,
+        },
+    })
 }
 
 /// Applies one delivery on the worker's home, appending the block operations to `u`.

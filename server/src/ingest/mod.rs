@@ -152,6 +152,9 @@ pub struct Ingest {
     max_sources: usize,
     /// --source-allow (None: any address).
     pub allow: Option<Arc<[ipnet::IpNet]>>,
+    /// While the server restores (snapshot, write-ahead log), sources are recorded but
+    /// not subscribed: [`Ingest::resume`] subscribes them where their streams left off.
+    paused: std::sync::atomic::AtomicBool,
 }
 
 impl Ingest {
@@ -171,6 +174,7 @@ impl Ingest {
             sources: Mutex::new(BTreeMap::new()),
             max_sources,
             allow: allow.map(Into::into),
+            paused: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -235,18 +239,31 @@ impl Ingest {
         }
     }
 
-    /// Resubscribes a source restored from a snapshot, where its stream left off.
-    pub fn restore(&self, worker: WorkerId, name: &str, source: EventSource, last: Option<Record>) {
-        self.pool.subscribe(StreamSpec {
-            worker,
-            name: name.to_string(),
-            source: Arc::new(SourceSpec::from(&source)),
-            last,
-        });
+    /// Records a source restored from a snapshot (subscribed by [`Ingest::resume`]).
+    pub fn restore(&self, worker: WorkerId, source: EventSource) {
         self.sources
             .lock()
             .expect("not poisoned")
             .insert(worker, source);
+    }
+
+    /// Ends the restore: subscribes every source, each stream resuming after `last` (the
+    /// last batch its worker's home applied), named by `name`.
+    pub fn resume(
+        &self,
+        last: impl Fn(WorkerId) -> Option<Record>,
+        name: impl Fn(WorkerId) -> String,
+    ) {
+        let sources = self.sources.lock().expect("not poisoned");
+        for (&worker, s) in sources.iter() {
+            self.pool.subscribe(StreamSpec {
+                worker,
+                name: name(worker),
+                source: Arc::new(SourceSpec::from(s)),
+                last: last(worker),
+            });
+        }
+        self.paused.store(false, Relaxed);
     }
 
     /// The worker was retired.
@@ -282,7 +299,10 @@ pub async fn serve_inbox(ex: Rc<Executor>, mut inbox: mpsc::Receiver<IngestJob>)
         let Ok(slot) = slots.acquire_static_permit(1).await else {
             return;
         };
-        ex.enqueue(Job::Ingest { job, slot });
+        ex.enqueue(Job::Ingest {
+            job,
+            done: Box::new(move || drop(slot)),
+        });
     }
 }
 

@@ -42,6 +42,8 @@ pub struct Delivery {
     pub record: Option<Record>,
     /// None: nothing to apply (a reset alone, or a payload that did not decode).
     pub batch: Option<Batch>,
+    /// The payload the batch was decoded from (what the write-ahead log keeps).
+    pub payload: Option<Vec<u8>>,
 }
 
 /// The replay socket: the batches from `from` on, in order, as (seq, payload).
@@ -130,7 +132,7 @@ impl Stream {
             return;
         }
         let fp = xxh3_64(payload);
-        self.accept(seq, fp, decoded, out, t);
+        self.accept(seq, fp, decoded, payload, out, t);
     }
 
     fn accept(
@@ -138,6 +140,7 @@ impl Stream {
         seq: u64,
         fp: u64,
         decoded: Result<Batch, payload::DecodeError>,
+        bytes: &[u8],
         out: &mut Vec<Delivery>,
         t: &mut Tally,
     ) {
@@ -155,6 +158,7 @@ impl Stream {
         out.push(Delivery {
             reset: std::mem::take(&mut self.reset_pending),
             record: Some(record),
+            payload: batch.is_some().then(|| bytes.to_vec()),
             batch,
         });
     }
@@ -205,6 +209,7 @@ impl Stream {
                 reset: true,
                 record: None,
                 batch: None,
+                payload: None,
             });
             self.reset_pending = false;
         }
@@ -221,7 +226,7 @@ impl Stream {
                 }
             }
             t.replayed += 1;
-            self.accept(*seq, xxh3_64(p), payload::decode(p), out, t);
+            self.accept(*seq, xxh3_64(p), payload::decode(p), p, out, t);
         }
     }
 }
