@@ -90,6 +90,8 @@ pub struct ExecutorMetrics {
     pub idle_closed: AtomicU64,
     /// Accepts that failed (out of file descriptors, ...), each followed by a pause.
     pub accept_errors: AtomicU64,
+    /// Queued connections accepted and closed at once while out of descriptors.
+    pub shed: AtomicU64,
     /// Writes the write-ahead log refused (the client got an error).
     pub wal_failures: AtomicU64,
     /// Snapshots written to disk, and those that failed (executor 0's).
@@ -158,7 +160,7 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 15] = [
+    let plain: [(&str, &str, &str, Field); 16] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -230,6 +232,12 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
             "Failed accepts (e.g. out of file descriptors); each backs off before the next.",
             "counter",
             |s| &s.accept_errors,
+        ),
+        (
+            "kvix_connections_shed_total",
+            "Connections accepted and closed at once because the process was out of descriptors.",
+            "counter",
+            |s| &s.shed,
         ),
         (
             "kvix_wal_failures_total",
