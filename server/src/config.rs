@@ -100,6 +100,11 @@ pub struct Config {
     #[arg(long, default_value_t = 100)]
     pub wal_sync_ms: u64,
 
+    /// Replicas: every write goes through this Redis (or Valkey) Stream and every server
+    /// naming it applies the stream in order, as identical copies (redis://HOST:PORT/KEY).
+    #[arg(long)]
+    pub log: Option<crate::replica::LogUrl>,
+
     /// Seconds between periodic snapshots (0 = only on shutdown).
     #[arg(long, default_value_t = 60)]
     pub snapshot_every: u64,
@@ -191,6 +196,11 @@ impl Config {
             return Err("--max-frame must be at least 1024 bytes".into());
         }
         self.source_networks()?;
+        if self.wal && self.log.is_some() {
+            return Err(
+                "--wal and --log are two logs: with --log the Redis stream is the log".into(),
+            );
+        }
         if self.wal && self.snapshot.is_none() {
             return Err("--wal keeps its files beside the snapshot: give --snapshot too".into());
         }

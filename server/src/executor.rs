@@ -23,8 +23,20 @@ use crate::ingest::holders::Holders;
 use crate::ingest::Ingest;
 use crate::mesh::{Call, LocalFuture, Mesh, QueryScope};
 use crate::metrics::{ExecutorMetrics, Outcome};
+use crate::replica::Replica;
 use crate::wal::{Record, Wal};
 use crate::writer::Job;
+
+/// The process-wide services every executor reaches.
+#[derive(Clone)]
+pub struct Services {
+    /// The engine-event ingest (executor 0 subscribes and retires sources).
+    pub ingest: Arc<Ingest>,
+    /// The write-ahead log (`--wal`).
+    pub wal: Option<Arc<Wal>>,
+    /// The replicated write log (`--log`).
+    pub replica: Option<Arc<Replica>>,
+}
 
 pub struct Executor {
     me: usize,
@@ -36,12 +48,10 @@ pub struct Executor {
     registry: RefCell<Registry>,
     mesh: Mesh,
     writes: LocalSender<Job>,
-    /// The process's engine-event ingest (executor 0 subscribes and retires sources).
-    ingest: Arc<Ingest>,
+    /// What the executors share with the rest of the process.
+    services: Services,
     /// Ingest state of the event-source workers homed here.
     holders: RefCell<Holders>,
-    /// The write-ahead log (`--wal`), shared by every executor.
-    wal: Option<Arc<Wal>>,
     answer: RefCell<Answer>,
     candidates: RefCell<Vec<WorkerId>>,
     started: Instant,
@@ -56,8 +66,7 @@ impl Executor {
         core: Core,
         registry: Registry,
         holders: Holders,
-        ingest: Arc<Ingest>,
-        wal: Option<Arc<Wal>>,
+        services: Services,
         writes: LocalSender<Job>,
     ) -> Rc<Self> {
         Rc::new(Executor {
@@ -69,9 +78,8 @@ impl Executor {
             registry: RefCell::new(registry),
             mesh,
             writes,
-            ingest,
+            services,
             holders: RefCell::new(holders),
-            wal,
             answer: RefCell::new(Answer::default()),
             candidates: RefCell::new(Vec::new()),
             started: Instant::now(),
@@ -122,18 +130,24 @@ impl Executor {
     }
 
     pub fn ingest(&self) -> &Ingest {
-        &self.ingest
+        &self.services.ingest
+    }
+
+    pub fn replica(&self) -> Option<&Arc<Replica>> {
+        self.services.replica.as_ref()
     }
 
     pub fn wal(&self) -> Option<&Arc<Wal>> {
-        self.wal.as_ref()
+        self.services.wal.as_ref()
     }
 
     /// Appends an accepted write to the write-ahead log (if there is one) and waits
     /// until it is as durable as `--wal-sync-ms` promises; a log that refuses the write
     /// refuses it to the client.
     pub async fn log(&self, record: &Record) -> Result<(), Failure> {
-        let Some(wal) = &self.wal else { return Ok(()) };
+        let Some(wal) = &self.services.wal else {
+            return Ok(());
+        };
         match wal.append(record) {
             Ok(None) => Ok(()),
             Ok(Some(on_disk)) => {

@@ -57,7 +57,7 @@ pub fn error_frame(id: u64, e: &ErrorReply) -> AlignedVec {
     encode(e, id, 0).expect("an error reply always encodes")
 }
 
-fn failure_frame(id: u64, f: Failure) -> AlignedVec {
+pub fn failure_frame(id: u64, f: Failure) -> AlignedVec {
     error_frame(
         id,
         &ErrorReply {
@@ -105,6 +105,9 @@ pub fn handle(
                 ))
             }
         };
+    }
+    if let (Some(r), true) = (ex.replica(), is_write(&msg)) {
+        return logged(r, id, &msg, body, header);
     }
     let reply = match msg {
         MessageRef::Query(q) => Reply::Now(ex.query(q, |a| {
@@ -166,6 +169,73 @@ pub fn handle(
     }
 }
 
+fn is_write(msg: &MessageRef<'_>) -> bool {
+    matches!(
+        msg,
+        MessageRef::Announce(_)
+            | MessageRef::Retire(_)
+            | MessageRef::EventBatch(_)
+            | MessageRef::Placement(_)
+    )
+}
+
+/// Replicas: a write goes to the shared log; the reply comes once this replica applied
+/// it in the log's order.
+fn logged(
+    r: &crate::replica::Replica,
+    id: u64,
+    msg: &MessageRef<'_>,
+    body: &[u8],
+    header: &Header,
+) -> Reply {
+    use crate::wal::Record;
+    let record = match msg {
+        MessageRef::Announce(a) => {
+            let a: kvix_wire::Announce = kvix_wire::to_native(*a);
+            if a.name.is_empty() || a.name.len() > MAX_NAME {
+                return Reply::Now(name_refused(id, a.name.len()));
+            }
+            Record::Announce {
+                name: a.name,
+                lanes: a.lanes,
+                feed: a.feed,
+                source: a.source,
+            }
+        }
+        MessageRef::Retire(rt) => Record::Retire {
+            worker: rt.worker.to_native(),
+        },
+        MessageRef::EventBatch(_) => Record::Events {
+            body: body.to_vec(),
+        },
+        _ => Record::Place {
+            body: body.to_vec(),
+        },
+    };
+    let applied = r.submit(&record);
+    let fut: LocalFuture<AlignedVec> = Box::pin(async move {
+        let outcome = applied
+            .await
+            .unwrap_or_else(|_| Err(Failure::new(ErrorCode::Internal, "the server is stopping")));
+        crate::apply::reply_frame(id, outcome)
+    });
+    if header.wants_reply() {
+        Reply::Later(fut)
+    } else {
+        Reply::Quiet(fut)
+    }
+}
+
+fn name_refused(id: u64, len: usize) -> AlignedVec {
+    failure_frame(
+        id,
+        Failure::new(
+            ErrorCode::BadLane,
+            format!("a worker name is 1 to {MAX_NAME} bytes, not {len}"),
+        ),
+    )
+}
+
 /// A frame body copied out of the read buffer, to travel with the write.
 fn owned(body: &[u8]) -> AlignedVec {
     let mut v = AlignedVec::with_capacity(body.len());
@@ -219,16 +289,7 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
 fn announce(ex: &Rc<Executor>, id: u64, a: &ArchivedAnnounce) -> Reply {
     let a: kvix_wire::Announce = kvix_wire::to_native(a);
     if a.name.is_empty() || a.name.len() > MAX_NAME {
-        return Reply::Now(failure_frame(
-            id,
-            Failure::new(
-                ErrorCode::BadLane,
-                format!(
-                    "a worker name is 1 to {MAX_NAME} bytes, not {}",
-                    a.name.len()
-                ),
-            ),
-        ));
+        return Reply::Now(name_refused(id, a.name.len()));
     }
     let register = Register {
         name: a.name,

@@ -19,7 +19,11 @@ const MAX_CONNECTIONS: usize = 64;
 /// A scrape must arrive and be taken within this long.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-pub async fn serve(listener: TcpListener, shards: Arc<[ExecutorMetrics]>) {
+pub async fn serve(
+    listener: TcpListener,
+    shards: Arc<[ExecutorMetrics]>,
+    replica: Option<Arc<crate::replica::Replica>>,
+) {
     let open = Rc::new(Cell::new(0usize));
     loop {
         let mut stream = match listener.accept().await {
@@ -39,7 +43,7 @@ pub async fn serve(listener: TcpListener, shards: Arc<[ExecutorMetrics]>) {
             continue;
         }
         open.set(open.get() + 1);
-        let (shards, open) = (shards.clone(), open.clone());
+        let (shards, open, replica) = (shards.clone(), open.clone(), replica.clone());
         glommio::spawn_local(async move {
             let _ = glommio::timer::timeout(TIMEOUT, async {
                 let mut req = Vec::with_capacity(512);
@@ -50,7 +54,7 @@ pub async fn serve(listener: TcpListener, shards: Arc<[ExecutorMetrics]>) {
                         Ok(n) => req.extend_from_slice(&chunk[..n]),
                     }
                 }
-                let (status, body) = respond(&req, &shards);
+                let (status, body) = respond(&req, &shards, replica.as_deref());
                 let head = format!(
                     "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
@@ -67,11 +71,15 @@ pub async fn serve(listener: TcpListener, shards: Arc<[ExecutorMetrics]>) {
     }
 }
 
-fn respond(req: &[u8], shards: &[ExecutorMetrics]) -> (&'static str, String) {
+fn respond(
+    req: &[u8],
+    shards: &[ExecutorMetrics],
+    replica: Option<&crate::replica::Replica>,
+) -> (&'static str, String) {
     let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
     match (parts.next(), parts.next()) {
-        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", metrics::render(shards)),
+        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", metrics::render(shards, replica)),
         (Some(b"GET"), Some(b"/healthz")) => ("200 OK", "ok\n".into()),
         (Some(b"GET"), _) => ("404 Not Found", "try /metrics or /healthz\n".into()),
         _ => ("405 Method Not Allowed", "GET only\n".into()),
@@ -86,24 +94,24 @@ mod tests {
     fn routes() {
         let shards = vec![ExecutorMetrics::default()];
         assert_eq!(
-            respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards).0,
+            respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards, None).0,
             "200 OK"
         );
-        assert!(respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards)
+        assert!(respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards, None)
             .1
             .contains("kvix_queries_total"));
         assert_eq!(
-            respond(b"GET /healthz HTTP/1.1\r\n\r\n", &shards).0,
+            respond(b"GET /healthz HTTP/1.1\r\n\r\n", &shards, None).0,
             "200 OK"
         );
         assert_eq!(
-            respond(b"GET /x HTTP/1.1\r\n\r\n", &shards).0,
+            respond(b"GET /x HTTP/1.1\r\n\r\n", &shards, None).0,
             "404 Not Found"
         );
         assert_eq!(
-            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &shards).0,
+            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &shards, None).0,
             "405 Method Not Allowed"
         );
-        assert_eq!(respond(b"", &shards).0, "405 Method Not Allowed");
+        assert_eq!(respond(b"", &shards, None).0, "405 Method Not Allowed");
     }
 }

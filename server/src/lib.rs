@@ -6,6 +6,7 @@
 //! executor that read it; writes go through their worker's home [`writer`] queue to
 //! every executor over the [`mesh`] ([`calls`] lists what crosses it).
 
+pub mod apply;
 pub mod calls;
 pub mod config;
 pub mod conn;
@@ -17,6 +18,7 @@ pub mod ingest;
 pub mod listener;
 pub mod mesh;
 pub mod metrics;
+pub mod replica;
 pub mod snapshot;
 pub mod steering;
 pub mod wal;
@@ -35,6 +37,7 @@ use kvix_engine::{Core, EngineImage, Registry};
 pub use config::Config;
 use executor::Executor;
 use ingest::holders::Holders;
+use mesh::LocalFuture;
 use metrics::ExecutorMetrics;
 
 /// Per-executor I/O memory: small enough for the default 8 MiB RLIMIT_MEMLOCK.
@@ -62,13 +65,29 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         .context("starting the event ingest threads")?,
     );
     // A snapshot that cannot be read whole stops the start: never serve half an index.
-    let restored = match &config.snapshot {
+    let mut restored = match &config.snapshot {
         Some(path) => {
             snapshot::check_writable(path)?;
             snapshot::load(path, config.block_size)?
         }
         None => None,
     };
+    if let Some(log) = &config.log {
+        // A replica without its own snapshot (new, or too far behind a trimmed stream)
+        // starts from the one the fleet stored in Redis.
+        let stored = replica::follower::fetch_snapshot(&log.server, &log.key)
+            .with_context(|| format!("reading the stored snapshot from {}", log.server))?;
+        if let Some(bytes) = stored {
+            let theirs =
+                snapshot::decode(&bytes, config.block_size, "the snapshot stored in Redis")?;
+            let newer = restored.as_ref().is_none_or(|mine| {
+                replica::id_key(&theirs.log_position) > replica::id_key(&mine.log_position)
+            });
+            if newer {
+                restored = Some(theirs);
+            }
+        }
+    }
     let (wal, replay) = match (&config.snapshot, config.wal) {
         (Some(path), true) => {
             let from = restored.as_ref().map_or(0, |i| i.wal_from);
@@ -86,6 +105,24 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             "restoring snapshot"
         );
     }
+    let (log_inboxes, log_receivers): (Vec<_>, Vec<_>) = (0..executors)
+        .map(|_| futures::channel::mpsc::channel(256))
+        .unzip();
+    let replica = match &config.log {
+        Some(log) => {
+            let from = restored
+                .as_ref()
+                .map_or("0-0".to_string(), |i| i.log_position.clone());
+            let r = replica::Replica::start(log.clone(), from, log_inboxes)?;
+            ingest.set_leased();
+            let (r2, ing) = (r.clone(), ingest.clone());
+            std::thread::Builder::new()
+                .name("kvix-lease".into())
+                .spawn(move || replica::lease::run(r2, ing))?;
+            Some(r)
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared {
         config: Arc::new(config),
         metrics: (0..executors).map(|_| ExecutorMetrics::default()).collect(),
@@ -95,8 +132,12 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         serving: std::sync::Barrier::new(executors),
         restored,
         snapshot_done: AtomicBool::new(false),
-        ingest: ingest.clone(),
-        wal,
+        services: executor::Services {
+            ingest: ingest.clone(),
+            wal,
+            replica: replica.clone(),
+        },
+        log_inboxes: std::sync::Mutex::new(log_receivers.into_iter().map(Some).collect()),
         replay: std::sync::Mutex::new(replay),
         restored_all: AtomicBool::new(false),
     });
@@ -149,6 +190,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     ingest.stop();
+    if let Some(r) = &replica {
+        r.stop();
+    }
     if !config.unix.is_empty() {
         let _ = std::fs::remove_file(&config.unix);
     }
@@ -163,8 +207,10 @@ struct Shared {
     ready: StartGate,
     serving: std::sync::Barrier,
     restored: Option<snapshot::ServerImage>,
-    ingest: Arc<ingest::Ingest>,
-    wal: Option<Arc<wal::Wal>>,
+    services: executor::Services,
+    /// Each executor's end of the replicated log's follower, taken once.
+    log_inboxes:
+        std::sync::Mutex<Vec<Option<futures::channel::mpsc::Receiver<replica::inbox::LogJob>>>>,
     /// The write-ahead log's records, replayed by executor 0 before anyone is served.
     replay: std::sync::Mutex<Vec<wal::Record>>,
     /// Set by executor 0 once the snapshot and the log are in: then connections are taken.
@@ -249,7 +295,7 @@ async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
             wal.replaying(true);
         }
         for r in records {
-            replay_one(ex, r).await;
+            let _ = apply::record(ex, r).await;
         }
         if let Some(wal) = ex.wal() {
             wal.replaying(false);
@@ -266,60 +312,6 @@ async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
         |w| lasts.get(&w).copied().flatten(),
         |w| ex.registry().name_of(w).unwrap_or_default().to_string(),
     );
-}
-
-/// Applies one record of the write-ahead log through the same calls a client's write
-/// takes, and waits for it (the log's order is the order writes were applied).
-async fn replay_one(ex: &Rc<Executor>, record: wal::Record) {
-    use kvix_wire::{codec, EventBatch, Placement};
-    let aligned = |body: Vec<u8>| {
-        let mut v = kvix_wire::AlignedVec::with_capacity(body.len());
-        v.extend_from_slice(&body);
-        v
-    };
-    match record {
-        wal::Record::Announce {
-            name,
-            lanes,
-            feed,
-            source,
-        } => {
-            let _ = ex
-                .on(
-                    0,
-                    calls::register::Register {
-                        name,
-                        lanes,
-                        feed,
-                        source,
-                    },
-                )
-                .await;
-        }
-        wal::Record::Retire { worker } => {
-            let _ = ex.on(0, calls::retire::Retire { worker }).await;
-        }
-        wal::Record::Events { body } => {
-            let body = aligned(body);
-            if let Ok(b) = codec::access::<EventBatch>(&body) {
-                let home = ex.home_of(b.worker.to_native());
-                let _ = ex.on(home, calls::events::Events { body }).await;
-            }
-        }
-        wal::Record::Place { body } => {
-            let body = aligned(body);
-            if let Ok(p) = codec::access::<Placement>(&body) {
-                let home = ex.home_of(p.worker.to_native());
-                let _ = ex.on(home, calls::place::Place { body }).await;
-            }
-        }
-        r @ wal::Record::Ingest { .. } => {
-            if let Some(job) = ingest::holders::from_record(r) {
-                let home = ex.home_of(job.worker);
-                let _ = ex.on(home, calls::redeliver::Redeliver { job }).await;
-            }
-        }
-    }
 }
 
 async fn executor_main(
@@ -352,8 +344,7 @@ async fn executor_main(
         core,
         registry,
         holders,
-        shared.ingest.clone(),
-        shared.wal.clone(),
+        shared.services.clone(),
         jobs,
     );
     ex.refresh_gauges();
@@ -361,7 +352,18 @@ async fn executor_main(
     glommio::spawn_local_into(writer::run(ex.clone(), queue), writes)
         .map_err(|e| anyhow::anyhow!("starting the write queue: {e}"))?
         .detach();
-    if let Some(deliveries) = shared.ingest.take_inbox(me) {
+    let log_inbox = shared
+        .log_inboxes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(me)
+        .and_then(Option::take);
+    if let (Some(rx), Some(_)) = (log_inbox, ex.replica()) {
+        glommio::spawn_local_into(replica::inbox::serve(ex.clone(), rx), writes)
+            .map_err(|e| anyhow::anyhow!("starting the log inbox: {e}"))?
+            .detach();
+    }
+    if let Some(deliveries) = shared.services.ingest.take_inbox(me) {
         glommio::spawn_local_into(ingest::serve_inbox(ex.clone(), deliveries), writes)
             .map_err(|e| anyhow::anyhow!("starting the ingest inbox: {e}"))?
             .detach();
@@ -370,6 +372,12 @@ async fn executor_main(
     shared.serving.wait();
     if me == 0 {
         finish_restore(&ex, &shared).await;
+        if let Some(r) = ex.replica() {
+            // A replica serves once it has applied the log as far as it went at start.
+            while !r.caught_up.load(Ordering::Relaxed) && !shared.stop.load(Ordering::Relaxed) {
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+            }
+        }
         shared.restored_all.store(true, Ordering::Release);
     }
     // Nobody is served before the log is replayed (a client's write would interleave).
@@ -384,7 +392,12 @@ async fn executor_main(
             .local_addr()
             .map_err(|e| anyhow::anyhow!("metrics address: {e}"))?;
         println!("kvix-server metrics on http://{bound}/metrics");
-        glommio::spawn_local(http::serve(l, shared.metrics.clone())).detach();
+        glommio::spawn_local(http::serve(
+            l,
+            shared.metrics.clone(),
+            ex.replica().cloned(),
+        ))
+        .detach();
     }
     if me == 0 && !config.unix.is_empty() {
         let unix = glommio::net::UnixListener::bind(&config.unix)
@@ -473,11 +486,38 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
             anyhow::bail!("snapshot not taken: {e}");
         }
     };
-    let parts: Vec<_> = (0..ex.executors())
-        .map(|e| ex.on(e, calls::export::Export))
-        .collect();
+    // Replicas: every part cut at the same stream position, by the follower.
+    let (parts, log_position): (
+        Vec<LocalFuture<Result<writer::Part, failure::Failure>>>,
+        String,
+    ) = match ex.replica() {
+        Some(r) => {
+            let Ok(mark) = r.mark().await else {
+                anyhow::bail!("snapshot not taken: the log follower stopped");
+            };
+            let parts = mark
+                .parts
+                .into_iter()
+                .map(|rx| -> LocalFuture<_> {
+                    Box::pin(async move {
+                        rx.await.map_err(|_| {
+                            failure::Failure::new(kvix_wire::ErrorCode::Internal, "stopping")
+                        })
+                    })
+                })
+                .collect();
+            (parts, mark.position)
+        }
+        None => (
+            (0..ex.executors())
+                .map(|e| ex.on(e, calls::export::Export))
+                .collect(),
+            String::new(),
+        ),
+    };
     let mut image = snapshot::ServerImage {
         wal_from,
+        log_position: log_position.clone(),
         engine: EngineImage {
             workers: ex.registry().export(),
             ..Default::default()
@@ -507,9 +547,15 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
         ex.metrics().snapshot_failures.clone(),
     );
     let wal = ex.wal().cloned();
+    let replica = ex.replica().cloned();
     let writer = std::thread::spawn(move || match snapshot::write(&path, &bytes) {
         Ok(()) => {
             written.fetch_add(1, Ordering::Relaxed);
+            if let Some(r) = replica {
+                if let Err(e) = replica::follower::publish_snapshot(&r, &bytes, &log_position) {
+                    tracing::warn!("snapshot not stored in Redis: {e}");
+                }
+            }
             tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written");
             // The log below the snapshot's start is in the file now.
             if let Some(Err(e)) = wal.map(|w| w.drop_below(wal_from)) {

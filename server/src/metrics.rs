@@ -136,7 +136,7 @@ fn sum(shards: &[ExecutorMetrics], f: impl Fn(&ExecutorMetrics) -> &AtomicU64) -
 }
 
 /// The Prometheus text exposition of every executor's metrics.
-pub fn render(shards: &[ExecutorMetrics]) -> String {
+pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Replica>) -> String {
     let mut out = String::with_capacity(4096);
     let mut counter = |name: &str, help: &str, kind: &str, rows: Vec<(String, u64)>| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -315,6 +315,9 @@ pub fn render(shards: &[ExecutorMetrics]) -> String {
             .collect(),
     );
     crate::ingest::render(&mut out);
+    if let Some(r) = replica {
+        crate::replica::render(r, &mut out);
+    }
     for (name, help, f) in [
         (
             "kvix_query_latency_us",
@@ -387,7 +390,7 @@ mod tests {
         shards[0].reject(Rejected::Oversize);
         shards[1].blocks.store(7, Relaxed);
         shards[0].blocks.store(7, Relaxed);
-        let text = render(&shards);
+        let text = render(&shards, None);
         assert!(
             text.contains("kvix_queries_total{outcome=\"hit\"} 2\n"),
             "{text}"

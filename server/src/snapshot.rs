@@ -64,6 +64,8 @@ pub struct ServerImage {
     pub holders: Vec<(WorkerId, crate::ingest::holders::HolderImage)>,
     /// The write-ahead log generation this snapshot started in: replay from there.
     pub wal_from: u64,
+    /// Replicas: the last stream entry every part includes ("" without `--log`).
+    pub log_position: String,
 }
 
 /// Serializes `image` into the snapshot format.
@@ -201,6 +203,7 @@ mod tests {
             )],
             holders: vec![],
             wal_from: 3,
+            log_position: "17-2".into(),
         }
     }
 

@@ -50,6 +50,8 @@ pub enum Record {
     /// A delivery of the engine-event ingest.
     Ingest {
         worker: WorkerId,
+        /// The ingest lease's epoch it was read under (0 without replicas).
+        epoch: u64,
         model: String,
         salt: String,
         reset: bool,

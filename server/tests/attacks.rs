@@ -226,6 +226,7 @@ fn an_executor_that_cannot_restore_stops_the_process_with_the_reason() {
         holders: vec![(
             1,
             HolderImage {
+                epoch: 0,
                 model: "m".into(),
                 salt: String::new(),
                 last: None,
@@ -236,6 +237,7 @@ fn an_executor_that_cannot_restore_stops_the_process_with_the_reason() {
             },
         )],
         wal_from: 0,
+        log_position: String::new(),
     };
     write(&path, &encode_snapshot(&image, 16)).unwrap();
     let out = bare_command(&["--cores", "2", "--snapshot", path.to_str().unwrap()])

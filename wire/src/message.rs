@@ -261,6 +261,8 @@ pub enum ErrorCode {
     TooLarge,
     /// An event batch's sequence number jumps absurdly far ahead of the last one.
     BadSequence,
+    /// The replicated write log (Redis) cannot be reached: the write was not taken.
+    LogUnavailable,
 }
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -288,6 +290,7 @@ impl ArchivedErrorCode {
             A::TooManySources => ErrorCode::TooManySources,
             A::TooLarge => ErrorCode::TooLarge,
             A::BadSequence => ErrorCode::BadSequence,
+            A::LogUnavailable => ErrorCode::LogUnavailable,
         }
     }
 }

@@ -157,7 +157,7 @@ fn kind_table_matches_the_codec() {
     assert_eq!(seen, known, "the document lists every kind and only those");
 }
 
-const ERROR_CODES: [ErrorCode; 14] = [
+const ERROR_CODES: [ErrorCode; 15] = [
     ErrorCode::BadFrame,
     ErrorCode::UnsupportedVersion,
     ErrorCode::NoHello,
@@ -172,6 +172,7 @@ const ERROR_CODES: [ErrorCode; 14] = [
     ErrorCode::TooManySources,
     ErrorCode::TooLarge,
     ErrorCode::BadSequence,
+    ErrorCode::LogUnavailable,
 ];
 
 /// Fails to compile when a code is added: add it to `ERROR_CODES` and to the document.
@@ -190,7 +191,8 @@ fn _every_error_code_is_listed(c: ErrorCode) {
         | ErrorCode::BadSource
         | ErrorCode::TooManySources
         | ErrorCode::TooLarge
-        | ErrorCode::BadSequence => {}
+        | ErrorCode::BadSequence
+        | ErrorCode::LogUnavailable => {}
     }
 }
 

@@ -85,6 +85,7 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
         ErrorCode::TooManySources,
         ErrorCode::TooLarge,
         ErrorCode::BadSequence,
+        ErrorCode::LogUnavailable,
     ])
 }
 

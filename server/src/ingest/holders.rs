@@ -18,6 +18,8 @@ use crate::executor::Executor;
 /// One worker's ingest state, as plain data.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct HolderImage {
+    /// The newest ingest-lease epoch applied (replicas).
+    pub epoch: u64,
     pub model: String,
     pub salt: String,
     pub last: Option<Record>,
@@ -25,6 +27,7 @@ pub struct HolderImage {
 }
 
 struct Holder {
+    epoch: u64,
     model: String,
     salt: String,
     last: Option<Record>,
@@ -56,6 +59,7 @@ impl Holders {
                 (
                     *w,
                     HolderImage {
+                        epoch: h.epoch,
                         model: h.model.clone(),
                         salt: h.salt.clone(),
                         last: h.last,
@@ -83,6 +87,7 @@ impl Holders {
         self.by_worker.insert(
             worker,
             Holder {
+                epoch: image.epoch,
                 model: image.model.clone(),
                 salt: image.salt.clone(),
                 last: image.last,
@@ -97,6 +102,7 @@ impl Holders {
 pub fn record(job: &IngestJob) -> crate::wal::Record {
     crate::wal::Record::Ingest {
         worker: job.worker,
+        epoch: job.epoch,
         model: job.source.model.clone(),
         salt: job.source.salt.clone(),
         reset: job.delivery.reset,
@@ -109,6 +115,7 @@ pub fn record(job: &IngestJob) -> crate::wal::Record {
 pub fn from_record(r: crate::wal::Record) -> Option<IngestJob> {
     let crate::wal::Record::Ingest {
         worker,
+        epoch,
         model,
         salt,
         reset,
@@ -120,6 +127,7 @@ pub fn from_record(r: crate::wal::Record) -> Option<IngestJob> {
     };
     Some(IngestJob {
         worker,
+        epoch,
         source: Arc::new(SourceSpec {
             endpoint: String::new(),
             replay: String::new(),
@@ -141,6 +149,7 @@ pub fn from_record(r: crate::wal::Record) -> Option<IngestJob> {
 pub fn apply(ex: &Executor, job: IngestJob, u: &mut Update) {
     let IngestJob {
         worker,
+        epoch,
         source,
         delivery,
     } = job;
@@ -154,6 +163,14 @@ pub fn apply(ex: &Executor, job: IngestJob, u: &mut Update) {
     };
     let mut holders = ex.holders();
     let h = holder(&mut holders, worker, &source, &lanes, block);
+    if epoch < h.epoch {
+        // Read under a lease that has passed to another replica since.
+        METRICS
+            .fenced
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return;
+    }
+    h.epoch = epoch;
     let mut core = ex.core();
     if delivery.reset {
         h.translator.reset();
@@ -186,6 +203,7 @@ pub fn apply(ex: &Executor, job: IngestJob, u: &mut Update) {
         METRICS.record(&counts);
     }
     h.last = delivery.record;
+    ex.ingest().note_last(worker, h.last);
 }
 
 fn lanes_of(ex: &Executor, worker: WorkerId) -> Option<Vec<Lane>> {
@@ -203,6 +221,7 @@ fn holder<'a>(
     block: u32,
 ) -> &'a mut Holder {
     let fresh = || Holder {
+        epoch: 0,
         model: source.model.clone(),
         salt: source.salt.clone(),
         last: None,

@@ -59,6 +59,7 @@ impl From<&EventSource> for SourceSpec {
 /// One delivery on its way to the worker's home.
 pub struct IngestJob {
     pub worker: WorkerId,
+    pub epoch: u64,
     pub source: Arc<SourceSpec>,
     pub delivery: Delivery,
 }
@@ -155,6 +156,10 @@ pub struct Ingest {
     /// While the server restores (snapshot, write-ahead log), sources are recorded but
     /// not subscribed: [`Ingest::resume`] subscribes them where their streams left off.
     paused: std::sync::atomic::AtomicBool,
+    /// Replicas: streams are subscribed only under a lease ([`Ingest::lead`]).
+    leased: std::sync::atomic::AtomicBool,
+    /// The last batch applied from each stream (where a new lease holder resumes).
+    lasts: Mutex<std::collections::HashMap<WorkerId, Option<Record>>>,
 }
 
 impl Ingest {
@@ -175,6 +180,8 @@ impl Ingest {
             max_sources,
             allow: allow.map(Into::into),
             paused: std::sync::atomic::AtomicBool::new(true),
+            leased: std::sync::atomic::AtomicBool::new(false),
+            lasts: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -218,6 +225,14 @@ impl Ingest {
         fresh: bool,
     ) {
         let mut sources = self.sources.lock().expect("not poisoned");
+        // Restoring, or a replica (the lease decides who subscribes): record only.
+        if self.paused.load(Relaxed) || self.leased.load(Relaxed) {
+            match source {
+                Some(s) => sources.insert(worker, s),
+                None => sources.remove(&worker),
+            };
+            return;
+        }
         match source {
             None => {
                 if sources.remove(&worker).is_some() {
@@ -233,6 +248,7 @@ impl Ingest {
                     name: name.to_string(),
                     source: Arc::new(SourceSpec::from(&s)),
                     last: None,
+                    epoch: 0,
                 });
                 sources.insert(worker, s);
             }
@@ -255,15 +271,67 @@ impl Ingest {
         name: impl Fn(WorkerId) -> String,
     ) {
         let sources = self.sources.lock().expect("not poisoned");
-        for (&worker, s) in sources.iter() {
-            self.pool.subscribe(StreamSpec {
-                worker,
-                name: name(worker),
-                source: Arc::new(SourceSpec::from(s)),
-                last: last(worker),
-            });
+        if !self.leased.load(Relaxed) {
+            for (&worker, s) in sources.iter() {
+                self.pool.subscribe(StreamSpec {
+                    worker,
+                    name: name(worker),
+                    source: Arc::new(SourceSpec::from(s)),
+                    last: last(worker),
+                    epoch: 0,
+                });
+            }
+        }
+        let mut lasts = self.lasts.lock().expect("not poisoned");
+        for &w in sources.keys() {
+            lasts.insert(w, last(w));
         }
         self.paused.store(false, Relaxed);
+    }
+
+    /// Replicas: streams start only under a lease.
+    pub fn set_leased(&self) {
+        self.leased.store(true, Relaxed);
+    }
+
+    /// Notes the last batch applied from a worker's stream.
+    pub fn note_last(&self, worker: WorkerId, last: Option<Record>) {
+        self.lasts
+            .lock()
+            .expect("not poisoned")
+            .insert(worker, last);
+    }
+
+    /// This replica took the worker's lease at `epoch`: subscribe where its stream is.
+    pub fn lead(&self, worker: WorkerId, epoch: u64) {
+        let Some(s) = self
+            .sources
+            .lock()
+            .expect("not poisoned")
+            .get(&worker)
+            .cloned()
+        else {
+            return;
+        };
+        let last = self
+            .lasts
+            .lock()
+            .expect("not poisoned")
+            .get(&worker)
+            .copied()
+            .flatten();
+        self.pool.subscribe(StreamSpec {
+            worker,
+            name: format!("worker {worker}"),
+            source: Arc::new(SourceSpec::from(&s)),
+            last,
+            epoch,
+        });
+    }
+
+    /// This replica no longer holds the worker's lease.
+    pub fn follow(&self, worker: WorkerId) {
+        self.pool.unsubscribe(worker);
     }
 
     /// The worker was retired.
@@ -299,10 +367,27 @@ pub async fn serve_inbox(ex: Rc<Executor>, mut inbox: mpsc::Receiver<IngestJob>)
         let Ok(slot) = slots.acquire_static_permit(1).await else {
             return;
         };
-        ex.enqueue(Job::Ingest {
-            job,
-            done: Box::new(move || drop(slot)),
-        });
+        match ex.replica() {
+            // Replicas: through the shared log, applied by everyone in its order.
+            Some(r) => {
+                let applied = r.submit(&holders::record(&job));
+                glommio::spawn_local(async move {
+                    if let Ok(Err(f)) = applied.await {
+                        tracing::warn!(
+                            worker = job.worker,
+                            "ingest: a delivery was not logged: {}",
+                            f.message
+                        );
+                    }
+                    drop(slot);
+                })
+                .detach();
+            }
+            None => ex.enqueue(Job::Ingest {
+                job,
+                done: Box::new(move || drop(slot)),
+            }),
+        }
     }
 }
 
@@ -325,6 +410,7 @@ pub struct Metrics {
     pub salted: AtomicU64,
     pub refused: AtomicU64,
     pub orphaned: AtomicU64,
+    pub fenced: AtomicU64,
     pub connect_failures: AtomicU64,
     pub connected: AtomicU64,
     pub sources: AtomicU64,
@@ -352,6 +438,7 @@ pub static METRICS: Metrics = Metrics {
     salted: ZERO,
     refused: ZERO,
     orphaned: ZERO,
+    fenced: ZERO,
     connect_failures: ZERO,
     connected: ZERO,
     sources: ZERO,
@@ -394,7 +481,7 @@ impl Metrics {
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut String) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 18] = [
+    let plain: [(&str, &str, &str, &AtomicU64); 19] = [
         ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
         ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
@@ -409,6 +496,7 @@ pub fn render(out: &mut String) {
         ("kvix_ingest_salted_total", "Stores starting a prompt with a cache salt (filed under the salt's keyspace).", "counter", &m.salted),
         ("kvix_ingest_refused_total", "Translated batches the worker's feed refused (a bug if it shows up).", "counter", &m.refused),
         ("kvix_ingest_orphaned_total", "Deliveries for workers retired or re-announced while on their way.", "counter", &m.orphaned),
+        ("kvix_ingest_fenced_total", "Deliveries dropped because they were read under an ingest lease another replica has taken since.", "counter", &m.fenced),
         ("kvix_ingest_connect_failures_total", "Subscriptions that could not be opened.", "counter", &m.connect_failures),
         ("kvix_ingest_publishers_connected", "Publishers currently connected.", "gauge", &m.connected),
         ("kvix_ingest_sources", "Event sources subscribed.", "gauge", &m.sources),

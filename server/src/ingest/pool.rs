@@ -31,6 +31,8 @@ pub struct StreamSpec {
     pub source: Arc<SourceSpec>,
     /// Where the last snapshot left this stream (None: a new stream).
     pub last: Option<Record>,
+    /// The ingest lease's epoch (replicas; 0 otherwise).
+    pub epoch: u64,
 }
 
 enum Command {
@@ -276,6 +278,7 @@ impl Worker {
         for delivery in out.drain(..) {
             let job = IngestJob {
                 worker: s.spec.worker,
+                epoch: s.spec.epoch,
                 source: s.spec.source.clone(),
                 delivery,
             };

@@ -1,0 +1,242 @@
+//! The follower thread: reads the stream in order from this replica's position and
+//! hands every record to the executor that applies it (announces and retires to
+//! executor 0, waiting for them; the rest to the worker's home, pipelined). Between
+//! reads it serves snapshot marks, and it reports its position for trimming.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::channel::{mpsc, oneshot};
+use futures::SinkExt;
+use kvix_wire::{codec, EventBatch, Placement};
+use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
+use redis::Commands;
+
+use super::inbox::LogJob;
+use super::{id_key, positions_key, snapshot_key, Mark, Replica};
+use crate::wal::Record;
+
+/// Entries read per round trip, and how long one read waits for new ones.
+const COUNT: usize = 256;
+const BLOCK_MS: usize = 200;
+/// A replica that has not reported its position for this long is not waited for when
+/// the stream is trimmed.
+const STALE_MS: u64 = 60_000;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJob>>) {
+    let (ms, seq) = id_key(&position);
+    r.metrics.position_ms.store(ms, Relaxed);
+    r.metrics.position_seq.store(seq, Relaxed);
+    let mut conn: Option<redis::Connection> = None;
+    let mut tail: Option<String> = None;
+    let mut backoff = Duration::from_millis(50);
+    let mut reported = Instant::now() - Duration::from_secs(60);
+    while !r.stopped() {
+        if conn.is_none() {
+            match r.connect() {
+                Ok(c) => {
+                    conn = Some(c);
+                    backoff = Duration::from_millis(50);
+                }
+                Err(e) => {
+                    r.metrics.read_failures.fetch_add(1, Relaxed);
+                    tracing::warn!("the write log at {} is unreachable: {e}", r.url.server);
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+            }
+        }
+        let c = conn.as_mut().expect("connected");
+        if tail.is_none() {
+            let last: redis::RedisResult<StreamRangeReply> =
+                c.xrevrange_count(&r.url.key, "+", "-", 1);
+            match last {
+                Ok(reply) => tail = Some(reply.ids.first().map_or("0-0".into(), |e| e.id.clone())),
+                Err(_) => {
+                    conn = None;
+                    continue;
+                }
+            }
+        }
+        if let Some(req) = r.take_mark_request() {
+            mark(&mut inboxes, &position, req);
+        }
+        if reported.elapsed() > Duration::from_secs(5) {
+            let _: redis::RedisResult<()> = c.hset(
+                positions_key(&r.url.key),
+                &r.id,
+                format!("{position} {}", now_ms()),
+            );
+            reported = Instant::now();
+        }
+        let opts = StreamReadOptions::default().count(COUNT).block(BLOCK_MS);
+        let read: redis::RedisResult<Option<StreamReadReply>> =
+            c.xread_options(&[&r.url.key], &[&position], &opts);
+        let reply = match read {
+            Ok(reply) => reply,
+            Err(e) => {
+                r.metrics.read_failures.fetch_add(1, Relaxed);
+                tracing::warn!("reading the write log failed: {e}");
+                conn = None;
+                continue;
+            }
+        };
+        for entry in reply.into_iter().flat_map(|k| k.keys).flat_map(|k| k.ids) {
+            let bytes = match entry.map.get("r") {
+                Some(redis::Value::BulkString(b)) => b.clone(),
+                _ => Vec::new(),
+            };
+            let origin = match entry.map.get("o") {
+                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            };
+            if !dispatch(r, &mut inboxes, &bytes, &origin) {
+                tracing::error!(id = %entry.id, "the write log holds a record this server cannot read; skipped");
+            }
+            let (ms, seq) = id_key(&entry.id);
+            r.metrics.position_ms.store(ms, Relaxed);
+            r.metrics.position_seq.store(seq, Relaxed);
+            position = entry.id;
+        }
+        if !r.caught_up.load(Relaxed)
+            && tail
+                .as_deref()
+                .is_some_and(|t| id_key(&position) >= id_key(t))
+        {
+            tracing::info!(%position, "caught up with the write log");
+            r.caught_up.store(true, Relaxed);
+        }
+    }
+}
+
+/// Sends one record to the executor that applies it; false when it does not decode.
+fn dispatch(r: &Replica, inboxes: &mut [mpsc::Sender<LogJob>], bytes: &[u8], origin: &str) -> bool {
+    let mut aligned = kvix_wire::AlignedVec::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    let Ok(record) = rkyv::from_bytes::<Record, rkyv::rancor::Error>(&aligned) else {
+        return false;
+    };
+    let waiter = origin
+        .split_once(':')
+        .filter(|(id, _)| *id == r.id)
+        .and_then(|(_, t)| t.parse().ok())
+        .and_then(|t| r.waiter(t));
+    let n = inboxes.len();
+    let home = |w: u32| w as usize % n;
+    let (to, barrier) = match &record {
+        Record::Announce { .. } | Record::Retire { .. } => (0, true),
+        Record::Events { body } => {
+            let mut b = kvix_wire::AlignedVec::with_capacity(body.len());
+            b.extend_from_slice(body);
+            match codec::access::<EventBatch>(&b) {
+                Ok(e) => (home(e.worker.to_native()), false),
+                Err(_) => return false,
+            }
+        }
+        Record::Place { body } => {
+            let mut b = kvix_wire::AlignedVec::with_capacity(body.len());
+            b.extend_from_slice(body);
+            match codec::access::<Placement>(&b) {
+                Ok(p) => (home(p.worker.to_native()), false),
+                Err(_) => return false,
+            }
+        }
+        Record::Ingest { worker, .. } => (home(*worker), false),
+    };
+    let (done, wait) = if barrier {
+        let (tx, rx) = std_mpsc::channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let job = LogJob::Apply {
+        record,
+        waiter,
+        barrier: done,
+    };
+    if futures::executor::block_on(inboxes[to].send(job)).is_err() {
+        return true; // stopping
+    }
+    if let Some(rx) = wait {
+        let _ = rx.recv();
+    }
+    true
+}
+
+/// Asks every executor for its part after everything dispatched so far.
+fn mark(inboxes: &mut [mpsc::Sender<LogJob>], position: &str, req: oneshot::Sender<Mark>) {
+    let mut parts = Vec::with_capacity(inboxes.len());
+    for inbox in inboxes.iter_mut() {
+        let (tx, rx) = oneshot::channel();
+        let _ = futures::executor::block_on(inbox.send(LogJob::Export { reply: tx }));
+        parts.push(rx);
+    }
+    let _ = req.send(Mark {
+        position: position.to_string(),
+        parts,
+    });
+}
+
+/// Stores a snapshot in Redis for new replicas, records its position, and trims the
+/// stream below the oldest position still needed: the stored snapshot's and that of
+/// every replica that reported in the last minute.
+pub fn publish_snapshot(r: &Replica, bytes: &[u8], position: &str) -> redis::RedisResult<()> {
+    let mut c = r.connect()?;
+    let key = &r.url.key;
+    redis::pipe()
+        .atomic()
+        .set(snapshot_key(key), bytes)
+        .hset(
+            positions_key(key),
+            "snapshot",
+            format!("{position} {}", u64::MAX),
+        )
+        .hset(
+            positions_key(key),
+            &r.id,
+            format!("{position} {}", now_ms()),
+        )
+        .query::<()>(&mut c)?;
+    trim(r, &mut c)
+}
+
+/// Trims the stream below every position still needed.
+pub fn trim(r: &Replica, c: &mut redis::Connection) -> redis::RedisResult<()> {
+    let key = &r.url.key;
+    let all: std::collections::HashMap<String, String> = c.hgetall(positions_key(key))?;
+    let now = now_ms();
+    let floor = all
+        .values()
+        .filter_map(|v| v.split_once(' '))
+        .filter(|(_, at)| {
+            at.parse::<u64>()
+                .is_ok_and(|at| at >= now.saturating_sub(STALE_MS))
+        })
+        .map(|(pos, _)| pos.to_string())
+        .min_by_key(|p| id_key(p));
+    if let Some(floor) = floor {
+        let removed: u64 = redis::cmd("XTRIM")
+            .arg(key)
+            .arg("MINID")
+            .arg(&floor)
+            .query(c)?;
+        r.metrics.trimmed.fetch_add(removed, Relaxed);
+    }
+    Ok(())
+}
+
+/// The snapshot stored in Redis and the position it covers, if there is one.
+pub fn fetch_snapshot(server: &str, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    let client = redis::Client::open(server)?;
+    let mut c = client.get_connection_with_timeout(super::IO_TIMEOUT)?;
+    let bytes: Option<Vec<u8>> = c.get(snapshot_key(key))?;
+    Ok(bytes)
+}

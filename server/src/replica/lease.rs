@@ -1,0 +1,116 @@
+//! One ingest per engine across the replicas: a replica subscribes to an engine's event
+//! stream only while it holds that worker's lease in Redis (`KEY:lease:WORKER`, a value
+//! naming the replica with a TTL it renews). Each acquisition takes a new epoch
+//! (`KEY:epoch:WORKER`, INCR) that its appended deliveries carry; appliers drop
+//! deliveries of an older epoch than they have seen, so a holder that lost its lease
+//! without knowing (a pause, a partition) cannot interleave with its successor.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvix_wire::WorkerId;
+
+use super::Replica;
+use crate::ingest::Ingest;
+
+/// How long a lease lives without renewal, and how often it is renewed.
+pub const TTL: Duration = Duration::from_secs(5);
+const RENEW: Duration = Duration::from_secs(1);
+
+/// Renews our lease (1), takes a free one (2), or says it is someone else's (0).
+const SCRIPT: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
+return 0";
+
+/// Releases our lease if it is still ours.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0";
+
+pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
+    let script = redis::Script::new(SCRIPT);
+    let release = redis::Script::new(RELEASE);
+    let mut held: HashMap<WorkerId, u64> = HashMap::new();
+    let mut conn: Option<redis::Connection> = None;
+    while !r.stopped() {
+        std::thread::sleep(RENEW);
+        if !r.caught_up.load(Relaxed) {
+            continue;
+        }
+        if conn.is_none() {
+            conn = r.connect().ok();
+        }
+        let Some(c) = conn.as_mut() else {
+            drop_all(&r, &ingest, &mut held);
+            continue;
+        };
+        let sources = ingest.sources();
+        let mut failed = false;
+        for (worker, _) in &sources {
+            let key = format!("{}:lease:{worker}", r.url.key);
+            let got: redis::RedisResult<u8> = script
+                .key(&key)
+                .arg(&r.id)
+                .arg(TTL.as_millis() as u64)
+                .invoke(c);
+            match got {
+                Ok(2) => {
+                    let epoch: redis::RedisResult<u64> = redis::cmd("INCR")
+                        .arg(format!("{}:epoch:{worker}", r.url.key))
+                        .query(c);
+                    match epoch {
+                        Ok(epoch) => {
+                            tracing::info!(worker, epoch, "ingest lease taken");
+                            r.metrics.lease_changes.fetch_add(1, Relaxed);
+                            held.insert(*worker, epoch);
+                            ingest.lead(*worker, epoch);
+                        }
+                        Err(_) => failed = true,
+                    }
+                }
+                Ok(1) => {}
+                Ok(_) => {
+                    if held.remove(worker).is_some() {
+                        tracing::warn!(worker, "ingest lease lost");
+                        ingest.follow(*worker);
+                    }
+                }
+                Err(_) => failed = true,
+            }
+            if failed {
+                break;
+            }
+        }
+        // Leases of workers no longer subscribed (retired, announced without a source).
+        let gone: Vec<WorkerId> = held
+            .keys()
+            .filter(|w| !sources.iter().any(|(s, _)| s == *w))
+            .copied()
+            .collect();
+        for w in gone {
+            held.remove(&w);
+            ingest.follow(w);
+            let _: redis::RedisResult<u8> = release
+                .key(format!("{}:lease:{w}", r.url.key))
+                .arg(&r.id)
+                .invoke(c);
+        }
+        if failed {
+            // Unable to renew: stop ingesting before the lease can run out on us.
+            conn = None;
+            drop_all(&r, &ingest, &mut held);
+        }
+        r.metrics.leases_held.store(held.len() as u64, Relaxed);
+    }
+}
+
+fn drop_all(r: &Replica, ingest: &Ingest, held: &mut HashMap<WorkerId, u64>) {
+    for (w, _) in held.drain() {
+        ingest.follow(w);
+    }
+    r.metrics.leases_held.store(0, Relaxed);
+}

@@ -1,0 +1,337 @@
+//! Replicas over a Redis (or Valkey) Stream (`--log redis://HOST:PORT/KEY`): the stream
+//! is the one order of every write, and every replica applies it in that order, so all
+//! of them hold the same index. No consensus of our own: Redis orders the appends.
+//!
+//! A write a client sends to any replica is appended (XADD, [`appender`]) and applied
+//! when this replica's [`follower`] reads it back, like everybody else's; the client's
+//! reply waits for that, so it sees its write in its next query on that replica. The
+//! follower hands each record to the executor that applies it ([`inbox`]); announces
+//! and retires are barriers (the records after them wait), the rest are pipelined in
+//! order per worker.
+//!
+//! Snapshots carry the stream position they cover and are also stored in Redis
+//! (`KEY:snapshot`), so a new replica starts from the newest one and replays the stream
+//! from there; the stream is trimmed below the oldest position still needed
+//! ([`follower::trim`]). Engine event streams are ingested by one replica each, under a
+//! lease ([`lease`]) whose epoch fences a deposed holder's late appends.
+
+pub mod appender;
+pub mod follower;
+pub mod inbox;
+pub mod lease;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use futures::channel::{mpsc, oneshot};
+use kvix_wire::ErrorCode;
+
+use crate::apply::Outcome;
+use crate::failure::Failure;
+use crate::wal::Record;
+use crate::writer::Part;
+
+/// How long a Redis command may take before the link counts as down.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where the log is: `redis://HOST:PORT/KEY` (or `rediss://`, `redis+unix://`...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogUrl {
+    pub server: String,
+    pub key: String,
+}
+
+impl std::str::FromStr for LogUrl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let rest = s
+            .strip_prefix("redis://")
+            .ok_or_else(|| format!("--log {s:?}: expected redis://HOST:PORT/KEY"))?;
+        let (host, key) = rest
+            .split_once('/')
+            .filter(|(h, k)| !h.is_empty() && !k.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "--log {s:?}: expected redis://HOST:PORT/KEY (a stream key after the address)"
+                )
+            })?;
+        Ok(LogUrl {
+            server: format!("redis://{host}"),
+            key: key.to_string(),
+        })
+    }
+}
+
+pub type Waiter = oneshot::Sender<Result<Outcome, Failure>>;
+
+/// What a snapshot needs from the follower: the position every part covers.
+pub struct Mark {
+    pub position: String,
+    pub parts: Vec<oneshot::Receiver<Part>>,
+}
+
+/// Counters for the metrics page.
+#[derive(Default)]
+pub struct ReplicaMetrics {
+    pub appended: AtomicU64,
+    pub append_failures: AtomicU64,
+    pub applied: AtomicU64,
+    pub read_failures: AtomicU64,
+    pub leases_held: AtomicU64,
+    pub lease_changes: AtomicU64,
+    pub trimmed: AtomicU64,
+    /// The position dispatched last (`ms-seq` of the stream id).
+    pub position_ms: AtomicU64,
+    pub position_seq: AtomicU64,
+}
+
+/// This replica's side of the log.
+pub struct Replica {
+    pub id: String,
+    pub url: LogUrl,
+    client: redis::Client,
+    appends: Mutex<std_mpsc::Sender<appender::Append>>,
+    pending: Mutex<HashMap<u64, Waiter>>,
+    next_token: AtomicU64,
+    snapshot_request: Mutex<Option<oneshot::Sender<Mark>>>,
+    /// Set once the follower passed the stream's end as it was at start.
+    pub caught_up: AtomicBool,
+    pub metrics: ReplicaMetrics,
+    stop: AtomicBool,
+}
+
+impl Replica {
+    /// Connects the appender and the follower (reading from just after `position`) and
+    /// hands records to the executors' `inboxes`.
+    pub fn start(
+        url: LogUrl,
+        position: String,
+        inboxes: Vec<mpsc::Sender<inbox::LogJob>>,
+    ) -> anyhow::Result<Arc<Replica>> {
+        let client = redis::Client::open(url.server.as_str())
+            .map_err(|e| anyhow::anyhow!("--log {}: {e}", url.server))?;
+        let (tx, rx) = std_mpsc::channel();
+        let id = format!("{:016x}", rand_id());
+        let replica = Arc::new(Replica {
+            id,
+            url,
+            client,
+            appends: Mutex::new(tx),
+            pending: Mutex::new(HashMap::new()),
+            next_token: AtomicU64::new(1),
+            snapshot_request: Mutex::new(None),
+            caught_up: AtomicBool::new(false),
+            metrics: ReplicaMetrics::default(),
+            stop: AtomicBool::new(false),
+        });
+        {
+            let r = replica.clone();
+            std::thread::Builder::new()
+                .name("kvix-log-append".into())
+                .spawn(move || appender::run(&r, rx))?;
+        }
+        {
+            let r = replica.clone();
+            std::thread::Builder::new()
+                .name("kvix-log-follow".into())
+                .spawn(move || follower::run(&r, position, inboxes))?;
+        }
+        Ok(replica)
+    }
+
+    /// A connection to the log's Redis (each thread keeps its own).
+    pub fn connect(&self) -> redis::RedisResult<redis::Connection> {
+        let c = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
+        c.set_read_timeout(Some(IO_TIMEOUT))?;
+        c.set_write_timeout(Some(IO_TIMEOUT))?;
+        Ok(c)
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Relaxed)
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+    }
+
+    /// Appends `record`; the receiver answers once this replica applied it (or with
+    /// `LogUnavailable` when it could not be appended).
+    pub fn submit(&self, record: &Record) -> oneshot::Receiver<Result<Outcome, Failure>> {
+        let (tx, rx) = oneshot::channel();
+        let token = self.next_token.fetch_add(1, Relaxed);
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(record)
+            .expect("plain data serializes")
+            .to_vec();
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(token, tx);
+        let sent = self
+            .appends
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(appender::Append { bytes, token });
+        if sent.is_err() {
+            self.fail(token, "the log appender has stopped".into());
+        }
+        rx
+    }
+
+    /// The waiter of one of this replica's own records, taken once.
+    pub fn waiter(&self, token: u64) -> Option<Waiter> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&token)
+    }
+
+    fn fail(&self, token: u64, why: String) {
+        if let Some(w) = self.waiter(token) {
+            let _ = w.send(Err(Failure::new(ErrorCode::LogUnavailable, why)));
+        }
+    }
+
+    /// Asks the follower for a consistent cut: every executor's part, taken after the
+    /// same position of the stream.
+    pub fn mark(&self) -> oneshot::Receiver<Mark> {
+        let (tx, rx) = oneshot::channel();
+        *self
+            .snapshot_request
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        rx
+    }
+
+    fn take_mark_request(&self) -> Option<oneshot::Sender<Mark>> {
+        self.snapshot_request
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+/// Appends the replica's metrics in Prometheus text format.
+pub fn render(r: &Replica, out: &mut String) {
+    use std::fmt::Write;
+    let m = &r.metrics;
+    let rows: [(&str, &str, &str, u64); 10] = [
+        (
+            "kvix_log_appended_total",
+            "Writes this replica appended to the shared log.",
+            "counter",
+            m.appended.load(Relaxed),
+        ),
+        (
+            "kvix_log_append_failures_total",
+            "Writes refused (LogUnavailable) because the log could not be reached.",
+            "counter",
+            m.append_failures.load(Relaxed),
+        ),
+        (
+            "kvix_log_applied_total",
+            "Log records this replica applied (everybody's).",
+            "counter",
+            m.applied.load(Relaxed),
+        ),
+        (
+            "kvix_log_read_failures_total",
+            "Failed reads of the log (retried).",
+            "counter",
+            m.read_failures.load(Relaxed),
+        ),
+        (
+            "kvix_log_position_ms",
+            "Milliseconds part of the id of the last log entry applied (compare replicas for lag).",
+            "gauge",
+            m.position_ms.load(Relaxed),
+        ),
+        (
+            "kvix_log_position_seq",
+            "Sequence part of the id of the last log entry applied.",
+            "gauge",
+            m.position_seq.load(Relaxed),
+        ),
+        (
+            "kvix_log_caught_up",
+            "1 once the replica applied the log as far as it went at start.",
+            "gauge",
+            u64::from(r.caught_up.load(Relaxed)),
+        ),
+        (
+            "kvix_log_trimmed_total",
+            "Log entries trimmed after snapshots.",
+            "counter",
+            m.trimmed.load(Relaxed),
+        ),
+        (
+            "kvix_ingest_leases_held",
+            "Engine event streams this replica ingests (holds the lease of).",
+            "gauge",
+            m.leases_held.load(Relaxed),
+        ),
+        (
+            "kvix_ingest_lease_changes_total",
+            "Ingest leases this replica took.",
+            "counter",
+            m.lease_changes.load(Relaxed),
+        ),
+    ];
+    for (name, help, kind, v) in rows {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
+}
+
+/// Redis keys beside the stream.
+pub fn snapshot_key(key: &str) -> String {
+    format!("{key}:snapshot")
+}
+pub fn positions_key(key: &str) -> String {
+    format!("{key}:positions")
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// Compares two stream ids (`ms-seq`).
+pub fn id_key(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_urls_name_a_server_and_a_key() {
+        let u: LogUrl = "redis://127.0.0.1:6379/kvix".parse().unwrap();
+        assert_eq!(u.server, "redis://127.0.0.1:6379");
+        assert_eq!(u.key, "kvix");
+        for bad in [
+            "redis://127.0.0.1:6379",
+            "redis://127.0.0.1:6379/",
+            "http://x/k",
+            "redis:///k",
+        ] {
+            assert!(bad.parse::<LogUrl>().is_err(), "{bad}");
+        }
+        assert!(id_key("12-3") < id_key("12-10"));
+        assert!(id_key("9-99") < id_key("10-0"));
+    }
+}

@@ -1,0 +1,92 @@
+//! A private `redis-server` for a test: its own port and directory, append-only file on
+//! (so a restart keeps the stream), stopped on drop. Missing redis-server skips the test
+//! with a printed reason, except under CI=true, where it fails.
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct Redis {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// Whether redis-server can run here; None (after printing why) to skip.
+pub fn available(test: &str) -> Option<()> {
+    match Command::new("redis-server").arg("--version").output() {
+        Ok(o) if o.status.success() => Some(()),
+        other => {
+            let why = format!("redis-server is not installed ({other:?})");
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{test} needs redis-server under CI: {why}");
+            }
+            eprintln!("SKIPPED {test}: {why}; `apt-get install redis-server` to run it");
+            None
+        }
+    }
+}
+
+impl Redis {
+    pub fn start(tag: &str) -> Redis {
+        let dir = std::env::temp_dir().join(format!("kvix-redis-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = super::engines::free_port();
+        let mut r = Redis {
+            port,
+            dir,
+            child: None,
+        };
+        r.restart();
+        r
+    }
+
+    pub fn url(&self, key: &str) -> String {
+        format!("redis://127.0.0.1:{}/{key}", self.port)
+    }
+
+    /// Starts (again) on the same port and directory; waits until it answers.
+    pub fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        for _ in 0..200 {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server did not listen on {}", self.port);
+    }
+
+    /// SIGKILL: Redis is gone until `restart`.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

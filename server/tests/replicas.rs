@@ -1,0 +1,356 @@
+//! Replicas over a real redis-server (`--log redis://…`): writes spread over three
+//! servers, one order for all of them, identical answers; a replica that starts empty
+//! converges; Redis going away refuses writes without losing or doubling any.
+
+mod common;
+
+use common::redis::{available, Redis};
+use common::*;
+use kvix_wire::*;
+
+fn replica(redis: &Redis, extra: &[&str]) -> Server {
+    let url = redis.url("kvix");
+    let mut args = vec!["--cores", "2", "--log", &url];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+/// Waits (bounded) until every replica has dispatched the log to the same entry and
+/// applied all it dispatched (its last write's reply came back: see `write_fleet`).
+fn settle(replicas: &[&Server]) {
+    let position = |s: &Server| {
+        (
+            s.metric("kvix_log_position_ms"),
+            s.metric("kvix_log_position_seq"),
+        )
+    };
+    for _ in 0..600 {
+        let first = position(replicas[0]);
+        if first.0 > 0 && replicas.iter().all(|s| position(s) == first) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("the replicas did not settle");
+}
+
+/// A small deterministic generator for the random queries.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn keyspaces() -> [Keyspace; 2] {
+    [
+        Keyspace::tokens("m"),
+        Keyspace {
+            lora: "x".into(),
+            ..Keyspace::tokens("m")
+        },
+    ]
+}
+
+/// Writes from every replica in turn: announces, event batches (stores, a removal),
+/// placements, a retire.
+fn write_fleet(replicas: &[&Server], tag: &str) {
+    let mut conns: Vec<Conn> = replicas.iter().map(|s| s.session()).collect();
+    let n = conns.len();
+    let kss = keyspaces();
+    for i in 0..12usize {
+        let name = format!("{tag}-w{i}");
+        let w = conns[i % n]
+            .announce(&name, vec![Lane::full(16)], Feed::Events)
+            .unwrap()
+            .worker;
+        let ks = &kss[i % 2];
+        let chain = chain_of(ks, (i % 4) as u32 * 10_000, 48);
+        let depth = 10 + 3 * i;
+        for (seq, (from, to)) in [(0, depth / 2), (depth / 2, depth)].into_iter().enumerate() {
+            let r = conns[(i + seq + 1) % n].ask(&EventBatch {
+                worker: w,
+                seq: seq as u64,
+                keyspace: ks.clone(),
+                events: vec![Event::Stored {
+                    lane: 0,
+                    start: from as u32,
+                    parent: None,
+                    chain: chain[from..to].to_vec(),
+                    engine: vec![],
+                }],
+            });
+            assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
+        }
+        if i % 3 == 0 {
+            let r = conns[(i + 2) % n].ask(&EventBatch {
+                worker: w,
+                seq: 2,
+                keyspace: ks.clone(),
+                events: vec![Event::Removed {
+                    lane: 0,
+                    hashes: vec![chain[depth - 2]],
+                }],
+            });
+            assert_eq!(r.kind, Kind::Applied);
+        }
+        if i == 11 {
+            assert_eq!(conns[2 % n].ask(&Retire { worker: w }).kind, Kind::Ack);
+        }
+    }
+    for j in 0..3usize {
+        let p = conns[j % n]
+            .announce(
+                &format!("{tag}-p{j}"),
+                vec![Lane::full(16)],
+                Feed::Placements {
+                    capacity_blocks: 64,
+                    ttl_ms: 0,
+                },
+            )
+            .unwrap()
+            .worker;
+        for k in 0..4u32 {
+            let r = conns[(j + k as usize) % n].ask(&Placement {
+                worker: p,
+                keyspace: kss[0].clone(),
+                chain: chain_of(&kss[0], (k % 4) * 10_000, 12 + 4 * k as usize),
+            });
+            assert_eq!(r.kind, Kind::Ack);
+        }
+    }
+}
+
+/// 1,000 random queries, every answer compared whole across the replicas.
+fn assert_identical(replicas: &[&Server]) {
+    let mut conns: Vec<Conn> = replicas.iter().map(|s| s.session()).collect();
+    let kss = keyspaces();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut nonempty = 0;
+    for q in 0..1000 {
+        let ks = &kss[rng.below(2) as usize];
+        let chain = chain_of(ks, rng.below(5) as u32 * 10_000, 1 + rng.below(48) as usize);
+        let answers: Vec<Answer> = conns.iter_mut().map(|c| c.query(ks, &chain)).collect();
+        for a in &answers[1..] {
+            assert_eq!(a, &answers[0], "query {q}");
+        }
+        nonempty += usize::from(!answers[0].scores.is_empty());
+    }
+    assert!(
+        nonempty > 300,
+        "the queries must hit something ({nonempty})"
+    );
+}
+
+#[test]
+fn three_replicas_apply_one_log_and_answer_identically() {
+    if available("three_replicas").is_none() {
+        return;
+    }
+    let redis = Redis::start("three");
+    let (a, b, c) = (
+        replica(&redis, &[]),
+        replica(&redis, &[]),
+        replica(&redis, &[]),
+    );
+    write_fleet(&[&a, &b, &c], "one");
+    settle(&[&a, &b, &c]);
+    assert_identical(&[&a, &b, &c]);
+
+    // One is killed, the fleet goes on, it comes back empty and catches up.
+    c.kill();
+    write_fleet(&[&a, &b], "two");
+    let c = replica(&redis, &[]);
+    settle(&[&a, &b, &c]);
+    assert_identical(&[&a, &b, &c]);
+}
+
+#[test]
+fn a_new_replica_starts_from_the_stored_snapshot_once_the_log_is_trimmed() {
+    if available("stored_snapshot").is_none() {
+        return;
+    }
+    let redis = Redis::start("stored");
+    let dir = std::env::temp_dir().join(format!("kvix-replica-snap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let snap = dir.join("a.snapshot");
+    let a = replica(
+        &redis,
+        &[
+            "--snapshot",
+            snap.to_str().unwrap(),
+            "--snapshot-every",
+            "1",
+        ],
+    );
+    write_fleet(&[&a], "one");
+    // Two snapshots after the writes: one of them is stored and has trimmed the log.
+    let from = a.metric("kvix_snapshots_written_total");
+    for _ in 0..600 {
+        if a.metric("kvix_snapshots_written_total") >= from + 2
+            && a.metric("kvix_log_trimmed_total") > 0
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        a.metric("kvix_log_trimmed_total") > 0,
+        "the log was trimmed"
+    );
+    let fresh = replica(&redis, &[]);
+    settle(&[&a, &fresh]);
+    assert_identical(&[&a, &fresh]);
+    drop(a);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubled() {
+    if available("redis_away").is_none() {
+        return;
+    }
+    let mut redis = Redis::start("away");
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    let ks = Keyspace::tokens("m");
+    let chain = chain_of(&ks, 0, 12);
+    let mut ca = a.session();
+    let w = ca
+        .announce("w", vec![Lane::full(16)], Feed::Events)
+        .unwrap()
+        .worker;
+    let stored = |seq: u64, from: usize, to: usize| EventBatch {
+        worker: w,
+        seq,
+        keyspace: ks.clone(),
+        events: vec![Event::Stored {
+            lane: 0,
+            start: from as u32,
+            parent: None,
+            chain: chain[from..to].to_vec(),
+            engine: vec![],
+        }],
+    };
+    assert_eq!(ca.ask(&stored(0, 0, 4)).kind, Kind::Applied);
+    redis.kill();
+    // Writes are refused, typed; queries still answer from memory.
+    let refused = ca.ask(&stored(1, 4, 8));
+    assert_eq!(refused.error().code, ErrorCode::LogUnavailable);
+    let mut cb = b.session();
+    assert_eq!(
+        cb.query(&ks, &chain).scores,
+        vec![Score {
+            worker: w,
+            blocks: 4
+        }]
+    );
+    redis.restart();
+    // The writer retries its refused batch; it is applied once.
+    let mut retried = None;
+    for _ in 0..200 {
+        let r = ca.ask(&stored(1, 4, 8));
+        if r.kind == Kind::Applied {
+            retried = Some(r.decode::<Applied>());
+            break;
+        }
+        assert_eq!(r.error().code, ErrorCode::LogUnavailable);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(retried.map(|a| a.status), Some(ApplyStatus::Applied));
+    assert_eq!(ca.ask(&stored(2, 8, 12)).kind, Kind::Applied);
+    settle(&[&a, &b]);
+    for s in [&a, &b] {
+        let mut c = s.session();
+        assert_eq!(
+            c.query(&ks, &chain).scores,
+            vec![Score {
+                worker: w,
+                blocks: 12
+            }]
+        );
+        assert_eq!(
+            c.ask(&stored(2, 8, 12)).decode::<Applied>().status,
+            ApplyStatus::Duplicate,
+            "applied once"
+        );
+    }
+}
+
+#[test]
+fn one_replica_ingests_each_engine_and_another_takes_over_when_it_dies() {
+    use common::engines::{free_port, Publisher};
+    if available("ingest_lease").is_none() || common::engines::available("ingest_lease").is_none() {
+        return;
+    }
+    let redis = Redis::start("lease");
+    let (pub_port, replay_port) = (free_port(), free_port());
+    let mut publisher = Publisher::start(
+        "vllm-0.34.0",
+        &format!("tcp://*:{pub_port}"),
+        Some(&format!("tcp://127.0.0.1:{replay_port}")),
+        0,
+    );
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    let w = a
+        .session()
+        .announce_source(
+            "engine",
+            vec![Lane::full(16)],
+            EventSource {
+                endpoint: format!("tcp://127.0.0.1:{pub_port}"),
+                replay: format!("tcp://127.0.0.1:{replay_port}"),
+                model: "m".into(),
+                salt: String::new(),
+            },
+        )
+        .unwrap()
+        .worker;
+    let ks = Keyspace::tokens("m");
+    let tokens: Vec<u32> = (0..128).collect();
+    let chain = chain::token_chain(ks.seed(16), 16, &tokens);
+    let store = |from: usize, to: usize| {
+        serde_json::json!({
+            "type": "BlockStored",
+            "block_hashes": (from..to).map(|i| 1000 + i as u64).collect::<Vec<_>>(),
+            "parent_block_hash": (from > 0).then_some(1000 + from as u64 - 1),
+            "token_ids": &tokens[from * 16..to * 16],
+            "block_size": 16,
+            "lora_id": null,
+            "medium": "GPU",
+            "lora_name": null,
+        })
+    };
+    let await_score = |s: &Server, blocks: u32| {
+        let mut c = s.session();
+        for _ in 0..600 {
+            if c.query(&ks, &chain).scores == vec![Score { worker: w, blocks }] {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("never scored {blocks}");
+    };
+    publisher.publish(vec![store(0, 3)]);
+    await_score(&a, 3);
+    await_score(&b, 3);
+    let held = |s: &Server| s.metric("kvix_ingest_leases_held");
+    assert_eq!(
+        held(&a) + held(&b),
+        1,
+        "exactly one replica ingests the engine:\n{}\n{}",
+        a.scrape(),
+        b.scrape()
+    );
+    let (holder, other) = if held(&a) == 1 { (a, b) } else { (b, a) };
+    holder.kill();
+    // Published while nobody ingests: the next holder catches up from the replay.
+    publisher.publish(vec![store(3, 5)]);
+    publisher.publish(vec![store(5, 8)]);
+    await_score(&other, 8);
+    assert_eq!(held(&other), 1);
+    publisher.stop();
+}
