@@ -45,15 +45,23 @@
 mod client;
 mod config;
 mod conn;
+mod control;
 mod counters;
 mod error;
+mod placements;
+mod query;
+mod shared;
+mod supervisor;
+mod types;
+mod wait;
 
 pub mod blocking;
 
-pub use client::{Client, Prompt, QueryOptions, QueryOutcome, WorkerRef, WorkerScore};
+pub use client::Client;
 pub use config::{Addr, ClientConfig};
 pub use counters::CountersSnapshot;
 pub use error::ClientError;
+pub use types::{Prompt, QueryOptions, QueryOutcome, WorkerRef, WorkerScore};
 
 /// The histogram type of [`CountersSnapshot::latency_ns`].
 pub use hdrhistogram;

@@ -1,0 +1,202 @@
+//! What every handle and background task of one client shares: a slot per server (its
+//! connection and the ids it gave), the workers announced, the counters.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvix_wire::{encode, Announce, Body, ErrorReply, Kind, WorkerId};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::conn::{Conn, Reply};
+use crate::counters::Counters;
+use crate::placements::PlacementReq;
+use crate::types::WorkerRef;
+use crate::wait::{wait_reply, Waited};
+use crate::{Addr, ClientConfig, ClientError};
+
+#[derive(Default, Clone)]
+pub(crate) struct IdMap {
+    pub(crate) by_name: HashMap<Arc<str>, WorkerId>,
+    pub(crate) by_id: HashMap<WorkerId, Arc<str>>,
+}
+
+impl IdMap {
+    pub(crate) fn insert(&mut self, name: Arc<str>, id: WorkerId) {
+        if let Some(old) = self.by_name.insert(name.clone(), id) {
+            self.by_id.remove(&old);
+        }
+        self.by_id.insert(id, name);
+    }
+
+    pub(crate) fn remove(&mut self, name: &str) {
+        if let Some(id) = self.by_name.remove(name) {
+            self.by_id.remove(&id);
+        }
+    }
+}
+
+pub(crate) struct Slot {
+    pub(crate) addr: Addr,
+    pub(crate) conn: Mutex<Option<Arc<Conn>>>,
+    pub(crate) ids: Mutex<IdMap>,
+    pub(crate) tried: AtomicBool,
+    pub(crate) refusal: Mutex<Option<ErrorReply>>,
+}
+
+impl Slot {
+    pub(crate) fn live(&self) -> Option<Arc<Conn>> {
+        let c = self.conn.lock().ok()?.clone()?;
+        (!c.is_closed()).then_some(c)
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) cfg: ClientConfig,
+    pub(crate) slots: Vec<Slot>,
+    /// Every worker this client announced and has not retired, in announce order.
+    pub(crate) registry: Mutex<Vec<Announce>>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) placements: mpsc::Sender<PlacementReq>,
+    /// Bumped whenever a connection comes up or goes, or a first attempt ends.
+    pub(crate) changed: watch::Sender<u64>,
+    pub(crate) shutdown: watch::Sender<bool>,
+}
+
+/// Signals shutdown when the last [`Client`] handle goes.
+pub(crate) struct Guard(pub(crate) Arc<Shared>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.shutdown.send_replace(true);
+        for s in &self.0.slots {
+            if let Some(c) = s.live() {
+                c.close();
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// The first server, in configured order, that is up.
+    pub(crate) fn primary(&self) -> Option<(usize, Arc<Conn>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| s.live().map(|c| (i, c)))
+    }
+
+    pub(crate) fn live_conns(&self) -> Vec<(usize, Arc<Conn>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.live().map(|c| (i, c)))
+            .collect()
+    }
+
+    pub(crate) async fn wait_connected(&self, timeout: Duration) -> bool {
+        self.wait_until_connected(Instant::now() + timeout).await
+    }
+
+    pub(crate) async fn wait_until_connected(&self, until: Instant) -> bool {
+        let mut rx = self.changed.subscribe();
+        let ok = tokio::time::timeout_at(
+            until.into(),
+            rx.wait_for(|_| self.slots.iter().any(|s| s.live().is_some())),
+        )
+        .await;
+        matches!(ok, Ok(Ok(_)))
+    }
+
+    pub(crate) fn name_of(&self, w: &WorkerRef) -> Option<Arc<str>> {
+        match w {
+            WorkerRef::Name(n) => Some(n.clone()),
+            WorkerRef::Id(id) => {
+                let (p, _) = self.primary()?;
+                self.slots[p].ids.lock().ok()?.by_id.get(id).cloned()
+            }
+        }
+    }
+
+    /// The id `w` has on server `slot`: names are looked up there; ids are the primary's,
+    /// translated through the worker's name for the other servers.
+    pub(crate) fn id_on(&self, slot: usize, w: &WorkerRef) -> Option<WorkerId> {
+        match w {
+            WorkerRef::Name(n) => self.slots[slot].ids.lock().ok()?.by_name.get(n).copied(),
+            WorkerRef::Id(id) => {
+                if self.primary().map(|(p, _)| p) == Some(slot) {
+                    return Some(*id);
+                }
+                let name = self.name_of(w)?;
+                self.slots[slot]
+                    .ids
+                    .lock()
+                    .ok()?
+                    .by_name
+                    .get(&name)
+                    .copied()
+            }
+        }
+    }
+
+    /// Records `name → id` for server `slot`, if `conn` is still its connection.
+    pub(crate) fn adopt(&self, slot: usize, conn: &Arc<Conn>, name: Arc<str>, id: WorkerId) {
+        let s = &self.slots[slot];
+        let current = s.conn.lock().ok().and_then(|c| c.clone());
+        if current.is_some_and(|c| Arc::ptr_eq(&c, conn)) {
+            if let Ok(mut m) = s.ids.lock() {
+                m.insert(name, id);
+            }
+        }
+    }
+
+    /// Encodes and writes one request; registers a waiter when `want` is given.
+    pub(crate) fn send_request<M: Body>(
+        &self,
+        conn: &Conn,
+        id: u64,
+        msg: &M,
+        flags: u8,
+        want: Option<Kind>,
+    ) -> Result<Option<oneshot::Receiver<Reply>>, ClientError> {
+        let frame = encode(msg, id, flags).map_err(|e| ClientError::Encode(e.to_string()))?;
+        if frame.len() > conn.max_frame() as usize {
+            return Err(ClientError::Encode(format!(
+                "{} frame of {} bytes exceeds the server's limit of {}",
+                M::KIND.name(),
+                frame.len(),
+                conn.max_frame()
+            )));
+        }
+        let rx = want.map(|k| conn.register(id, k)).transpose()?;
+        if let Err(e) = conn.send(&frame) {
+            conn.forget(id);
+            return Err(e);
+        }
+        Ok(rx)
+    }
+
+    /// One request, waited for until `until` with the configured spin.
+    pub(crate) async fn call<M: Body>(
+        &self,
+        conn: &Conn,
+        msg: &M,
+        want: Kind,
+        until: Instant,
+    ) -> Result<Waited, ClientError> {
+        let id = conn.next_id();
+        let Some(mut rx) = self.send_request(conn, id, msg, 0, Some(want))? else {
+            return Err(ClientError::Disconnected);
+        };
+        let w = wait_reply(&mut rx, until, self.cfg.spin_before_park).await;
+        if matches!(w, Waited::TimedOut) {
+            conn.forget(id);
+        }
+        Ok(w)
+    }
+
+    pub(crate) fn bump_changed(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+}

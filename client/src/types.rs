@@ -1,0 +1,112 @@
+//! The client's API types: how workers are named, prompts, query options and outcomes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvix_wire::{ErrorReply, WorkerId};
+
+/// A worker named by the id the server gave it or by its announced name.
+///
+/// Names are stable across server restarts and across servers; ids are the ones the
+/// *primary* server (the first one up) assigned, and may change when it restarts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum WorkerRef {
+    /// An id, as the primary server numbers workers.
+    Id(WorkerId),
+    /// The name the worker was announced under.
+    Name(Arc<str>),
+}
+
+impl From<WorkerId> for WorkerRef {
+    fn from(id: WorkerId) -> Self {
+        WorkerRef::Id(id)
+    }
+}
+
+impl From<&str> for WorkerRef {
+    fn from(name: &str) -> Self {
+        WorkerRef::Name(name.into())
+    }
+}
+
+impl From<String> for WorkerRef {
+    fn from(name: String) -> Self {
+        WorkerRef::Name(name.into())
+    }
+}
+
+impl From<&String> for WorkerRef {
+    fn from(name: &String) -> Self {
+        WorkerRef::Name(name.as_str().into())
+    }
+}
+
+/// A prompt to query by.
+#[derive(Debug, Clone, Copy)]
+pub enum Prompt<'a> {
+    /// Token ids: hashed in the keyspace's token kind, `token_block` tokens per block.
+    Tokens(&'a [u32]),
+    /// Prompt bytes (a string prompt): hashed in the byte kind, [`BYTE_CHUNK`] per block.
+    Bytes(&'a [u8]),
+    /// A chain already hashed by the caller; the keyspace is used as given.
+    Chain(&'a [u64]),
+}
+
+/// Options of one query.
+#[derive(Debug, Clone, Default)]
+pub struct QueryOptions {
+    /// Only these workers are scored; empty = all. Names and ids that the answering
+    /// server does not know are left out; if none is known the answer is `Empty`.
+    pub candidates: Vec<WorkerRef>,
+    /// At most this many scores, best first; 0 = all.
+    pub top_k: u32,
+    /// This query's deadline instead of the configured one.
+    pub deadline: Option<Duration>,
+}
+
+/// One worker's joint reusable prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerScore {
+    /// The worker's id on the server that answered.
+    pub worker: WorkerId,
+    /// Its name, when this client announced it (or learnt it otherwise).
+    pub name: Option<Arc<str>>,
+    /// Reusable prefix, in keyspace blocks.
+    pub blocks: u32,
+}
+
+/// What a query came to. Every variant but `Scores` means "route without the index".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueryOutcome {
+    /// Workers that can reuse part of the prompt, best first.
+    Scores(Vec<WorkerScore>),
+    /// The server answered: no worker can reuse any of it.
+    Empty,
+    /// No answer within the deadline (failed open).
+    Timeout,
+    /// No connection was up, or it was lost before the answer (failed open).
+    Disconnected,
+    /// The server refused the query (or the client could not form it: code `BadFrame`).
+    Rejected(ErrorReply),
+}
+
+impl QueryOutcome {
+    /// The best worker, if any scored.
+    pub fn best(&self) -> Option<&WorkerScore> {
+        match self {
+            QueryOutcome::Scores(s) => s.first(),
+            _ => None,
+        }
+    }
+
+    /// A short name of the variant, for logs and metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            QueryOutcome::Scores(_) => "scores",
+            QueryOutcome::Empty => "empty",
+            QueryOutcome::Timeout => "timeout",
+            QueryOutcome::Disconnected => "disconnected",
+            QueryOutcome::Rejected(_) => "rejected",
+        }
+    }
+}

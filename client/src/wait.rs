@@ -1,0 +1,81 @@
+//! Waiting for one reply until a deadline: spin, park on a timer, yield the last stretch.
+
+use std::time::{Duration, Instant};
+
+use tokio::runtime::RuntimeFlavor;
+use tokio::sync::oneshot;
+
+use crate::conn::Reply;
+
+/// tokio's timers tick in whole milliseconds and round up: the client parks until this
+/// long before a deadline and checks the last stretch by yielding, so a query never
+/// returns later than its deadline because of timer rounding.
+pub(crate) const TIMER_SLACK: Duration = Duration::from_millis(1);
+
+pub(crate) enum Waited {
+    Reply(Reply),
+    Closed,
+    TimedOut,
+}
+
+/// Waits for a reply until `until`: first spinning on it for up to `spin`, then parked
+/// on a timer, and the last [`TIMER_SLACK`] by yielding.
+///
+/// The spin is a busy loop where another thread can deliver the reply meanwhile: outside
+/// any task (the blocking client's caller thread) or on a multi-thread runtime with more
+/// than one worker. Where the reader may need this very thread (a current-thread
+/// runtime, or a single worker), it spins by yielding to the runtime instead.
+pub(crate) async fn wait_reply(
+    rx: &mut oneshot::Receiver<Reply>,
+    until: Instant,
+    spin: Option<Duration>,
+) -> Waited {
+    use oneshot::error::TryRecvError;
+    let poll = |rx: &mut oneshot::Receiver<Reply>| match rx.try_recv() {
+        Ok(r) => Some(Waited::Reply(r)),
+        Err(TryRecvError::Closed) => Some(Waited::Closed),
+        Err(TryRecvError::Empty) => None,
+    };
+    let busy_ok = match tokio::runtime::Handle::try_current() {
+        Err(_) => true,
+        Ok(h) => {
+            tokio::task::try_id().is_none()
+                || (h.runtime_flavor() == RuntimeFlavor::MultiThread
+                    && h.metrics().num_workers() > 1)
+        }
+    };
+    if let Some(spin) = spin {
+        let spin_end = (Instant::now() + spin).min(until);
+        loop {
+            if let Some(w) = poll(rx) {
+                return w;
+            }
+            if Instant::now() >= spin_end {
+                break;
+            }
+            if busy_ok {
+                std::hint::spin_loop();
+            } else {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    if let Some(park_until) = until.checked_sub(TIMER_SLACK) {
+        if Instant::now() < park_until {
+            match tokio::time::timeout_at(park_until.into(), &mut *rx).await {
+                Ok(Ok(r)) => return Waited::Reply(r),
+                Ok(Err(_)) => return Waited::Closed,
+                Err(_) => {}
+            }
+        }
+    }
+    loop {
+        if let Some(w) = poll(rx) {
+            return w;
+        }
+        if Instant::now() >= until {
+            return Waited::TimedOut;
+        }
+        tokio::task::yield_now().await;
+    }
+}
