@@ -117,7 +117,7 @@ pub async fn run(
     let shards = wc.welcome.shards;
     ds.preload(&mut wc).await?;
     let client = gateway(
-        addr,
+        &[addr],
         cfg.token_block,
         Duration::from_secs(1),
         cfg.spin_us.map(Duration::from_micros),

@@ -9,6 +9,7 @@
 //! machine: on a shared VM whose hiccups come and go, a floor measured in a phase of
 //! its own would compare the query with another moment's noise.
 
+use anyhow::Context;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -276,12 +277,16 @@ async fn events(
     Ok(())
 }
 
+/// Runs the load against `addrs`: one server, or replicas of one log (the gateways'
+/// clients hedge across them; the workers' writes go through the last one, so killing
+/// the first tests the gateways' failover alone).
 pub fn run(
     cfg: &LoadConfig,
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     rt: &tokio::runtime::Runtime,
     pb: &ProgressBar,
 ) -> anyhow::Result<LoadReport> {
+    let addr = *addrs.last().context("no server address")?;
     anyhow::ensure!(
         cfg.rate > 0.0 && cfg.gateways > 0,
         "need a rate and gateways"
@@ -306,7 +311,7 @@ pub fn run(
         for g in 0..cfg.gateways {
             clients.push(
                 gateway(
-                    addr,
+                    addrs,
                     cfg.token_block,
                     deadline,
                     None,

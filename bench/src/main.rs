@@ -246,9 +246,16 @@ struct LatencyArgs {
 
 #[derive(Args, Debug)]
 struct LoadArgs {
-    /// kvix-server address (loopback only).
-    #[arg(long, default_value = "127.0.0.1:7420")]
-    server: String,
+    /// kvix-server address (loopback only); several, comma-separated, are replicas of
+    /// one log: queries go to the first up and are hedged to the next, the workers'
+    /// writes go through the last.
+    #[arg(
+        long,
+        alias = "servers",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:7420"
+    )]
+    server: Vec<String>,
     /// Queries per second, all gateways together (open loop).
     #[arg(long, default_value_t = 2000.0)]
     rate: f64,
@@ -627,9 +634,13 @@ fn cmd_latency(a: LatencyArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
 }
 
 fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
-    let addr = net::loopback(&a.server)?;
+    let addrs = a
+        .server
+        .iter()
+        .map(|s| net::loopback(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let cfg = load::LoadConfig {
-        server: a.server.clone(),
+        server: a.server.join(","),
         rate: a.rate,
         gateways: a.gateways,
         workers: a.data.workers,
@@ -648,7 +659,7 @@ fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
     };
     let rt = runtime(a.threads)?;
     let pb = progress(quiet, "load: queries and echoes");
-    let report = load::run(&cfg, addr, &rt, &pb)?;
+    let report = load::run(&cfg, &addrs, &rt, &pb)?;
     emit(json, &report, |r| {
         let mut t = Table::new(&[
             "what", "sent", "rate/s", "p50 us", "p99 us", "p99.9 us", "max us", "miss 2ms",

@@ -216,7 +216,7 @@ impl WireConn {
 /// A kvix-client connection for measurement: one server, a generous deadline unless
 /// given (latency runs measure, they do not fail open), optional spinning.
 pub async fn gateway(
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     token_block: u32,
     deadline: Duration,
     spin: Option<Duration>,
@@ -228,13 +228,20 @@ pub async fn gateway(
         name: name.into(),
         spin_before_park: spin,
         placement_queue: 1 << 16,
-        ..ClientConfig::new([Addr::tcp(addr.to_string())])
+        // Several addresses are replicas of one log (kvix-server --log).
+        replicas: addrs.len() > 1,
+        ..ClientConfig::new(addrs.iter().map(|a| Addr::tcp(a.to_string())))
     };
+    let shown = addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     let c = Client::connect(cfg)
         .await
-        .map_err(|e| anyhow::anyhow!("kvix-client connect to {addr}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("kvix-client connect to {shown}: {e}"))?;
     if !c.wait_connected(Duration::from_secs(5)).await {
-        bail!("kvix-client: no connection to {addr} within 5 s");
+        bail!("kvix-client: no connection to {shown} within 5 s");
     }
     Ok(c)
 }

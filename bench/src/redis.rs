@@ -110,7 +110,7 @@ pub async fn run(
     let mut wc = WireConn::connect(addr, cfg.token_block).await?;
     ds.preload(&mut wc).await?;
     let client = gateway(
-        addr,
+        &[addr],
         cfg.token_block,
         Duration::from_secs(1),
         None,

@@ -257,7 +257,7 @@ impl Remote {
                 ids.push(conn.announce(&format!("trace-worker-{w}"), feed).await?);
             }
             let client = crate::net::gateway(
-                addr,
+                &[addr],
                 token_block,
                 Duration::from_secs(1),
                 None,

@@ -69,7 +69,9 @@ impl fmt::Display for Addr {
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// The servers, in order of preference. The client keeps one connection to each;
-    /// queries go to the first one that is up, writes (announces, placements) go to all.
+    /// queries go to the first one that is up (hedged to the next, see `hedge_after`),
+    /// writes (announces, placements) go to all of them, or to the first one up when
+    /// they are `replicas`.
     pub servers: Vec<Addr>,
     /// Token block size this client hashes with; the server refuses a mismatch at
     /// handshake. Default 16.
@@ -105,6 +107,17 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Largest reply frame accepted from a server. Default [`DEFAULT_MAX_FRAME`].
     pub max_frame: u32,
+    /// The servers are replicas of one write log (`kvix-server --log`): writes
+    /// (announces, retires, placements) go to the primary only and the log takes them
+    /// to the others; worker ids are the same on all. Default false: independent servers,
+    /// each sent every write.
+    pub replicas: bool,
+    /// Hedged queries: when the primary has not answered after this long, the same query
+    /// also goes to the next server up, and the first answer wins. `None` (default): the
+    /// 95th percentile of this client's recent query latencies (at least 100 µs; a
+    /// quarter of the deadline until 100 queries were seen), never later than half the
+    /// deadline. `Some(Duration::MAX)`: never hedge. Only with two servers or more up.
+    pub hedge_after: Option<Duration>,
 }
 
 impl Default for ClientConfig {
@@ -122,6 +135,8 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(1),
             max_frame: DEFAULT_MAX_FRAME,
+            replicas: false,
+            hedge_after: None,
         }
     }
 }

@@ -47,7 +47,7 @@ impl Client {
                 Some(a) => *a = announce.clone(),
                 None => reg.push(announce.clone()),
             }
-            sh.live_conns()
+            sh.write_conns()
         };
         let conns = if conns.is_empty() {
             // A connection that comes up now announces it during its own setup.
@@ -57,7 +57,7 @@ impl Client {
             if let Some(id) = self.worker_id(&name) {
                 return Ok(id);
             }
-            sh.live_conns()
+            sh.write_conns()
         } else {
             conns
         };
@@ -116,7 +116,7 @@ impl Client {
             if let Some(n) = &name {
                 reg.retain(|a| *a.name != **n);
             }
-            sh.live_conns()
+            sh.write_conns()
         };
         let Some(&(primary, _)) = conns.first() else {
             return Err(ClientError::NotConnected);

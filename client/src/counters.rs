@@ -30,6 +30,8 @@ pub(crate) struct Atomics {
     pub handshake_refusals: AtomicU64,
     pub malformed_replies: AtomicU64,
     pub late_replies: AtomicU64,
+    pub hedges: AtomicU64,
+    pub hedges_won: AtomicU64,
 }
 
 pub(crate) struct Counters {
@@ -84,12 +86,20 @@ impl Counters {
             handshake_refusals: g(&n.handshake_refusals),
             malformed_replies: g(&n.malformed_replies),
             late_replies: g(&n.late_replies),
+            hedges: g(&n.hedges),
+            hedges_won: g(&n.hedges_won),
             latency_ns: self
                 .latency
                 .lock()
                 .map(|h| h.clone())
                 .unwrap_or_else(|_| new_histogram()),
         }
+    }
+
+    /// The `q` quantile of recent query latencies, once there are enough of them.
+    pub fn latency_quantile(&self, q: f64) -> Option<Duration> {
+        let h = self.latency.lock().ok()?;
+        (h.len() >= 100).then(|| Duration::from_nanos(h.value_at_quantile(q)))
     }
 
     pub fn reset_latency(&self) {
@@ -143,6 +153,10 @@ pub struct CountersSnapshot {
     pub malformed_replies: u64,
     /// Replies that came after their request had timed out.
     pub late_replies: u64,
+    /// Queries sent to a second server because the first had not answered in time.
+    pub hedges: u64,
+    /// Hedged queries the second server answered first.
+    pub hedges_won: u64,
     /// Query latency in nanoseconds, every outcome included.
     pub latency_ns: Histogram<u64>,
 }
@@ -166,6 +180,8 @@ impl fmt::Debug for CountersSnapshot {
             .field("handshake_refusals", &self.handshake_refusals)
             .field("malformed_replies", &self.malformed_replies)
             .field("late_replies", &self.late_replies)
+            .field("hedges", &self.hedges)
+            .field("hedges_won", &self.hedges_won)
             .field("latency_count", &self.latency_ns.len())
             .field("latency_p50", &self.latency_quantile(0.5))
             .field("latency_p99", &self.latency_quantile(0.99))

@@ -55,7 +55,7 @@ pub(crate) async fn pump_placements(sh: Arc<Shared>, mut rx: mpsc::Receiver<Plac
             chain: req.chain,
         };
         let mut sent = false;
-        for (slot, conn) in sh.live_conns() {
+        for (slot, conn) in sh.write_conns() {
             let Some(worker) = sh.id_on(slot, &req.worker) else {
                 continue;
             };

@@ -2,13 +2,14 @@
 //! primary is slow, answered by the deadline whatever happens (fail open).
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvix_wire::{Answer, ChunkKind, ErrorCode, ErrorReply, Keyspace, Kind, Query};
 
 use crate::conn::Reply;
+use crate::counters::Counters;
 use crate::types::{Prompt, QueryOptions, QueryOutcome, WorkerScore};
-use crate::wait::Waited;
+use crate::wait::{wait_either, wait_reply, Waited};
 use crate::{Client, ClientError};
 
 impl Client {
@@ -108,17 +109,24 @@ impl Client {
             top_k: opts.top_k,
             want_runs: false,
         };
-        let reply = match sh.call(&conn, &q, Kind::Answer, until).await {
-            Ok(Waited::Reply(r)) => r,
-            Ok(Waited::Closed) => return QueryOutcome::Disconnected,
-            Ok(Waited::TimedOut) => return QueryOutcome::Timeout,
-            Err(ClientError::Encode(m)) => {
-                return QueryOutcome::Rejected(ErrorReply {
-                    code: ErrorCode::BadFrame,
-                    message: m,
-                })
+        let second = sh.live_conns().into_iter().find(|(i, _)| *i != slot);
+        let hedge_at = self.hedge_at(until);
+        let (slot, reply) = match (second, hedge_at) {
+            (Some(second), Some(at)) => {
+                match self.hedged(&q, opts, (slot, conn), second, at, until).await {
+                    Ok(r) => r,
+                    Err(outcome) => return outcome,
+                }
             }
-            Err(_) => return QueryOutcome::Disconnected,
+            _ => match sh.call(&conn, &q, Kind::Answer, until).await {
+                Ok(w) => (slot, w),
+                Err(e) => return failed(e),
+            },
+        };
+        let reply = match reply {
+            Waited::Reply(r) => r,
+            Waited::Closed => return QueryOutcome::Disconnected,
+            Waited::TimedOut => return QueryOutcome::Timeout,
         };
         match reply {
             Reply::Answer(a) => self.outcome(slot, a),
@@ -127,7 +135,78 @@ impl Client {
         }
     }
 
-    fn outcome(&self, slot: usize, a: Answer) -> QueryOutcome {
+    /// When to hedge a query that must be answered by `until`, if at all.
+    fn hedge_at(&self, until: Instant) -> Option<Instant> {
+        let cfg = &self.shared.cfg;
+        let now = Instant::now();
+        let budget = until.saturating_duration_since(now);
+        let after = match cfg.hedge_after {
+            Some(d) => d,
+            None => self
+                .shared
+                .counters
+                .latency_quantile(0.95)
+                .unwrap_or(budget / 4)
+                .max(Duration::from_micros(100))
+                .min(budget / 2),
+        };
+        (after < budget).then(|| now + after)
+    }
+
+    /// Sends `q` to the primary and, if it has not answered by `hedge_at`, to `second`
+    /// too: the first answer wins. Returns the answering server's slot and its reply.
+    async fn hedged(
+        &self,
+        q: &Query,
+        opts: &QueryOptions,
+        (slot, conn): (usize, std::sync::Arc<crate::conn::Conn>),
+        (slot2, conn2): (usize, std::sync::Arc<crate::conn::Conn>),
+        hedge_at: Instant,
+        until: Instant,
+    ) -> Result<(usize, Waited), QueryOutcome> {
+        let sh = &self.shared;
+        let id = conn.next_id();
+        let Some(mut rx) = sh
+            .send_request(&conn, id, q, 0, Some(Kind::Answer))
+            .map_err(failed)?
+        else {
+            return Err(QueryOutcome::Disconnected);
+        };
+        // Hedge when the primary is slow, and at once when its connection went.
+        let primary_gone = match wait_reply(&mut rx, hedge_at, sh.cfg.spin_before_park).await {
+            Waited::TimedOut => false,
+            Waited::Closed => true,
+            w => return Ok((slot, w)),
+        };
+        // The candidates as the second server numbers them.
+        let mut q2 = q.clone();
+        q2.candidates = opts
+            .candidates
+            .iter()
+            .filter_map(|c| sh.id_on(slot2, c))
+            .collect();
+        let id2 = conn2.next_id();
+        let Ok(Some(mut rx2)) = sh.send_request(&conn2, id2, &q2, 0, Some(Kind::Answer)) else {
+            if primary_gone {
+                return Ok((slot, Waited::Closed));
+            }
+            let w = wait_reply(&mut rx, until, None).await;
+            if matches!(w, Waited::TimedOut) {
+                conn.forget(id);
+            }
+            return Ok((slot, w));
+        };
+        Counters::bump(&sh.counters.n.hedges);
+        let (first, w) = wait_either(&mut rx, &mut rx2, until).await;
+        conn.forget(id);
+        conn2.forget(id2);
+        if first == 1 && matches!(w, Waited::Reply(_)) {
+            Counters::bump(&sh.counters.n.hedges_won);
+        }
+        Ok((if first == 0 { slot } else { slot2 }, w))
+    }
+
+    pub(crate) fn outcome(&self, slot: usize, a: Answer) -> QueryOutcome {
         let c = &self.shared.counters.n.unscorable;
         c.fetch_add(u64::from(a.unscorable), Ordering::Relaxed);
         if a.scores.is_empty() {
@@ -144,5 +223,16 @@ impl Client {
                 })
                 .collect(),
         )
+    }
+}
+
+/// A request that could not be sent, as the query's outcome.
+fn failed(e: ClientError) -> QueryOutcome {
+    match e {
+        ClientError::Encode(m) => QueryOutcome::Rejected(ErrorReply {
+            code: ErrorCode::BadFrame,
+            message: m,
+        }),
+        _ => QueryOutcome::Disconnected,
     }
 }

@@ -87,6 +87,16 @@ impl Shared {
             .find_map(|(i, s)| s.live().map(|c| (i, c)))
     }
 
+    /// The servers a write goes to: the primary alone where the servers are replicas of
+    /// one log, else every server up.
+    pub(crate) fn write_conns(&self) -> Vec<(usize, Arc<Conn>)> {
+        if self.cfg.replicas {
+            self.primary().into_iter().collect()
+        } else {
+            self.live_conns()
+        }
+    }
+
     pub(crate) fn live_conns(&self) -> Vec<(usize, Arc<Conn>)> {
         self.slots
             .iter()
@@ -125,7 +135,8 @@ impl Shared {
         match w {
             WorkerRef::Name(n) => self.slots[slot].ids.lock().ok()?.by_name.get(n).copied(),
             WorkerRef::Id(id) => {
-                if self.primary().map(|(p, _)| p) == Some(slot) {
+                // Replicas of one log number workers alike.
+                if self.cfg.replicas || self.primary().map(|(p, _)| p) == Some(slot) {
                     return Some(*id);
                 }
                 let name = self.name_of(w)?;

@@ -79,3 +79,51 @@ pub(crate) async fn wait_reply(
         tokio::task::yield_now().await;
     }
 }
+
+/// Waits for the first of two replies until `until`; a connection that closes leaves
+/// the other one to wait for. Returns which one answered (0 or 1) and how.
+pub(crate) async fn wait_either(
+    a: &mut oneshot::Receiver<Reply>,
+    b: &mut oneshot::Receiver<Reply>,
+    until: Instant,
+) -> (usize, Waited) {
+    let (mut a_open, mut b_open) = (true, true);
+    let park_until = until.checked_sub(TIMER_SLACK).unwrap_or(until);
+    while (a_open || b_open) && Instant::now() < park_until {
+        let timer = tokio::time::sleep_until(park_until.into());
+        tokio::select! {
+            r = &mut *a, if a_open => match r {
+                Ok(r) => return (0, Waited::Reply(r)),
+                Err(_) => a_open = false,
+            },
+            r = &mut *b, if b_open => match r {
+                Ok(r) => return (1, Waited::Reply(r)),
+                Err(_) => b_open = false,
+            },
+            _ = timer => break,
+        }
+    }
+    loop {
+        if a_open {
+            match a.try_recv() {
+                Ok(r) => return (0, Waited::Reply(r)),
+                Err(oneshot::error::TryRecvError::Closed) => a_open = false,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+        }
+        if b_open {
+            match b.try_recv() {
+                Ok(r) => return (1, Waited::Reply(r)),
+                Err(oneshot::error::TryRecvError::Closed) => b_open = false,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+        }
+        if !a_open && !b_open {
+            return (0, Waited::Closed);
+        }
+        if Instant::now() >= until {
+            return (0, Waited::TimedOut);
+        }
+        tokio::task::yield_now().await;
+    }
+}

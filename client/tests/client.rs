@@ -837,3 +837,62 @@ async fn a_bad_welcome_never_connects_and_never_panics() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_silent_primary_is_hedged_to_the_next_server_and_replicas_take_writes_once() {
+    let (a, b) = (
+        FakeServer::start(Opts::default()).await,
+        FakeServer::start(Opts::default()).await,
+    );
+    let servers = vec![a.addr.clone(), b.addr.clone()];
+    let c = Client::connect(ClientConfig {
+        hedge_after: Some(Duration::from_millis(5)),
+        ..config(servers.clone())
+    })
+    .await
+    .unwrap();
+    assert!(c.wait_server(&b.addr, PATIENCE).await);
+    full_worker(&c, "w").await;
+    let prompt = tokens(32, 5);
+    let chain = c.token_chain(&ks(), &prompt);
+    place(&c, &a, "w", chain.clone()).await;
+    place(&c, &b, "w", chain).await;
+    a.set_mode(Mode::Silent);
+    for _ in 0..20 {
+        let got = c.query_tokens(&ks(), &prompt, &opts()).await;
+        assert_eq!(got.best().map(|s| s.blocks), Some(2), "{got:?}");
+    }
+    let n = c.counters();
+    assert_eq!((n.hedges, n.hedges_won, n.timeouts), (20, 20, 0));
+
+    // Hedging off: the silent primary times the query out.
+    let off = Client::connect(ClientConfig {
+        hedge_after: Some(Duration::MAX),
+        deadline: Duration::from_millis(50),
+        ..config(servers.clone())
+    })
+    .await
+    .unwrap();
+    assert!(off.wait_server(&b.addr, PATIENCE).await);
+    assert_eq!(
+        off.query_tokens(&ks(), &prompt, &opts()).await,
+        QueryOutcome::Timeout
+    );
+    assert_eq!(off.counters().hedges, 0);
+
+    // Replicas of one log: a write goes to the primary alone.
+    let announces =
+        |s: &FakeServer, name: &str| s.count(|m| matches!(m, Msg::Announce(x) if x.name == name));
+    let r = Client::connect(ClientConfig {
+        replicas: true,
+        ..config(servers)
+    })
+    .await
+    .unwrap();
+    assert!(r.wait_server(&b.addr, PATIENCE).await);
+    full_worker(&r, "only-once").await;
+    assert_eq!(
+        (announces(&a, "only-once"), announces(&b, "only-once")),
+        (1, 0)
+    );
+}
