@@ -32,7 +32,7 @@ PIDS+=($!)
 for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$RPORT") 2>/dev/null && break; sleep 0.05; done
 
 start_replica() { # name key: starts one, sets ADDR and PID
-  "$BIN/kvix-server" --listen 127.0.0.1:0 --unix "" --metrics "" --cores 1 --log "redis://127.0.0.1:$RPORT/$2" \
+  "$BIN/kvix-server" --listen 127.0.0.1:0 --unix "" --metrics "" --cores 1 --pin false --log "redis://127.0.0.1:$RPORT/$2" \
     >"$OUT/$1.out" 2>"$OUT/$1.err" &
   PID=$!
   PIDS+=("$PID")
@@ -45,7 +45,8 @@ start_replica() { # name key: starts one, sets ADDR and PID
   [ -n "$ADDR" ] || { echo "replica $1 did not start; see $OUT/$1.err" >&2; exit 1; }
 }
 
-run() { # label key kill(yes/no)
+run() { # label key kill(yes/no): three fresh replicas, the load, then they are stopped
+  local first=${#PIDS[@]}
   start_replica "$1-a" "$2"; A="$ADDR"; APID="$PID"
   start_replica "$1-b" "$2"; B="$ADDR"; BPID="$PID"
   start_replica "$1-c" "$2"; C="$ADDR"
@@ -62,16 +63,17 @@ run() { # label key kill(yes/no)
     fi
   fi
   wait "$LOAD"
+  for p in "${PIDS[@]:$first}"; do kill -9 "$p" 2>/dev/null || true; done
 }
 
 run steady kvix-steady no
 run killed kvix-killed yes
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "${KILL:-primary}" <<'PY'
 import json, sys
 out = sys.argv[1]
 a = json.load(open(f"{out}/steady.json"))["queries"]
 b = json.load(open(f"{out}/killed.json"))["queries"]
-print(f"miss share at 2 ms: steady {100*a['miss_share']:.2f} %, primary killed {100*b['miss_share']:.2f} %"
+print(f"miss share at 2 ms: steady {100*a['miss_share']:.2f} %, {sys.argv[2]} killed {100*b['miss_share']:.2f} %"
       f" (difference {100*(b['miss_share']-a['miss_share']):+.2f} pp); not answered {a['not_answered']} / {b['not_answered']}")
 PY
 echo "results in $OUT"
