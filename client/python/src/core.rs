@@ -1,0 +1,376 @@
+//! `kvix._kvix.Core`: one kvix-client `Client`; every call either blocks the calling
+//! thread (GIL released) or, given the event loop's `Completer`, returns a future of
+//! that loop.
+
+use std::future::Future;
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+use kvix_client::wire::{Announce, Stats as WireStats};
+use kvix_client::{Client, QueryOptions};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use pyo3::IntoPyObjectExt;
+
+use kvix_client::ClientError;
+
+use crate::args::{self, EventSource, PromptKind};
+use crate::completer::Completer;
+use crate::errors::to_py;
+use crate::results::{QueryResult, Stats};
+use crate::runtime;
+
+#[pyclass(frozen, module = "kvix._kvix")]
+pub struct Core {
+    client: Client,
+}
+
+/// Runs `fut` to its end: on this thread with the GIL released (`done` None), or on
+/// the I/O thread, answering a future of `done`'s event loop.
+fn finish<T, F>(
+    py: Python<'_>,
+    done: Option<&Bound<'_, Completer>>,
+    spin: Option<Duration>,
+    fut: F,
+) -> PyResult<Py<PyAny>>
+where
+    F: Future<Output = Result<T, ClientError>> + Send + 'static,
+    T: for<'py> IntoPyObject<'py> + Send + 'static,
+{
+    let rt = runtime()?;
+    match done {
+        None => match py.detach(|| rt.block_on(fut)) {
+            Ok(v) => v.into_py_any(py),
+            Err(e) => Err(to_py(py, e)),
+        },
+        Some(done) => {
+            let done = done.get();
+            let (future, queue) = done.future(py)?;
+            let handle = future.clone_ref(py);
+            let mut task = Box::pin(async move {
+                let r = fut.await;
+                queue.push(
+                    handle,
+                    Box::new(move |py| match r {
+                        Ok(v) => v.into_py_any(py),
+                        Err(e) => Err(to_py(py, e)),
+                    }),
+                );
+            });
+            // The first poll here sends the request from this thread at once (as the
+            // blocking call does); only the wait for the reply goes to the I/O thread.
+            let _rt = rt.enter();
+            let mut cx = Context::from_waker(Waker::noop());
+            if task.as_mut().poll(&mut cx).is_pending() {
+                rt.spawn(task);
+            }
+            if let Some(spin) = spin {
+                done.spin_then_drain(py, spin);
+            }
+            Ok(future)
+        }
+    }
+}
+
+fn ms_opt(what: &str, v: Option<f64>) -> PyResult<Option<Duration>> {
+    v.map(|v| args::ms(what, v)).transpose()
+}
+
+#[pymethods]
+impl Core {
+    /// Connects (see `kvix.Client`); returns a Core, or (given `done`) a future of one.
+    #[staticmethod]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (servers, token_block, deadline_ms, name, auth, replicas, hedge_after_ms,
+                        connect_timeout_ms, request_timeout_ms, placement_queue, spin_us, done))]
+    fn open(
+        py: Python<'_>,
+        servers: Vec<String>,
+        token_block: u32,
+        deadline_ms: f64,
+        name: String,
+        auth: Option<String>,
+        replicas: bool,
+        hedge_after_ms: Option<f64>,
+        connect_timeout_ms: f64,
+        request_timeout_ms: f64,
+        placement_queue: usize,
+        spin_us: Option<f64>,
+        done: Option<&Bound<'_, Completer>>,
+    ) -> PyResult<Py<PyAny>> {
+        let cfg = args::config(
+            py,
+            servers,
+            token_block,
+            deadline_ms,
+            name,
+            auth,
+            replicas,
+            hedge_after_ms,
+            connect_timeout_ms,
+            request_timeout_ms,
+            placement_queue,
+            spin_us,
+        )?;
+        finish(py, done, None, async move {
+            let client = Client::connect(cfg).await?;
+            Ok(Core { client })
+        })
+    }
+
+    /// Asks which workers can reuse how much of the prompt. `kind`: 0 token ids, 1 text
+    /// (str / bytes), 2 a chain of block hashes.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (keyspace, kind, prompt, deadline_ms, candidates, top_k, done))]
+    fn query(
+        &self,
+        py: Python<'_>,
+        keyspace: &Bound<'_, PyAny>,
+        kind: u8,
+        prompt: &Bound<'_, PyAny>,
+        deadline_ms: Option<f64>,
+        candidates: Option<&Bound<'_, PyAny>>,
+        top_k: u32,
+        done: Option<&Bound<'_, Completer>>,
+    ) -> PyResult<Py<PyAny>> {
+        let ks = args::keyspace(keyspace)?;
+        let prompt = args::prompt(prompt_kind(kind)?, prompt)?;
+        let opts = QueryOptions {
+            candidates: args::workers(candidates)?,
+            top_k,
+            deadline: ms_opt("deadline_ms", deadline_ms)?,
+        };
+        let client = self.client.clone();
+        let spin = client.config().spin_before_park;
+        finish(py, done, spin, async move {
+            let outcome = client.query(&ks, prompt.as_client(), &opts).await;
+            Ok::<_, ClientError>(QueryResult::from(outcome))
+        })
+    }
+
+    /// Announces a worker (remembered and re-announced on every reconnect); returns the
+    /// primary server's id for it.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, lanes, feed, capacity_blocks, ttl_ms, source, done))]
+    fn announce(
+        &self,
+        py: Python<'_>,
+        name: String,
+        lanes: Option<Vec<String>>,
+        feed: &str,
+        capacity_blocks: u64,
+        ttl_ms: u64,
+        source: Option<&Bound<'_, EventSource>>,
+        done: Option<&Bound<'_, Completer>>,
+    ) -> PyResult<Py<PyAny>> {
+        let msg = Announce {
+            name,
+            lanes: args::lanes(lanes, self.client.config().token_block)?,
+            feed: args::feed(feed, capacity_blocks, ttl_ms)?,
+            source: source.map(|s| s.get().into()),
+        };
+        let client = self.client.clone();
+        finish(
+            py,
+            done,
+            None,
+            async move { client.announce_worker(msg).await },
+        )
+    }
+
+    /// For benchmarks: `n` token queries through the Rust client alone, one after the
+    /// other, each timed in Rust (nanoseconds): blocking this thread the way the
+    /// blocking Python call does, or (given `done`) as a task on the I/O runtime the
+    /// way a Rust async gateway would. The baseline the Python calls are compared with.
+    #[pyo3(signature = (keyspace, token_ids, n, done))]
+    fn rust_baseline(
+        &self,
+        py: Python<'_>,
+        keyspace: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+        n: usize,
+        done: Option<&Bound<'_, Completer>>,
+    ) -> PyResult<Py<PyAny>> {
+        let ks = args::keyspace(keyspace)?;
+        let args::Prompt::Tokens(tokens) = args::prompt(PromptKind::Tokens, token_ids)? else {
+            unreachable!("a token prompt")
+        };
+        let client = self.client.clone();
+        let opts = QueryOptions::default();
+        if done.is_none() {
+            let rt = runtime()?;
+            let times = py.detach(|| {
+                (0..n)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        let _ = rt.block_on(client.query_tokens(&ks, &tokens, &opts));
+                        t.elapsed().as_nanos() as u64
+                    })
+                    .collect::<Vec<u64>>()
+            });
+            return times.into_py_any(py);
+        }
+        finish(py, done, None, async move {
+            let mut times = Vec::with_capacity(n);
+            for _ in 0..n {
+                let t = std::time::Instant::now();
+                let _ = client.query_tokens(&ks, &tokens, &opts).await;
+                times.push(t.elapsed().as_nanos() as u64);
+            }
+            Ok::<_, ClientError>(times)
+        })
+    }
+
+    /// Retires a worker (by name or id) on every server and stops re-announcing it.
+    fn retire(
+        &self,
+        py: Python<'_>,
+        worker: &Bound<'_, PyAny>,
+        done: Option<&Bound<'_, Completer>>,
+    ) -> PyResult<Py<PyAny>> {
+        let worker = args::worker(worker)?;
+        let client = self.client.clone();
+        finish(py, done, None, async move { client.retire(worker).await })
+    }
+
+    /// The primary server's counters.
+    fn stats(&self, py: Python<'_>, done: Option<&Bound<'_, Completer>>) -> PyResult<Py<PyAny>> {
+        let client = self.client.clone();
+        finish(py, done, None, async move {
+            client.stats().await.map(Stats::from)
+        })
+    }
+
+    /// Waits until some server is up, at most `timeout_ms`; whether one is.
+    fn wait_connected(
+        &self,
+        py: Python<'_>,
+        timeout_ms: f64,
+        done: Option<&Bound<'_, Completer>>,
+    ) -> PyResult<Py<PyAny>> {
+        let timeout = args::ms("timeout_ms", timeout_ms)?;
+        let client = self.client.clone();
+        finish(py, done, None, async move {
+            Ok::<_, ClientError>(client.wait_connected(timeout).await)
+        })
+    }
+
+    /// Queues a placement (the request for this prompt went to `worker`); never blocks.
+    /// False when the queue was full and it was dropped.
+    fn publish_placement(
+        &self,
+        worker: &Bound<'_, PyAny>,
+        keyspace: &Bound<'_, PyAny>,
+        kind: u8,
+        prompt: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let worker = args::worker(worker)?;
+        let ks = args::keyspace(keyspace)?;
+        let (ks, chain) = self.chain_of(ks, prompt_kind(kind)?, prompt)?;
+        Ok(self.client.publish_placement(worker, &ks, chain))
+    }
+
+    /// The prompt's chain of block hashes, as the server would index it.
+    fn chain(
+        &self,
+        keyspace: &Bound<'_, PyAny>,
+        kind: u8,
+        prompt: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u64>> {
+        let ks = args::keyspace(keyspace)?;
+        Ok(self.chain_of(ks, prompt_kind(kind)?, prompt)?.1)
+    }
+
+    fn is_connected(&self) -> bool {
+        self.client.is_connected()
+    }
+
+    fn primary(&self) -> Option<String> {
+        self.client.primary().map(|a| a.to_string())
+    }
+
+    fn worker_id(&self, name: &str) -> Option<u32> {
+        self.client.worker_id(name)
+    }
+
+    /// The client's counters: outcomes, placements, connections, hedges, latency.
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.client.counters();
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("queries", c.queries()),
+            ("scores", c.scores),
+            ("empty", c.empty),
+            ("timeouts", c.timeouts),
+            ("disconnected", c.disconnected),
+            ("rejected", c.rejected),
+            ("failed_open", c.failed_open()),
+            ("unscorable", c.unscorable),
+            ("placements_sent", c.placements_sent),
+            ("placement_drops", c.placement_drops),
+            ("placements_unsent", c.placements_unsent),
+            ("connects", c.connects),
+            ("reconnects", c.reconnects),
+            ("connection_losses", c.connection_losses),
+            ("connect_failures", c.connect_failures),
+            ("handshake_refusals", c.handshake_refusals),
+            ("malformed_replies", c.malformed_replies),
+            ("late_replies", c.late_replies),
+            ("hedges", c.hedges),
+            ("hedges_won", c.hedges_won),
+        ] {
+            d.set_item(k, v)?;
+        }
+        for (k, q) in [
+            ("latency_p50_us", 0.5),
+            ("latency_p99_us", 0.99),
+            ("latency_max_us", 1.0),
+        ] {
+            d.set_item(k, c.latency_quantile(q).as_secs_f64() * 1e6)?;
+        }
+        Ok(d)
+    }
+}
+
+impl Core {
+    fn chain_of(
+        &self,
+        mut ks: kvix_client::wire::Keyspace,
+        kind: PromptKind,
+        prompt: &Bound<'_, PyAny>,
+    ) -> PyResult<(kvix_client::wire::Keyspace, Vec<u64>)> {
+        let chain = match args::prompt(kind, prompt)? {
+            args::Prompt::Tokens(t) => self.client.token_chain(&ks, &t),
+            args::Prompt::Bytes(b) => {
+                ks.kind = kvix_client::wire::ChunkKind::Bytes;
+                self.client.byte_chain(&ks, &b)
+            }
+            args::Prompt::Chain(c) => c,
+        };
+        Ok((ks, chain))
+    }
+}
+
+fn prompt_kind(kind: u8) -> PyResult<PromptKind> {
+    match kind {
+        0 => Ok(PromptKind::Tokens),
+        1 => Ok(PromptKind::Bytes),
+        2 => Ok(PromptKind::Chain),
+        k => Err(crate::errors::bad_arg(format!(
+            "prompt kind {k} (0 tokens, 1 text, 2 chain)"
+        ))),
+    }
+}
+
+impl From<WireStats> for Stats {
+    fn from(s: WireStats) -> Self {
+        Stats {
+            workers: s.workers,
+            blocks: s.blocks,
+            memberships: s.memberships,
+            queries: s.queries,
+            events: s.events,
+            shard_load: s.shard_load,
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The Python package (client/python) against this server: builds and installs it the
+//! way its README says (`pip install ./client/python`, into a private directory, debug
+//! profile), loads a server through the Rust client and records the Rust client's
+//! answers, then runs the pytest suite (client/python/tests, the example's test
+//! included) with that server, those answers and this server binary.
+//!
+//! Needs python3 with pytest and maturin (.ci/run installs them). Without them the test
+//! is skipped with the reason, except under CI=true, where it fails.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::Server;
+use kvix_client::wire::{Feed, Keyspace, Lane};
+use kvix_client::{Addr, Client, ClientConfig, QueryOptions, QueryOutcome, WorkerRef};
+use serde_json::json;
+
+const MODEL: &str = "rust-answers";
+const CAPACITY: u64 = 1 << 20;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// None (after printing why) when python3, pytest or maturin is missing here.
+fn python_ready() -> Option<()> {
+    let probe = Command::new("python3")
+        .args(["-c", "import pytest, maturin"])
+        .output();
+    let why = match probe {
+        Ok(o) if o.status.success() => return Some(()),
+        Ok(o) => format!(
+            "python3 lacks pytest or maturin ({})",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("no python3 ({e})"),
+    };
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("the Python package tests need them under CI: {why}");
+    }
+    eprintln!("SKIPPED python package tests: {why}; `pip install pytest maturin` to run them");
+    None
+}
+
+/// `pip install ./client/python` into `site` (debug profile, its own cargo target
+/// directory so it never waits on this build's lock).
+fn install(site: &Path, cargo_target: &Path) {
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+        ])
+        .args(["--upgrade", "--target"])
+        .arg(site)
+        .arg(repo().join("client/python"))
+        .env("CARGO_TARGET_DIR", cargo_target)
+        .env("MATURIN_PEP517_ARGS", "--profile dev")
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "pip install ./client/python failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A small deterministic generator (the answers file must not change between runs).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Loads the server with placements and returns the Rust client's answers to 200
+/// queries (prefixes and extensions of the placed prompts, with top_k and candidates).
+async fn rust_answers(server: &Server) -> serde_json::Value {
+    let cfg = ClientConfig {
+        deadline: Duration::from_secs(2),
+        ..ClientConfig::new([Addr::tcp(server.addr.to_string())])
+    };
+    let client = Client::connect(cfg).await.expect("connects");
+    let ks = Keyspace::tokens(MODEL);
+    let workers: Vec<String> = (0..6).map(|i| format!("py-worker-{i}")).collect();
+    for w in &workers {
+        let feed = Feed::Placements {
+            capacity_blocks: CAPACITY,
+            ttl_ms: 0,
+        };
+        client
+            .announce(w.as_str(), vec![Lane::full(16)], feed)
+            .await
+            .expect("announce");
+    }
+    let mut rng = Rng(0x5eed);
+    let bases: Vec<Vec<u32>> = (0..20)
+        .map(|_| (0..16 * 40).map(|_| rng.below(50_000) as u32).collect())
+        .collect();
+    for (i, base) in bases.iter().enumerate() {
+        for _ in 0..3 {
+            let w = &workers[rng.below(workers.len() as u64) as usize];
+            let blocks = 1 + rng.below(40) as usize;
+            let prompt = &base[..16 * blocks];
+            client.publish_placement(w.as_str(), &ks, client.token_chain(&ks, prompt));
+            // Placements are fire-and-forget: wait until this one shows.
+            let opts = QueryOptions {
+                candidates: vec![WorkerRef::from(w.as_str())],
+                ..Default::default()
+            };
+            let mut shown = false;
+            for _ in 0..500 {
+                let out = client.query_tokens(&ks, prompt, &opts).await;
+                if out.best().is_some_and(|s| s.blocks as usize >= blocks) {
+                    shown = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert!(shown, "placement {i} of {blocks} blocks never showed");
+        }
+    }
+    let mut queries = Vec::new();
+    for _ in 0..200 {
+        let base = &bases[rng.below(bases.len() as u64) as usize];
+        let mut tokens = base[..16 * (1 + rng.below(40) as usize)].to_vec();
+        if rng.below(3) == 0 {
+            tokens.extend((0..16 * rng.below(4)).map(|_| rng.below(50_000) as u32));
+        }
+        let top_k = [0u32, 1, 3][rng.below(3) as usize];
+        let candidates: Vec<String> = if rng.below(3) == 0 {
+            workers
+                .iter()
+                .filter(|_| rng.below(2) == 0)
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let opts = QueryOptions {
+            candidates: candidates.iter().map(WorkerRef::from).collect(),
+            top_k,
+            deadline: None,
+        };
+        let out = client.query_tokens(&ks, &tokens, &opts).await;
+        let scores: Vec<serde_json::Value> = match &out {
+            QueryOutcome::Scores(s) => s
+                .iter()
+                .map(|s| json!([s.name.as_deref().expect("announced here"), s.blocks]))
+                .collect(),
+            QueryOutcome::Empty => Vec::new(),
+            other => panic!("the Rust client failed a query: {other:?}"),
+        };
+        queries.push(json!({
+            "tokens": tokens, "top_k": top_k, "candidates": candidates,
+            "outcome": out.kind(), "scores": scores,
+        }));
+    }
+    json!({
+        "server": server.addr.to_string(), "model": MODEL, "workers": workers,
+        "capacity_blocks": CAPACITY, "queries": queries,
+    })
+}
+
+#[test]
+fn the_python_package_installs_and_its_pytest_suite_passes() {
+    if python_ready().is_none() {
+        return;
+    }
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kvix-python");
+    let site = work.join("site");
+    install(&site, &work.join("cargo"));
+
+    let server = Server::start(&["--cores", "1"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answers = rt.block_on(rust_answers(&server));
+    let answers_file = work.join("rust-answers.json");
+    std::fs::write(&answers_file, answers.to_string()).unwrap();
+
+    let out = Command::new("python3")
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"])
+        .arg(repo().join("client/python/tests"))
+        .current_dir(repo())
+        .env("PYTHONPATH", &site)
+        .env("KVIX_SERVER_BIN", env!("CARGO_BIN_EXE_kvix-server"))
+        .env("KVIX_RUST_ANSWERS", &answers_file)
+        .output()
+        .expect("python3 runs");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{report}");
+    assert!(out.status.success(), "pytest failed:\n{report}");
+    // Skips are failures here: everything the suite needs was provided.
+    assert!(
+        !report.contains("skipped"),
+        "pytest skipped tests:\n{report}"
+    );
+}
