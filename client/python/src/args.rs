@@ -9,7 +9,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use crate::errors::bad_arg;
 
@@ -256,43 +256,54 @@ pub fn ms(what: &str, v: f64) -> PyResult<Duration> {
     }
 }
 
-/// The client's options, as `kvix.Client(...)` takes them.
-#[allow(clippy::too_many_arguments)]
+/// The client's options, as `kvix.Client(servers, **options)` takes them: the Rust
+/// client's defaults, changed by the keywords given. An unknown keyword is a
+/// `TypeError` naming it.
 pub fn config(
     py: Python<'_>,
     servers: Vec<String>,
-    token_block: u32,
-    deadline_ms: f64,
-    name: String,
-    auth: Option<String>,
-    replicas: bool,
-    hedge_after_ms: Option<f64>,
-    connect_timeout_ms: f64,
-    request_timeout_ms: f64,
-    placement_queue: usize,
-    spin_us: Option<f64>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<ClientConfig> {
     let servers = servers
         .iter()
         .map(|s| s.parse::<Addr>().map_err(|e| crate::errors::to_py(py, e)))
         .collect::<PyResult<Vec<_>>>()?;
-    let cfg = ClientConfig {
-        token_block,
-        deadline: ms("deadline_ms", deadline_ms)?,
-        name,
-        auth,
-        replicas,
-        hedge_after: match hedge_after_ms {
-            None => None,
-            Some(v) if v == f64::INFINITY => Some(Duration::MAX),
-            Some(v) => Some(ms("hedge_after_ms", v)?),
-        },
-        connect_timeout: ms("connect_timeout_ms", connect_timeout_ms)?,
-        request_timeout: ms("request_timeout_ms", request_timeout_ms)?,
-        placement_queue,
-        spin_before_park: spin_us.map(|us| ms("spin_us", us / 1e3)).transpose()?,
+    let mut cfg = ClientConfig {
+        name: "kvix-python".into(),
         ..ClientConfig::new(servers)
     };
+    for (key, value) in options.into_iter().flatten() {
+        let key: String = key.extract()?;
+        let v = &value;
+        match key.as_str() {
+            "token_block" => cfg.token_block = v.extract()?,
+            "deadline_ms" => cfg.deadline = ms(&key, v.extract()?)?,
+            "name" => cfg.name = v.extract()?,
+            "auth" => cfg.auth = v.extract()?,
+            "replicas" => cfg.replicas = v.extract()?,
+            "hedge_after_ms" => {
+                cfg.hedge_after = match v.extract::<Option<f64>>()? {
+                    None => None,
+                    Some(f) if f == f64::INFINITY => Some(Duration::MAX),
+                    Some(f) => Some(ms(&key, f)?),
+                }
+            }
+            "connect_timeout_ms" => cfg.connect_timeout = ms(&key, v.extract()?)?,
+            "request_timeout_ms" => cfg.request_timeout = ms(&key, v.extract()?)?,
+            "placement_queue" => cfg.placement_queue = v.extract()?,
+            "spin_us" => {
+                cfg.spin_before_park = match v.extract::<Option<f64>>()? {
+                    None => None,
+                    Some(us) => Some(ms(&key, us / 1e3)?),
+                }
+            }
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "unknown client option {other:?} (see help(kvix.Client))"
+                )))
+            }
+        }
+    }
     cfg.validate().map_err(|e| crate::errors::to_py(py, e))?;
     Ok(cfg)
 }

@@ -80,38 +80,14 @@ fn ms_opt(what: &str, v: Option<f64>) -> PyResult<Option<Duration>> {
 impl Core {
     /// Connects (see `kvix.Client`); returns a Core, or (given `done`) a future of one.
     #[staticmethod]
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (servers, token_block, deadline_ms, name, auth, replicas, hedge_after_ms,
-                        connect_timeout_ms, request_timeout_ms, placement_queue, spin_us, done))]
+    #[pyo3(signature = (servers, options, done))]
     fn open(
         py: Python<'_>,
         servers: Vec<String>,
-        token_block: u32,
-        deadline_ms: f64,
-        name: String,
-        auth: Option<String>,
-        replicas: bool,
-        hedge_after_ms: Option<f64>,
-        connect_timeout_ms: f64,
-        request_timeout_ms: f64,
-        placement_queue: usize,
-        spin_us: Option<f64>,
+        options: Option<&Bound<'_, PyDict>>,
         done: Option<&Bound<'_, Completer>>,
     ) -> PyResult<Py<PyAny>> {
-        let cfg = args::config(
-            py,
-            servers,
-            token_block,
-            deadline_ms,
-            name,
-            auth,
-            replicas,
-            hedge_after_ms,
-            connect_timeout_ms,
-            request_timeout_ms,
-            placement_queue,
-            spin_us,
-        )?;
+        let cfg = args::config(py, servers, options)?;
         finish(py, done, None, async move {
             let client = Client::connect(cfg).await?;
             Ok(Core { client })

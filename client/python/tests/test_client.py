@@ -153,6 +153,8 @@ def test_control_errors_are_typed_exceptions_with_the_rust_message(server, dead_
         kvix.Client(server.addr, token_block=0)
     with pytest.raises(ValueError, match="deadline_ms"):
         kvix.Client(server.addr, deadline_ms=0)
+    with pytest.raises(TypeError, match="deadline"):
+        kvix.Client(server.addr, deadline=2)  # not an option: deadline_ms is
     # A block size the server does not use is refused at the handshake.
     with pytest.raises(kvix.RejectedError, match="refused the handshake"):
         kvix.Client(server.addr, token_block=32)

@@ -63,25 +63,10 @@ Worker = Union[str, int]
 _TOKENS, _TEXT, _CHAIN = 0, 1, 2
 
 
-def _options(
-    servers: Union[str, Sequence[str]],
-    token_block: int,
-    deadline_ms: float,
-    name: str,
-    auth: Optional[str],
-    replicas: bool,
-    hedge_after_ms: Optional[float],
-    connect_timeout_ms: float,
-    request_timeout_ms: float,
-    placement_queue: int,
-    spin_us: Optional[float],
-) -> tuple:
+def _servers(servers: Union[str, Sequence[str]]) -> list:
     if isinstance(servers, str):
-        servers = [s for s in servers.split(",") if s.strip()]
-    return (
-        list(servers), token_block, deadline_ms, name, auth, replicas, hedge_after_ms,
-        connect_timeout_ms, request_timeout_ms, placement_queue, spin_us,
-    )
+        return [s for s in servers.split(",") if s.strip()]
+    return list(servers)
 
 
 class _Base:
@@ -136,39 +121,29 @@ class Client(_Base):
 
     servers: "host:port" or "unix:/path", a list or a comma-separated string, in order of
       preference; queries go to the first one up.
-    token_block: tokens per block; must match the server's (`--token-block`).
-    deadline_ms: what a query may take in all; past it the query fails open.
+
+    Options (keywords; the Rust client's defaults):
+    token_block: tokens per block (16); must match the server's (`--token-block`).
+    deadline_ms: what a query may take in all (2.0); past it the query fails open.
     replicas: the servers are replicas of one log (`kvix-server --log`): writes go to the
-      primary only. Otherwise every server is sent every write.
+      primary only. Otherwise (False) every server is sent every write.
     hedge_after_ms: with several servers, a query the primary has not answered after
       this long also goes to the next one; None: the client's own p95 (at most half the
       deadline); float("inf"): never.
     spin_us: spin this long for a reply before parking the thread (lower latency, one
-      core busy meanwhile); None: park at once.
+      core busy meanwhile; asyncio: the loop is blocked meanwhile); None: park at once.
+    auth: the server's shared token (--auth-token). name: this client in the server's
+      logs ("kvix-python"). connect_timeout_ms, request_timeout_ms: limits on a
+      connection attempt and on control calls (1000). placement_queue: placements
+      waiting to be sent before new ones are dropped and counted (4096).
 
     Raises ConfigError for a configuration that cannot work and RejectedError when a
     server refuses the handshake (auth, block size). A server that is down is not an
     error: the client keeps trying, and queries fail open meanwhile.
     """
 
-    def __init__(
-        self,
-        servers: Union[str, Sequence[str]] = ("127.0.0.1:7420",),
-        *,
-        token_block: int = 16,
-        deadline_ms: float = 2.0,
-        name: str = "kvix-python",
-        auth: Optional[str] = None,
-        replicas: bool = False,
-        hedge_after_ms: Optional[float] = None,
-        connect_timeout_ms: float = 1000.0,
-        request_timeout_ms: float = 1000.0,
-        placement_queue: int = 4096,
-        spin_us: Optional[float] = None,
-    ) -> None:
-        opts = _options(servers, token_block, deadline_ms, name, auth, replicas, hedge_after_ms,
-                        connect_timeout_ms, request_timeout_ms, placement_queue, spin_us)
-        self._core = _Core.open(*opts, None)
+    def __init__(self, servers: Union[str, Sequence[str]] = "127.0.0.1:7420", **options: Any) -> None:
+        self._core = _Core.open(_servers(servers), options, None)
 
     def query_tokens(
         self, keyspace: KeyspaceLike, token_ids: Any, deadline_ms: Optional[float] = None,
@@ -233,29 +208,14 @@ class AsyncClient(_Base):
         self._loop = loop
 
     @classmethod
-    async def connect(
-        cls,
-        servers: Union[str, Sequence[str]] = ("127.0.0.1:7420",),
-        *,
-        token_block: int = 16,
-        deadline_ms: float = 2.0,
-        name: str = "kvix-python",
-        auth: Optional[str] = None,
-        replicas: bool = False,
-        hedge_after_ms: Optional[float] = None,
-        connect_timeout_ms: float = 1000.0,
-        request_timeout_ms: float = 1000.0,
-        placement_queue: int = 4096,
-        spin_us: Optional[float] = None,
-    ) -> "AsyncClient":
-        """Connects; see `Client` for the arguments."""
-        opts = _options(servers, token_block, deadline_ms, name, auth, replicas, hedge_after_ms,
-                        connect_timeout_ms, request_timeout_ms, placement_queue, spin_us)
+    async def connect(cls, servers: Union[str, Sequence[str]] = "127.0.0.1:7420",
+                      **options: Any) -> "AsyncClient":
+        """Connects; the same servers and options as `Client`."""
         loop = asyncio.get_running_loop()
         done = _Completer(loop)
         loop.add_reader(done.fileno(), done.drain)
         try:
-            return cls(await _Core.open(*opts, done), done, loop)
+            return cls(await _Core.open(_servers(servers), options, done), done, loop)
         except BaseException:
             loop.remove_reader(done.fileno())
             raise

@@ -58,10 +58,8 @@ class Stats:
 
 class Core:
     @staticmethod
-    def open(servers: list[str], token_block: int, deadline_ms: float, name: str,
-             auth: Optional[str], replicas: bool, hedge_after_ms: Optional[float],
-             connect_timeout_ms: float, request_timeout_ms: float, placement_queue: int,
-             spin_us: Optional[float], done: Optional[Completer]) -> Any: ...
+    def open(servers: list[str], options: Optional[dict[str, Any]],
+             done: Optional[Completer]) -> Any: ...
     def query(self, keyspace: Any, kind: int, prompt: Any, deadline_ms: Optional[float],
               candidates: Any, top_k: int, done: Optional[Completer]) -> Any: ...
     def announce(self, name: str, lanes: Optional[Any], feed: str, capacity_blocks: int,

@@ -1,0 +1,36 @@
+"""examples/python_router end to end: mock workers publishing through vLLM's real
+ZmqEventPublisher, two routers, a real kvix-server; kvix must beat round robin on the
+follow-up cache hit by at least 0.25 on the example's default workload."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, _server_bin
+
+
+def test_the_router_example_beats_round_robin_on_follow_up_hits():
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("aiohttp is needed (pip install aiohttp)")
+        pytest.skip("aiohttp is not installed (pip install aiohttp)")
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "python_router", "run.py"),
+         "--server-bin", _server_bin(), "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    print(out.stdout)
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    kvix, rr = results["kvix"], results["round_robin"]
+    assert kvix["follow_up_hit"] - rr["follow_up_hit"] >= 0.25, out.stdout
+    # kvix did the routing: most requests went where it said, none failed open for long.
+    routed = [r["routed"] for r in kvix["routers"]]
+    assert sum(r["by_kvix"] for r in routed) > sum(r["in_turn"] for r in routed)
+    assert all(r["kvix"]["scores"] > 0 for r in kvix["routers"])
+    assert all(r["routed"]["by_kvix"] == 0 for r in rr["routers"])

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""A small OpenAI-compatible router in front of inference workers, routing by kvix.
+
+    python3 router.py --port 8001 --kvix 127.0.0.1:7420 --model demo \\
+        --worker w0=http://127.0.0.1:8101,tcp://127.0.0.1:5601 --worker w1=...
+
+It tokenizes nothing: a prompt of token ids is asked of kvix by its tokens; a text
+prompt by its bytes (kvix's byte keyspace, which only placements fill: use
+--feed placements for text). Per request it asks kvix which worker can reuse the most
+of the prompt (2 ms deadline, fail open), sends it there when that covers at least
+--min-reuse of the prompt and to the next worker in turn otherwise, forwards the request,
+and (with --feed placements) publishes the placement.
+
+At start it announces every worker to kvix with the worker's KV event endpoint as its
+source, so kvix subscribes to the worker's own event stream (--feed events, the
+default), or as a placements-fed worker. --policy round_robin ignores kvix: the
+baseline. GET /stats shows how requests were routed.
+"""
+
+import argparse
+import asyncio
+import itertools
+
+import aiohttp
+from aiohttp import web
+
+import kvix
+
+
+def parse_worker(text):
+    name, _, rest = text.partition("=")
+    url, _, events = rest.partition(",")
+    if not name or not url.startswith("http"):
+        raise argparse.ArgumentTypeError(f"--worker NAME=URL[,EVENTS_ENDPOINT], not {text!r}")
+    return name, url.rstrip("/"), events or None
+
+
+class Router:
+    def __init__(self, a):
+        self.a = a
+        self.workers = {name: url for name, url, _ in a.worker}
+        self.names = list(self.workers)
+        self.turn = itertools.cycle(self.names)
+        self.kvix = None
+        self.http = None
+        self.routed = {"by_kvix": 0, "in_turn": 0, "kvix_failed_open": 0}
+
+    async def start(self, _app):
+        self.http = aiohttp.ClientSession()
+        if self.a.policy != "kvix":
+            return
+        self.kvix = await kvix.AsyncClient.connect(self.a.kvix, name=f"router-{self.a.port}")
+        for name, _, events in self.a.worker:
+            if self.a.feed == "placements":
+                await self.kvix.announce(name, feed="placements", capacity_blocks=self.a.capacity_blocks)
+            else:
+                if not events:
+                    raise SystemExit(f"worker {name} has no event endpoint (NAME=URL,tcp://...)")
+                await self.kvix.announce(name, source=kvix.EventSource(events, self.a.model))
+
+    async def stop(self, _app):
+        await self.http.close()
+        if self.kvix:
+            self.kvix.close()
+
+    async def pick(self, prompt):
+        """The worker for this prompt, and whether kvix chose it."""
+        if self.kvix is None:
+            return next(self.turn), False
+        if isinstance(prompt, str):
+            r = await self.kvix.query_text(self.a.model, prompt, candidates=self.names, top_k=1)
+            blocks = max(1, len(prompt.encode()) // 256)
+        else:
+            r = await self.kvix.query_tokens(self.a.model, prompt, candidates=self.names, top_k=1)
+            blocks = max(1, len(prompt) // 16)
+        if r.failed_open:
+            self.routed["kvix_failed_open"] += 1
+        best = r.best
+        if best is not None and best.blocks >= self.a.min_reuse * blocks:
+            return best.worker, True
+        return next(self.turn), False
+
+    async def completions(self, request):
+        body = await request.json()
+        prompt = body.get("prompt")
+        if not isinstance(prompt, (list, str)):
+            return web.json_response({"error": {"message": "prompt must be token ids or text"}}, status=400)
+        worker, by_kvix = await self.pick(prompt)
+        self.routed["by_kvix" if by_kvix else "in_turn"] += 1
+        async with self.http.post(self.workers[worker] + "/v1/completions", json=body) as resp:
+            answer = await resp.json()
+            status = resp.status
+        if self.kvix is not None and self.a.feed == "placements" and status == 200:
+            if isinstance(prompt, str):
+                self.kvix.publish_placement(worker, self.a.model, text=prompt)
+            else:
+                self.kvix.publish_placement(worker, self.a.model, prompt)
+        return web.json_response(answer, status=status,
+                                 headers={"x-worker": worker, "x-routed-by": "kvix" if by_kvix else "turn"})
+
+    async def stats(self, _request):
+        out = {"policy": self.a.policy, "routed": self.routed}
+        if self.kvix:
+            out["kvix"] = self.kvix.counters()
+        return web.json_response(out)
+
+
+async def serve(a):
+    r = Router(a)
+    app = web.Application()
+    app.on_startup.append(r.start)
+    app.on_cleanup.append(r.stop)
+    app.router.add_post("/v1/completions", r.completions)
+    app.router.add_get("/stats", r.stats)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", a.port).start()
+    print("ready", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--kvix", default="127.0.0.1:7420", help="kvix server(s), comma-separated")
+    ap.add_argument("--model", default="demo", help="the keyspace's model name")
+    ap.add_argument("--worker", action="append", type=parse_worker, required=True,
+                    metavar="NAME=URL[,EVENTS]", help="a worker (repeat); EVENTS: its ZMQ PUB endpoint")
+    ap.add_argument("--policy", choices=["kvix", "round_robin"], default="kvix")
+    ap.add_argument("--feed", choices=["events", "placements"], default="events")
+    ap.add_argument("--capacity-blocks", type=int, default=1500,
+                    help="with --feed placements: blocks a worker is assumed to keep")
+    ap.add_argument("--min-reuse", type=float, default=0.5,
+                    help="route by kvix when the best worker reuses at least this share of the prompt")
+    asyncio.run(serve(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""The point of kvix in one command: N mock workers, 2 routers and a kvix server, the
+same multi-turn chat workload routed twice, by kvix and round robin, and the share of
+follow-up prompts found in the chosen worker's cache each way.
+
+    python3 examples/python_router/run.py [--workers 4] [--conversations 48] [--turns 4]
+
+Needs the kvix package (`pip install ./client/python`), aiohttp, and a kvix-server
+binary (--server-bin, else target/release or target/debug of this checkout: `cargo
+build --release -p kvix-server`). The workers publish their KV events through vLLM's
+real ZmqEventPublisher (fetched once by scripts/engines.py). Each policy starts on
+empty caches. Every turn of a conversation goes through the other router than the turn
+before: two gateways that share nothing but kvix.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+
+import aiohttp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+BLOCK = 16
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_bin(given):
+    if given:
+        return given
+    for profile in ("release", "debug"):
+        p = os.path.join(ROOT, "target", profile, "kvix-server")
+        if os.path.exists(p):
+            return p
+    raise SystemExit("no kvix-server binary: `cargo build --release -p kvix-server`, or pass --server-bin")
+
+
+class Procs:
+    """Child processes that print "ready" (or an address) once serving; all killed at exit."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, args, wait_for="ready", env=None):
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+        self.procs.append(p)
+        for line in p.stdout:
+            if wait_for in line:
+                return p, line
+        raise SystemExit(f"{args[0:3]} exited before it was ready")
+
+    def stop(self, p):
+        p.kill()
+        p.wait()
+        self.procs.remove(p)
+
+    def stop_all(self):
+        for p in list(self.procs):
+            self.stop(p)
+
+
+def workload(a):
+    """Conversations: one of 4 system prompts (512 tokens), a document of its own,
+    then turns of a user message each; a follow-up prompt is the previous prompt, the
+    answer to it and the new message."""
+    rng = random.Random(a.seed)
+    toks = lambda n: [rng.randrange(50_000) for _ in range(n)]  # noqa: E731
+    systems = [toks(512) for _ in range(4)]
+    return [(rng.choice(systems) + toks(a.document_tokens), [toks(a.message_tokens) for _ in range(a.turns)])
+            for _ in range(a.conversations)]
+
+
+async def drive(routers, convs, a):
+    """Runs every conversation; returns (first-turn, follow-up) (cached, prompt) sums."""
+    first, follow = [0, 0], [0, 0]
+    gate = asyncio.Semaphore(a.concurrency)
+    pause = random.Random(a.seed)
+    async with aiohttp.ClientSession() as http:
+        async def conversation(i, head, messages):
+            async with gate:
+                prompt = list(head)
+                for turn, msg in enumerate(messages):
+                    prompt = prompt + msg
+                    url = routers[(i + turn) % len(routers)] + "/v1/completions"
+                    async with http.post(url, json={"model": a.model, "prompt": prompt,
+                                                    "max_tokens": a.answer_tokens}) as r:
+                        r.raise_for_status()
+                        body = await r.json()
+                    u = body["usage"]
+                    acc = first if turn == 0 else follow
+                    acc[0] += u["prompt_tokens_details"]["cached_tokens"]
+                    acc[1] += u["prompt_tokens"]
+                    prompt = prompt + body["choices"][0]["token_ids"]
+                    # The user reads and types: a varying pause, so the conversations do
+                    # not move in lockstep (which would line round robin up with them).
+                    await asyncio.sleep(pause.uniform(0, 2 * a.think_ms) / 1000)
+
+        await asyncio.gather(*[conversation(i, h, m) for i, (h, m) in enumerate(convs)])
+        stats = [await (await http.get(r + "/stats")).json() for r in routers]
+    return first, follow, stats
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--capacity-blocks", type=int, default=1500, help="each worker's KV cache, blocks")
+    ap.add_argument("--conversations", type=int, default=48)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--document-tokens", type=int, default=768)
+    ap.add_argument("--message-tokens", type=int, default=96)
+    ap.add_argument("--answer-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=8, help="conversations at a time")
+    ap.add_argument("--think-ms", type=float, default=20.0, help="mean pause between a conversation's turns")
+    ap.add_argument("--model", default="demo")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--server-bin", default=None)
+    ap.add_argument("--json", action="store_true", help="print one JSON line of results at the end")
+    a = ap.parse_args()
+
+    py = sys.executable
+    procs = Procs()
+    try:
+        _, line = procs.start([server_bin(a.server_bin), "--listen", "127.0.0.1:0", "--unix", "",
+                               "--metrics", "", "--cores", "1", "--pin", "false"],
+                              wait_for="listening on tcp://", env={**os.environ, "KVIX_LOG": "warn"})
+        kvix_addr = line.split("listening on tcp://")[1].split()[0]
+        workers = []
+        for i in range(a.workers):
+            # The engine binds its PUB socket ("tcp://*:PORT", as vLLM's default); kvix
+            # connects to it.
+            port, events_port = free_port(), free_port()
+            events = f"tcp://127.0.0.1:{events_port}"
+            procs.start([py, os.path.join(HERE, "worker.py"), "--port", str(port),
+                         "--events", f"tcp://*:{events_port}",
+                         "--capacity-blocks", str(a.capacity_blocks), "--name", f"w{i}"])
+            workers.append((f"w{i}", f"http://127.0.0.1:{port}", events))
+        convs = workload(a)
+        results = {}
+        for policy in ("kvix", "round_robin"):
+            asyncio.run(reset(workers))
+            routers, started = [], []
+            for _ in range(2):
+                port = free_port()
+                args = [py, os.path.join(HERE, "router.py"), "--port", str(port), "--kvix", kvix_addr,
+                        "--model", a.model, "--policy", policy]
+                for name, url, events in workers:
+                    args += ["--worker", f"{name}={url},{events}"]
+                started.append(procs.start(args)[0])
+                routers.append(f"http://127.0.0.1:{port}")
+            first, follow, stats = asyncio.run(drive(routers, convs, a))
+            results[policy] = {"first_turn_hit": first[0] / first[1], "follow_up_hit": follow[0] / follow[1],
+                               "routers": stats}
+            for p in started:
+                procs.stop(p)
+    finally:
+        procs.stop_all()
+
+    k, rr = results["kvix"], results["round_robin"]
+    print(f"{a.workers} workers, 2 routers, {a.conversations} conversations of {a.turns} turns")
+    print(f"{'policy':<12} {'first-turn hit':>15} {'follow-up hit':>14}")
+    for policy, r in results.items():
+        print(f"{policy:<12} {r['first_turn_hit']:>15.2f} {r['follow_up_hit']:>14.2f}")
+    print(f"follow-up hit with kvix {k['follow_up_hit']:.2f} vs round robin {rr['follow_up_hit']:.2f}: "
+          f"{k['follow_up_hit'] - rr['follow_up_hit']:+.2f}")
+    if a.json:
+        print(json.dumps(results))
+
+
+async def reset(workers):
+    """Empties every worker's cache (each publishes AllBlocksCleared)."""
+    async with aiohttp.ClientSession() as http:
+        for _, url, _ in workers:
+            async with http.post(url + "/reset") as r:
+                r.raise_for_status()
+
+
+if __name__ == "__main__":
+    main()

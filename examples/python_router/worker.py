@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""A mock inference worker for the router example: an OpenAI-style completions endpoint
+over token ids, an LRU prefix cache of 16-token KV blocks, and its KV cache events
+published through vLLM's own `ZmqEventPublisher` (vLLM 0.34.0's kv_events.py, taken
+unmodified from its wheel by scripts/engines.py), the way a real vLLM worker started
+with `--kv-events-config` publishes them.
+
+    python3 worker.py --port 8101 --events 'tcp://*:5601' --capacity-blocks 1500
+
+POST /v1/completions {"prompt": [token ids], "max_tokens": n} answers n generated
+tokens and `usage.prompt_tokens_details.cached_tokens`: how much of the prompt was
+already in this worker's cache. POST /reset empties the cache (AllBlocksCleared).
+Prints "ready" once serving.
+"""
+
+import argparse
+import asyncio
+import hashlib
+import os
+import sys
+import time
+from collections import OrderedDict
+
+from aiohttp import web
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import engines  # noqa: E402  (the engines' real publishers)
+
+BLOCK = 16
+RELEASE = "vllm-0.34.0"
+
+
+def block_hash(parent, tokens):
+    """A block's id as the engine would make it: its parent's and its own tokens."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update((parent or 0).to_bytes(8, "little"))
+    for t in tokens:
+        h.update(t.to_bytes(4, "little"))
+    return int.from_bytes(h.digest(), "little")
+
+
+class PrefixCache:
+    """Blocks by hash, least recently used first. A request touches its blocks from the
+    last to the first, so a prompt's tail is evicted before its head (as vLLM frees)."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.blocks = OrderedDict()  # hash -> None
+
+    def hashes(self, tokens):
+        out, parent = [], None
+        for i in range(len(tokens) // BLOCK):
+            parent = block_hash(parent, tokens[i * BLOCK:(i + 1) * BLOCK])
+            out.append(parent)
+        return out
+
+    def hit(self, hashes):
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+    def admit(self, hashes, tokens, events, mod, one_per_event=False):
+        """Stores what is missing of `hashes` (evicting the oldest to make room), appends
+        the engine's events for it, touches everything."""
+        first = self.hit(hashes)
+        for h in reversed(hashes[:first]):
+            self.blocks.move_to_end(h)
+        new = hashes[first:]
+        evicted = []
+        while self.blocks and len(self.blocks) + len(new) > self.capacity:
+            evicted.append(self.blocks.popitem(last=False)[0])
+        if evicted:
+            events.append(engines.build_event(mod, {
+                "type": "BlockRemoved", "block_hashes": evicted, "medium": "GPU", "group_idx": 0}))
+        groups = [[i] for i in range(first, len(hashes))] if one_per_event else [list(range(first, len(hashes)))]
+        for g in groups:
+            if not g:
+                continue
+            events.append(engines.build_event(mod, {
+                "type": "BlockStored",
+                "block_hashes": [hashes[i] for i in g],
+                "parent_block_hash": hashes[g[0] - 1] if g[0] > 0 else None,
+                "token_ids": tokens[g[0] * BLOCK:(g[-1] + 1) * BLOCK],
+                "block_size": BLOCK, "lora_id": None, "medium": "GPU", "lora_name": None,
+                "group_idx": 0, "kv_cache_spec_kind": "full_attention",
+            }))
+        for h in reversed(hashes[first:]):
+            self.blocks[h] = None
+        return first
+
+
+def generated(prompt, n):
+    """The tokens this mock 'generates': deterministic in the prompt."""
+    seed = block_hash(len(prompt), prompt[-BLOCK:])
+    return [(seed >> (i % 48) ^ (i * 2654435761)) % 50_000 for i in range(n)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--events", required=True,
+                    help="ZMQ PUB endpoint of the KV events: tcp://*:PORT binds (vLLM's way)")
+    ap.add_argument("--replay", default=None, help="ZMQ ROUTER replay endpoint")
+    ap.add_argument("--capacity-blocks", type=int, default=1500)
+    ap.add_argument("--name", default="worker")
+    a = ap.parse_args()
+
+    mod = engines.load_real(RELEASE)
+    pub = mod.ZmqEventPublisher(endpoint=a.events, replay_endpoint=a.replay, topic="",
+                                data_parallel_rank=0)
+    cache = PrefixCache(a.capacity_blocks)
+
+    def publish(events):
+        if events:
+            pub.publish(mod.KVEventBatch(ts=time.time(), events=events))
+
+    async def completions(request):
+        body = await request.json()
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not all(isinstance(t, int) and 0 <= t < 2 ** 32 for t in prompt):
+            return web.json_response({"error": {"message": "prompt must be a list of token ids"}}, status=400)
+        n = int(body.get("max_tokens", 16))
+        events = []
+        hashes = cache.hashes(prompt)
+        hit = cache.admit(hashes, prompt, events, mod)
+        out = generated(prompt, n)
+        # Decode: each block filled by generated tokens is stored on its own event,
+        # as vLLM sends them.
+        seq = prompt + out
+        cache.admit(cache.hashes(seq), seq, events, mod, one_per_event=True)
+        publish(events)
+        return web.json_response({
+            "object": "text_completion", "model": body.get("model", ""),
+            "choices": [{"index": 0, "text": "", "token_ids": out, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
+                      "total_tokens": len(prompt) + n,
+                      "prompt_tokens_details": {"cached_tokens": hit * BLOCK}},
+        }, headers={"x-worker": a.name})
+
+    async def reset(_request):
+        cache.blocks.clear()
+        publish([engines.build_event(mod, {"type": "AllBlocksCleared"})])
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/reset", reset)
+    try:
+        asyncio.run(serve(app, a.port))
+    finally:
+        pub.shutdown()
+
+
+async def serve(app, port):
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
