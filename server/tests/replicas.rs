@@ -280,6 +280,144 @@ fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubl
     }
 }
 
+/// A writer that sends one-block event batches (vLLM decode's shape) to two replicas in
+/// turn, retrying each refused batch until it is applied, and a reader querying
+/// throughout: Redis is paused, or killed and restarted, once `at` batches are in and
+/// brought back after `refusals` refused writes. Every query must be answered, every
+/// batch applied once, and the replicas identical.
+fn outage_under_load(kill: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::Arc;
+    const BATCHES: u64 = 60;
+    let (at, refusals) = (20, 3);
+    let mut redis = Redis::start(if kill { "killed" } else { "paused" });
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    let ks = Keyspace::tokens("m");
+    let chain = chain_of(&ks, 0, BATCHES as usize);
+    let w = a
+        .session()
+        .announce("decoder", vec![Lane::full(16)], Feed::Events)
+        .unwrap()
+        .worker;
+    let batch = |seq: u64| EventBatch {
+        worker: w,
+        seq,
+        keyspace: ks.clone(),
+        events: vec![Event::Stored {
+            lane: 0,
+            start: seq as u32,
+            parent: None,
+            chain: vec![chain[seq as usize]],
+            engine: vec![],
+        }],
+    };
+    let (applied, refused, done) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let writer = {
+        let (mut conns, batches) = (
+            [a.session(), b.session()],
+            (0..BATCHES).map(batch).collect::<Vec<_>>(),
+        );
+        let (applied, refused) = (applied.clone(), refused.clone());
+        std::thread::spawn(move || {
+            for (seq, msg) in batches.iter().enumerate() {
+                let c = &mut conns[seq % 2];
+                loop {
+                    let r = c.ask(msg);
+                    if r.kind == Kind::Applied {
+                        break;
+                    }
+                    assert_eq!(r.error().code, ErrorCode::LogUnavailable, "batch {seq}");
+                    refused.fetch_add(1, SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                applied.fetch_add(1, SeqCst);
+            }
+        })
+    };
+    let reader = {
+        let (mut c, ks, chain, done) = (b.session(), ks.clone(), chain.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut answered = 0u64;
+            while !done.load(SeqCst) {
+                // Answered from memory whatever Redis does: `query` fails the test on
+                // anything but an Answer.
+                let depth = c.query(&ks, &chain).scores.first().map_or(0, |s| s.blocks);
+                assert!(u64::from(depth) <= BATCHES);
+                answered += 1;
+            }
+            answered
+        })
+    };
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        for _ in 0..3000 {
+            if f() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("never happened: {what}");
+    };
+    wait_for("20 batches in", &|| applied.load(SeqCst) >= at);
+    if kill {
+        redis.kill();
+    } else {
+        redis.pause(true);
+    }
+    wait_for("writes refused", &|| refused.load(SeqCst) >= refusals);
+    if kill {
+        redis.restart();
+    } else {
+        redis.pause(false);
+    }
+    writer
+        .join()
+        .expect("the writer got only Applied or LogUnavailable");
+    done.store(true, SeqCst);
+    assert!(reader.join().expect("every query answered") > 0);
+    settle(&[&a, &b]);
+    for s in [&a, &b] {
+        let mut c = s.session();
+        let scores = c.query(&ks, &chain).scores;
+        assert_eq!(
+            scores,
+            vec![Score {
+                worker: w,
+                blocks: BATCHES as u32
+            }],
+            "nothing lost"
+        );
+        for seq in [0, at, BATCHES - 1] {
+            let again = c.ask(&batch(seq)).decode::<Applied>();
+            assert_eq!(
+                again.status,
+                ApplyStatus::Duplicate,
+                "batch {seq} applied once"
+            );
+        }
+    }
+    assert!(refused.load(SeqCst) >= refusals);
+}
+
+#[test]
+fn redis_paused_under_load_refuses_writes_answers_queries_and_loses_or_doubles_nothing() {
+    if available("redis_paused_under_load").is_none() {
+        return;
+    }
+    outage_under_load(false);
+}
+
+#[test]
+fn redis_killed_under_load_refuses_writes_answers_queries_and_loses_or_doubles_nothing() {
+    if available("redis_killed_under_load").is_none() {
+        return;
+    }
+    outage_under_load(true);
+}
+
 #[test]
 fn one_replica_ingests_each_engine_and_another_takes_over_when_it_dies() {
     use common::engines::{free_port, Publisher};
