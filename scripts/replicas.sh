@@ -6,6 +6,7 @@
 #   scripts/replicas.sh [RESULTS_DIR]      # default target-bench/results/replicas-<UTC>
 #   DURATION=10 RATE=2000 scripts/replicas.sh
 #   KILL=second scripts/replicas.sh        # kill the second replica instead of the primary
+#   EVENT_RATE=100 REPEAT=3 scripts/replicas.sh   # fewer writes; three steady/killed pairs
 #
 # Starts its own redis-server (a free port, its own directory) and servers on loopback;
 # stops all of them on exit.
@@ -15,6 +16,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target-bench}"
 OUT="${1:-$CARGO_TARGET_DIR/results/replicas-$(date -u +%Y%m%dT%H%M%SZ)}"
 DURATION="${DURATION:-10}"
 RATE="${RATE:-2000}"
+EVENT_RATE="${EVENT_RATE:-1000}"
+REPEAT="${REPEAT:-1}"
 mkdir -p "$OUT"
 BIN="$CARGO_TARGET_DIR/release"
 cargo build --release -p kvix-server -p kvix-bench
@@ -50,8 +53,9 @@ run() { # label key kill(yes/no): three fresh replicas, the load, then they are 
   start_replica "$1-a" "$2"; A="$ADDR"; APID="$PID"
   start_replica "$1-b" "$2"; B="$ADDR"; BPID="$PID"
   start_replica "$1-c" "$2"; C="$ADDR"
-  echo "== $1: kvix-bench load --servers $A,$B,$C --duration $DURATION --rate $RATE" | tee "$OUT/$1.cmd"
-  "$BIN/kvix-bench" load --servers "$A,$B,$C" --duration "$DURATION" --rate "$RATE" --json --quiet >"$OUT/$1.json" &
+  echo "== $1: kvix-bench load --servers $A,$B,$C --duration $DURATION --rate $RATE --event-rate $EVENT_RATE" | tee "$OUT/$1.cmd"
+  "$BIN/kvix-bench" load --servers "$A,$B,$C" --duration "$DURATION" --rate "$RATE" --event-rate "$EVENT_RATE" \
+    --json --quiet >"$OUT/$1.json" &
   LOAD=$!
   if [ "$3" = yes ]; then
     # Past the preload (a few seconds), into the timed phase: kill the primary.
@@ -66,14 +70,23 @@ run() { # label key kill(yes/no): three fresh replicas, the load, then they are 
   for p in "${PIDS[@]:$first}"; do kill -9 "$p" 2>/dev/null || true; done
 }
 
-run steady kvix-steady no
-run killed kvix-killed yes
-python3 - "$OUT" "${KILL:-primary}" <<'PY'
-import json, sys
-out = sys.argv[1]
-a = json.load(open(f"{out}/steady.json"))["queries"]
-b = json.load(open(f"{out}/killed.json"))["queries"]
-print(f"miss share at 2 ms: steady {100*a['miss_share']:.2f} %, {sys.argv[2]} killed {100*b['miss_share']:.2f} %"
-      f" (difference {100*(b['miss_share']-a['miss_share']):+.2f} pp); not answered {a['not_answered']} / {b['not_answered']}")
+for i in $(seq 1 "$REPEAT"); do
+  run "steady$i" "kvix-steady$i" no
+  run "killed$i" "kvix-killed$i" yes
+done
+python3 - "$OUT" "${KILL:-primary}" "$REPEAT" <<'PY'
+import json, statistics, sys
+out, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+diffs = []
+for i in range(1, n + 1):
+    a = json.load(open(f"{out}/steady{i}.json"))["queries"]
+    b = json.load(open(f"{out}/killed{i}.json"))["queries"]
+    d = 100 * (b["miss_share"] - a["miss_share"])
+    diffs.append(d)
+    print(f"pair {i}: miss share at 2 ms: steady {100*a['miss_share']:.2f} %, {who} killed "
+          f"{100*b['miss_share']:.2f} % (difference {d:+.2f} pp); not answered "
+          f"{a['not_answered']} / {b['not_answered']}")
+if n > 1:
+    print(f"median difference {statistics.median(diffs):+.2f} pp over {n} pairs")
 PY
 echo "results in $OUT"

@@ -32,6 +32,7 @@ pub(crate) struct Atomics {
     pub late_replies: AtomicU64,
     pub hedges: AtomicU64,
     pub hedges_won: AtomicU64,
+    pub failovers: AtomicU64,
 }
 
 pub(crate) struct Counters {
@@ -88,6 +89,7 @@ impl Counters {
             late_replies: g(&n.late_replies),
             hedges: g(&n.hedges),
             hedges_won: g(&n.hedges_won),
+            failovers: g(&n.failovers),
             latency_ns: self
                 .latency
                 .lock()
@@ -157,6 +159,9 @@ pub struct CountersSnapshot {
     pub hedges: u64,
     /// Hedged queries the second server answered first.
     pub hedges_won: u64,
+    /// Queries sent again to the next server because the connection they were waiting
+    /// on was lost before the answer.
+    pub failovers: u64,
     /// Query latency in nanoseconds, every outcome included.
     pub latency_ns: Histogram<u64>,
 }
@@ -182,6 +187,7 @@ impl fmt::Debug for CountersSnapshot {
             .field("late_replies", &self.late_replies)
             .field("hedges", &self.hedges)
             .field("hedges_won", &self.hedges_won)
+            .field("failovers", &self.failovers)
             .field("latency_count", &self.latency_ns.len())
             .field("latency_p50", &self.latency_quantile(0.5))
             .field("latency_p99", &self.latency_quantile(0.99))

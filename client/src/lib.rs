@@ -6,7 +6,8 @@
 //!   first server that is up; announces and placements go to every server that is up.
 //! - Queries never fail and never wait past the deadline: they answer a
 //!   [`QueryOutcome`], where everything but `Scores` means "route without the index"
-//!   (fail open). No connection up → `Disconnected` at once.
+//!   (fail open). No connection up → `Disconnected` at once. A query whose connection
+//!   is lost before the answer goes to the next server up while time is left.
 //! - Workers the client announced are re-announced on every (re)connect before anything
 //!   else is sent on that connection, and the id ↔ name map is refreshed from the
 //!   replies (a restarted server may number workers differently).

@@ -1,5 +1,6 @@
 //! Queries: hashed here, sent to the primary server and hedged to another one when the
-//! primary is slow, answered by the deadline whatever happens (fail open).
+//! primary is slow, sent again to the next server up when a connection is lost under
+//! them, answered by the deadline whatever happens (fail open).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -71,17 +72,8 @@ impl Client {
         until: Instant,
     ) -> QueryOutcome {
         let sh = &self.shared;
-        let Some((slot, conn)) = sh.primary() else {
+        if sh.primary().is_none() {
             return QueryOutcome::Disconnected;
-        };
-        let mut candidates = Vec::with_capacity(opts.candidates.len());
-        for c in &opts.candidates {
-            if let Some(id) = sh.id_on(slot, c) {
-                candidates.push(id);
-            }
-        }
-        if !opts.candidates.is_empty() && candidates.is_empty() {
-            return QueryOutcome::Empty;
         }
         let (keyspace, chain) = match prompt {
             Prompt::Tokens(t) => {
@@ -102,36 +94,63 @@ impl Client {
             }
             Prompt::Chain(c) => (keyspace.clone(), c.to_vec()),
         };
-        let q = Query {
+        let mut q = Query {
             keyspace,
             chain,
-            candidates,
+            candidates: Vec::new(),
             top_k: opts.top_k,
             want_runs: false,
         };
-        let second = sh.live_conns().into_iter().find(|(i, _)| *i != slot);
-        let hedge_at = self.hedge_at(until);
-        let (slot, reply) = match (second, hedge_at) {
-            (Some(second), Some(at)) => {
-                match self.hedged(&q, opts, (slot, conn), second, at, until).await {
-                    Ok(r) => r,
-                    Err(outcome) => return outcome,
-                }
+        // Servers whose connection was lost under this query: it goes to the next one
+        // up while time is left, so a server dying fails no query another could answer.
+        let mut lost: Vec<usize> = Vec::new();
+        loop {
+            let live = sh.live_conns();
+            let mut fresh = live.into_iter().filter(|(i, _)| !lost.contains(i));
+            let Some((slot, conn)) = fresh.next() else {
+                return QueryOutcome::Disconnected;
+            };
+            if !lost.is_empty() {
+                Counters::bump(&sh.counters.n.failovers);
             }
-            _ => match sh.call(&conn, &q, Kind::Answer, until).await {
-                Ok(w) => (slot, w),
-                Err(e) => return failed(e),
-            },
-        };
-        let reply = match reply {
-            Waited::Reply(r) => r,
-            Waited::Closed => return QueryOutcome::Disconnected,
-            Waited::TimedOut => return QueryOutcome::Timeout,
-        };
-        match reply {
-            Reply::Answer(a) => self.outcome(slot, a),
-            Reply::Error(e) => QueryOutcome::Rejected(e),
-            _ => QueryOutcome::Disconnected,
+            q.candidates = opts
+                .candidates
+                .iter()
+                .filter_map(|c| sh.id_on(slot, c))
+                .collect();
+            if !opts.candidates.is_empty() && q.candidates.is_empty() {
+                return QueryOutcome::Empty;
+            }
+            let mut hedged_to = None;
+            let attempt = match (fresh.next(), self.hedge_at(until)) {
+                (Some(second), Some(at)) => {
+                    hedged_to = Some(second.0);
+                    self.hedged(&q, opts, (slot, conn), second, at, until).await
+                }
+                _ => match sh.call(&conn, &q, Kind::Answer, until).await {
+                    Ok(w) => Ok((slot, w)),
+                    Err(e) => Err(failed(e)),
+                },
+            };
+            let (slot, reply) = match attempt {
+                Ok((_, Waited::Closed)) | Err(QueryOutcome::Disconnected)
+                    if Instant::now() < until =>
+                {
+                    // Both lost when a hedge went out (it goes at once to a lost primary).
+                    lost.push(slot);
+                    lost.extend(hedged_to);
+                    continue;
+                }
+                Ok((slot, Waited::Reply(r))) => (slot, r),
+                Ok((_, Waited::Closed)) => return QueryOutcome::Disconnected,
+                Ok((_, Waited::TimedOut)) => return QueryOutcome::Timeout,
+                Err(outcome) => return outcome,
+            };
+            return match reply {
+                Reply::Answer(a) => self.outcome(slot, a),
+                Reply::Error(e) => QueryOutcome::Rejected(e),
+                _ => QueryOutcome::Disconnected,
+            };
         }
     }
 
@@ -197,6 +216,16 @@ impl Client {
             return Ok((slot, w));
         };
         Counters::bump(&sh.counters.n.hedges);
+        if primary_gone {
+            // The primary's reply channel is finished: wait on the hedge alone.
+            let w = wait_reply(&mut rx2, until, sh.cfg.spin_before_park).await;
+            match w {
+                Waited::Reply(_) => Counters::bump(&sh.counters.n.hedges_won),
+                Waited::TimedOut => conn2.forget(id2),
+                Waited::Closed => {}
+            }
+            return Ok((slot2, w));
+        }
         let (first, w) = wait_either(&mut rx, &mut rx2, until).await;
         conn.forget(id);
         conn2.forget(id2);

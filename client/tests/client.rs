@@ -541,6 +541,48 @@ async fn failover_to_the_second_server_and_back() {
 }
 
 #[tokio::test]
+async fn a_query_whose_connection_is_lost_is_answered_by_the_next_server() {
+    let a = FakeServer::start(Opts::default()).await;
+    let b = FakeServer::start(Opts {
+        first_worker_id: 50,
+        ..Opts::default()
+    })
+    .await;
+    a.set_mode(Mode::CloseOnQuery);
+    // Without hedging the query is sent again once its connection is lost; with it, the
+    // lost primary is hedged at once. Either way the second server answers.
+    for (hedge_after, failovers, hedges) in [(Some(Duration::MAX), 1, 0), (None, 0, 1)] {
+        let cfg = ClientConfig {
+            hedge_after,
+            ..config(vec![a.addr.clone(), b.addr.clone()])
+        };
+        let c = Client::connect(cfg).await.unwrap();
+        assert!(c.wait_server(&a.addr, PATIENCE).await);
+        assert!(c.wait_server(&b.addr, PATIENCE).await);
+        let before = b.queries();
+        assert_eq!(
+            c.query_tokens(&ks(), &tokens(32, 9), &opts()).await,
+            QueryOutcome::Empty,
+            "hedge_after {hedge_after:?}"
+        );
+        assert_eq!(b.queries(), before + 1);
+        let n = c.counters();
+        assert_eq!(
+            (n.disconnected, n.failovers, n.hedges),
+            (0, failovers, hedges),
+            "hedge_after {hedge_after:?}"
+        );
+    }
+    // With no other server, a lost connection fails the query open.
+    let c = Client::connect(config(vec![a.addr.clone()])).await.unwrap();
+    assert!(c.wait_connected(PATIENCE).await);
+    assert_eq!(
+        c.query_tokens(&ks(), &tokens(32, 9), &opts()).await,
+        QueryOutcome::Disconnected
+    );
+}
+
+#[tokio::test]
 async fn the_first_server_down_at_start_means_the_second_answers() {
     let dead = dead_addr().await;
     let b = FakeServer::start(Opts::default()).await;

@@ -294,6 +294,7 @@ impl Core {
             ("late_replies", c.late_replies),
             ("hedges", c.hedges),
             ("hedges_won", c.hedges_won),
+            ("failovers", c.failovers),
         ] {
             d.set_item(k, v)?;
         }

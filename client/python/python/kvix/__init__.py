@@ -110,7 +110,8 @@ class _Base:
     def counters(self) -> dict:
         """This client's counters: query outcomes (scores, empty, timeouts,
         disconnected, rejected, failed_open), placements (sent, drops, unsent),
-        connections, hedges, and latency_p50_us / p99 / max over all queries."""
+        connections, hedges, failovers (queries sent again after a lost connection),
+        and latency_p50_us / p99 / max over all queries."""
         return self._core.counters()
 
 
