@@ -101,7 +101,8 @@ pub struct Config {
     pub wal_sync_ms: u64,
 
     /// Replicas: every write goes through this Redis (or Valkey) Stream and every server
-    /// naming it applies the stream in order, as identical copies (redis://HOST:PORT/KEY).
+    /// naming it applies the stream in order, as identical copies (redis://HOST:PORT/KEY,
+    /// or redis+sentinel://S1:P1,S2:P2/MASTER/KEY to follow the primary Sentinel names).
     #[arg(long)]
     pub log: Option<crate::replica::LogUrl>,
 

@@ -234,9 +234,8 @@ pub fn trim(r: &Replica, c: &mut redis::Connection) -> redis::RedisResult<()> {
 }
 
 /// The snapshot stored in Redis and the position it covers, if there is one.
-pub fn fetch_snapshot(server: &str, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
-    let client = redis::Client::open(server)?;
-    let mut c = client.get_connection_with_timeout(super::IO_TIMEOUT)?;
+pub fn fetch_snapshot(server: &super::LogServer, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    let mut c = super::Link::open(server)?.connect()?;
     let bytes: Option<Vec<u8>> = c.get(snapshot_key(key))?;
     Ok(bytes)
 }

@@ -19,6 +19,7 @@ pub mod appender;
 pub mod follower;
 pub mod inbox;
 pub mod lease;
+pub mod link;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -33,13 +34,16 @@ use crate::failure::Failure;
 use crate::wal::Record;
 use crate::writer::Part;
 
+pub use link::{Link, LogServer};
+
 /// How long a Redis command may take before the link counts as down.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Where the log is: `redis://HOST:PORT/KEY` (or `rediss://`, `redis+unix://`...).
+/// Where the log is: `redis://HOST:PORT/KEY`, or `redis+sentinel://S1:P1[,S2:P2...]/MASTER/KEY`
+/// to follow the primary Redis Sentinel names MASTER.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogUrl {
-    pub server: String,
+    pub server: LogServer,
     pub key: String,
 }
 
@@ -47,19 +51,41 @@ impl std::str::FromStr for LogUrl {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
+        const FORMS: &str =
+            "redis://HOST:PORT/KEY or redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER/KEY";
+        let bad = |why: &str| format!("--log {s:?}: {why} (expected {FORMS})");
+        if let Some(rest) = s.strip_prefix("redis://") {
+            let (host, key) = rest
+                .split_once('/')
+                .filter(|(h, k)| !h.is_empty() && !k.is_empty())
+                .ok_or_else(|| bad("a stream key must follow the address"))?;
+            return Ok(LogUrl {
+                server: LogServer::Direct(format!("redis://{host}")),
+                key: key.to_string(),
+            });
+        }
         let rest = s
-            .strip_prefix("redis://")
-            .ok_or_else(|| format!("--log {s:?}: expected redis://HOST:PORT/KEY"))?;
-        let (host, key) = rest
-            .split_once('/')
-            .filter(|(h, k)| !h.is_empty() && !k.is_empty())
-            .ok_or_else(|| {
-                format!(
-                    "--log {s:?}: expected redis://HOST:PORT/KEY (a stream key after the address)"
-                )
-            })?;
+            .strip_prefix("redis+sentinel://")
+            .ok_or_else(|| bad("unknown scheme"))?;
+        let mut parts = rest.splitn(3, '/');
+        let (hosts, master, key) = (parts.next(), parts.next(), parts.next());
+        let (Some(hosts), Some(master), Some(key)) = (hosts, master, key) else {
+            return Err(bad(
+                "sentinels, the master's name and a stream key are needed",
+            ));
+        };
+        let sentinels: Vec<String> = hosts
+            .split(',')
+            .map(|h| format!("redis://{}", h.trim()))
+            .collect();
+        if hosts.split(',').any(|h| h.trim().is_empty()) || master.is_empty() || key.is_empty() {
+            return Err(bad("empty sentinel address, master name or key"));
+        }
         Ok(LogUrl {
-            server: format!("redis://{host}"),
+            server: LogServer::Sentinel {
+                sentinels,
+                master: master.to_string(),
+            },
             key: key.to_string(),
         })
     }
@@ -92,7 +118,7 @@ pub struct ReplicaMetrics {
 pub struct Replica {
     pub id: String,
     pub url: LogUrl,
-    client: redis::Client,
+    link: Link,
     appends: Mutex<std_mpsc::Sender<appender::Append>>,
     pending: Mutex<HashMap<u64, Waiter>>,
     next_token: AtomicU64,
@@ -111,14 +137,14 @@ impl Replica {
         position: String,
         inboxes: Vec<mpsc::Sender<inbox::LogJob>>,
     ) -> anyhow::Result<Arc<Replica>> {
-        let client = redis::Client::open(url.server.as_str())
-            .map_err(|e| anyhow::anyhow!("--log {}: {e}", url.server))?;
+        let link =
+            Link::open(&url.server).map_err(|e| anyhow::anyhow!("--log {}: {e}", url.server))?;
         let (tx, rx) = std_mpsc::channel();
         let id = format!("{:016x}", rand_id());
         let replica = Arc::new(Replica {
             id,
             url,
-            client,
+            link,
             appends: Mutex::new(tx),
             pending: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(1),
@@ -144,10 +170,7 @@ impl Replica {
 
     /// A connection to the log's Redis (each thread keeps its own).
     pub fn connect(&self) -> redis::RedisResult<redis::Connection> {
-        let c = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
-        c.set_read_timeout(Some(IO_TIMEOUT))?;
-        c.set_write_timeout(Some(IO_TIMEOUT))?;
-        Ok(c)
+        self.link.connect()
     }
 
     pub fn stopped(&self) -> bool {
@@ -321,13 +344,34 @@ mod tests {
     #[test]
     fn log_urls_name_a_server_and_a_key() {
         let u: LogUrl = "redis://127.0.0.1:6379/kvix".parse().unwrap();
-        assert_eq!(u.server, "redis://127.0.0.1:6379");
+        assert_eq!(u.server, LogServer::Direct("redis://127.0.0.1:6379".into()));
         assert_eq!(u.key, "kvix");
+        let s: LogUrl = "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/logmaster/kvix"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            s.server,
+            LogServer::Sentinel {
+                sentinels: vec![
+                    "redis://10.0.0.1:26379".into(),
+                    "redis://10.0.0.2:26379".into()
+                ],
+                master: "logmaster".into()
+            }
+        );
+        assert_eq!(s.key, "kvix");
+        assert_eq!(
+            s.server.to_string(),
+            "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/logmaster"
+        );
         for bad in [
             "redis://127.0.0.1:6379",
             "redis://127.0.0.1:6379/",
             "http://x/k",
             "redis:///k",
+            "redis+sentinel://10.0.0.1:26379/logmaster",
+            "redis+sentinel://10.0.0.1:26379//kvix",
+            "redis+sentinel://,10.0.0.1:26379/m/kvix",
         ] {
             assert!(bad.parse::<LogUrl>().is_err(), "{bad}");
         }

@@ -11,6 +11,8 @@ pub struct Redis {
     pub port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// Extra arguments (a replica's `--replicaof`, a sentinel's config file first).
+    args: Vec<String>,
 }
 
 /// Whether redis-server can run here; None (after printing why) to skip.
@@ -30,14 +32,49 @@ pub fn available(test: &str) -> Option<()> {
 
 impl Redis {
     pub fn start(tag: &str) -> Redis {
+        Self::start_with(tag, |_, _| Vec::new())
+    }
+
+    /// A replica of `primary`.
+    pub fn replica_of(tag: &str, primary: &Redis) -> Redis {
+        let port = primary.port.to_string();
+        Self::start_with(tag, |_, _| {
+            vec!["--replicaof".into(), "127.0.0.1".into(), port]
+        })
+    }
+
+    /// A Sentinel (redis-server in sentinel mode) watching `primary` as `master`, with a
+    /// quorum of one and a half-second down-after.
+    pub fn sentinel(tag: &str, primary: &Redis, master: &str) -> Redis {
+        Self::start_with(tag, |dir, port| {
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {master} 127.0.0.1 {} 1\n\
+                     sentinel down-after-milliseconds {master} 500\n\
+                     sentinel failover-timeout {master} 3000\n",
+                    dir.display(),
+                    primary.port
+                ),
+            )
+            .unwrap();
+            vec![conf.display().to_string(), "--sentinel".into()]
+        })
+    }
+
+    fn start_with(tag: &str, args: impl FnOnce(&PathBuf, u16) -> Vec<String>) -> Redis {
         let dir = std::env::temp_dir().join(format!("kvix-redis-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let port = super::engines::free_port();
+        let args = args(&dir, port);
         let mut r = Redis {
             port,
             dir,
             child: None,
+            args,
         };
         r.restart();
         r
@@ -50,6 +87,7 @@ impl Redis {
     /// Starts (again) on the same port and directory; waits until it answers.
     pub fn restart(&mut self) {
         let child = Command::new("redis-server")
+            .args(&self.args)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args([
                 "--save",
