@@ -83,9 +83,13 @@ for i in range(1, n + 1):
     b = json.load(open(f"{out}/killed{i}.json"))["queries"]
     d = 100 * (b["miss_share"] - a["miss_share"])
     diffs.append(d)
+    ca = json.load(open(f"{out}/steady{i}.json"))["clients"]
+    cb = json.load(open(f"{out}/killed{i}.json"))["clients"]
     print(f"pair {i}: miss share at 2 ms: steady {100*a['miss_share']:.2f} %, {who} killed "
-          f"{100*b['miss_share']:.2f} % (difference {d:+.2f} pp); not answered "
-          f"{a['not_answered']} / {b['not_answered']}")
+          f"{100*b['miss_share']:.2f} % (difference {d:+.2f} pp); failed open on a lost "
+          f"connection {ca['disconnected']} / {cb['disconnected']}, timed out "
+          f"{ca['timeouts']} / {cb['timeouts']}; failovers {cb['failovers']}, hedges won "
+          f"{ca['hedges_won']} / {cb['hedges_won']}")
 if n > 1:
     print(f"median difference {statistics.median(diffs):+.2f} pp over {n} pairs")
 PY

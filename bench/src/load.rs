@@ -76,6 +76,35 @@ pub struct LoadReport {
     pub ratio: Option<Ratios>,
     pub event_batches: u64,
     pub block_events_per_s: f64,
+    /// The gateways' clients, summed over the run.
+    pub clients: ClientTally,
+}
+
+/// Why the gateways' queries failed open, and what their failover did: a lost server
+/// shows as `disconnected` (no other server could take the query in time), a slow
+/// machine as `timeouts`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClientTally {
+    pub timeouts: u64,
+    pub disconnected: u64,
+    pub hedges: u64,
+    pub hedges_won: u64,
+    pub failovers: u64,
+}
+
+impl ClientTally {
+    fn of(clients: &[kvix_client::Client]) -> Self {
+        clients
+            .iter()
+            .map(|c| c.counters())
+            .fold(Self::default(), |t, c| ClientTally {
+                timeouts: t.timeouts + c.timeouts,
+                disconnected: t.disconnected + c.disconnected,
+                hedges: t.hedges + c.hedges,
+                hedges_won: t.hedges_won + c.hedges_won,
+                failovers: t.failovers + c.failovers,
+            })
+    }
 }
 
 struct Rec {
@@ -387,6 +416,7 @@ pub fn run(
         })?;
     }
     let batches = ev_sent.load(Relaxed);
+    let tally = ClientTally::of(&clients);
     Ok(LoadReport {
         command: "load".into(),
         config: cfg.clone(),
@@ -402,5 +432,6 @@ pub fn run(
         } else {
             0.0
         },
+        clients: tally,
     })
 }
