@@ -278,6 +278,13 @@ def test_async_client_does_what_the_blocking_one_does(server, dead_addr):
         await c.retire("aw")
         assert (await c.stats()).workers == 0
         c.close()
+        c.close()  # twice is harmless
+        with pytest.raises(kvix.KvixError, match="closed"):
+            await c.query_tokens(MODEL, p)
+        async with await kvix.AsyncClient.connect(server.addr, deadline_ms=SLOW) as scoped:
+            assert (await scoped.stats()).workers == 0
+        with pytest.raises(kvix.KvixError, match="closed"):
+            scoped.counters()
 
         down = await kvix.AsyncClient.connect(dead_addr, connect_timeout_ms=50)
         rs = await asyncio.gather(*[down.query_tokens(MODEL, p) for _ in range(50)])
@@ -335,8 +342,9 @@ def test_scores_equal_the_rust_clients():
         out = await asyncio.gather(*[
             a.query_tokens(case["model"], q["tokens"], candidates=q["candidates"] or None, top_k=q["top_k"])
             for q in case["queries"]])
+        counted = a.counters()
         a.close()
-        return out, a.counters()
+        return out, counted
 
     asynced, counted = asyncio.run(async_answers())
     assert len(case["queries"]) >= 100

@@ -69,6 +69,13 @@ def _servers(servers: Union[str, Sequence[str]]) -> list:
     return list(servers)
 
 
+class _Closed:
+    """Stands in for the Rust client after `close()`."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise KvixError("this kvix client is closed")
+
+
 class _Base:
     """What both clients share: the calls that never wait."""
 
@@ -222,9 +229,18 @@ class AsyncClient(_Base):
             raise
 
     def close(self) -> None:
-        """Stops delivering replies to the event loop (awaited calls still pending never
-        complete). The connections close when the client is garbage-collected."""
-        self._loop.remove_reader(self._done.fileno())
+        """Closes the client: its connections go, replies stop being delivered to the
+        loop (calls still pending never complete), later calls raise KvixError. Also
+        what leaving `async with client:` does."""
+        if not isinstance(self._core, _Closed):
+            self._loop.remove_reader(self._done.fileno())
+            self._core = _Closed()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *_exc: Any) -> None:
+        self.close()
 
     def query_tokens(
         self, keyspace: KeyspaceLike, token_ids: Any, deadline_ms: Optional[float] = None,
