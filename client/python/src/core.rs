@@ -59,11 +59,14 @@ where
             });
             // The first poll here sends the request from this thread at once (as the
             // blocking call does); only the wait for the reply goes to the I/O thread.
-            let _rt = rt.enter();
-            let mut cx = Context::from_waker(Waker::noop());
-            if task.as_mut().poll(&mut cx).is_pending() {
-                rt.spawn(task);
-            }
+            // Without the GIL: with `spin_us` the first poll may spin on the reply.
+            py.detach(|| {
+                let _rt = rt.enter();
+                let mut cx = Context::from_waker(Waker::noop());
+                if task.as_mut().poll(&mut cx).is_pending() {
+                    rt.spawn(task);
+                }
+            });
             if let Some(spin) = spin {
                 done.spin_then_drain(py, spin);
             }

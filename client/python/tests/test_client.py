@@ -269,6 +269,13 @@ def test_async_client_does_what_the_blocking_one_does(server, dead_addr):
         assert (await c.query_chain(MODEL, c.chain(MODEL, p))).scores == r.scores
         assert (await c.query_text(MODEL, "x" * 600)).outcome == "empty"
         assert (await c.stats()).workers == 1
+        # Spinning for the reply (blocking the loop up to spin_us) answers the same.
+        # (These clients did not announce "aw": they know its id, not its name.)
+        ids = [(s.worker_id, s.blocks) for s in r.scores]
+        async with await kvix.AsyncClient.connect(server.addr, deadline_ms=SLOW, spin_us=500) as sp:
+            assert [(s.worker_id, s.blocks) for s in (await sp.query_tokens(MODEL, p)).scores] == ids
+        spin = kvix.Client(server.addr, deadline_ms=SLOW, spin_us=500)
+        assert [(s.worker_id, s.blocks) for s in spin.query_tokens(MODEL, p).scores] == ids
         # Many at once on one loop: every one completes, answers agree.
         many = await asyncio.gather(*[c.query_tokens(MODEL, p, top_k=1, deadline_ms=10_000)
                                       for _ in range(500)])
