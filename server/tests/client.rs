@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kvix_client::blocking::BlockingClient;
 use kvix_client::wire::{
-    Applied, ApplyStatus, ChunkKind, ErrorCode, Event, EventBatch, Feed, Keyspace, Lane, Stats,
-    StatsRequest,
+    Applied, ApplyStatus, ChunkKind, ErrorCode, Feed, Keyspace, Lane, Stats, StatsRequest,
 };
 use kvix_client::{
     Addr, Client, ClientConfig, ClientError, QueryOptions, QueryOutcome, WorkerRef, WorkerScore,
@@ -62,18 +61,7 @@ fn placements(capacity_blocks: u64) -> Feed {
 
 /// Stores `chain[..]` from block 0 for `worker` on lane 0, over a raw connection.
 fn store(conn: &mut Conn, worker: u32, seq: u64, keyspace: &Keyspace, chain: &[u64]) {
-    let r = conn.ask(&EventBatch {
-        worker,
-        seq,
-        keyspace: keyspace.clone(),
-        events: vec![Event::Stored {
-            lane: 0,
-            start: 0,
-            parent: None,
-            chain: chain.to_vec(),
-            engine: vec![],
-        }],
-    });
+    let r = conn.ask(&stored_batch(worker, seq, keyspace, chain));
     assert_eq!(r.decode::<Applied>().status, ApplyStatus::Applied);
 }
 

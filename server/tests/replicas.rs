@@ -72,18 +72,8 @@ fn write_fleet(replicas: &[&Server], tag: &str) {
         let chain = chain_of(ks, (i % 4) as u32 * 10_000, 48);
         let depth = 10 + 3 * i;
         for (seq, (from, to)) in [(0, depth / 2), (depth / 2, depth)].into_iter().enumerate() {
-            let r = conns[(i + seq + 1) % n].ask(&EventBatch {
-                worker: w,
-                seq: seq as u64,
-                keyspace: ks.clone(),
-                events: vec![Event::Stored {
-                    lane: 0,
-                    start: from as u32,
-                    parent: None,
-                    chain: chain[from..to].to_vec(),
-                    engine: vec![],
-                }],
-            });
+            let batch = stored_at(w, seq as u64, ks, from as u32, &chain[from..to]);
+            let r = conns[(i + seq + 1) % n].ask(&batch);
             assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
         }
         if i % 3 == 0 {
@@ -223,18 +213,8 @@ fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubl
         .announce("w", vec![Lane::full(16)], Feed::Events)
         .unwrap()
         .worker;
-    let stored = |seq: u64, from: usize, to: usize| EventBatch {
-        worker: w,
-        seq,
-        keyspace: ks.clone(),
-        events: vec![Event::Stored {
-            lane: 0,
-            start: from as u32,
-            parent: None,
-            chain: chain[from..to].to_vec(),
-            engine: vec![],
-        }],
-    };
+    let stored =
+        |seq: u64, from: usize, to: usize| stored_at(w, seq, &ks, from as u32, &chain[from..to]);
     assert_eq!(ca.ask(&stored(0, 0, 4)).kind, Kind::Applied);
     redis.kill();
     // Writes are refused, typed; queries still answer from memory.
@@ -294,18 +274,8 @@ fn whole_and_once(
 
 /// Block `seq` of `chain` stored alone, as vLLM sends a decoded block.
 fn decode_block(w: WorkerId, ks: &Keyspace, chain: &[u64], seq: u64) -> EventBatch {
-    EventBatch {
-        worker: w,
-        seq,
-        keyspace: ks.clone(),
-        events: vec![Event::Stored {
-            lane: 0,
-            start: seq as u32,
-            parent: None,
-            chain: vec![chain[seq as usize]],
-            engine: vec![],
-        }],
-    }
+    let at = seq as usize;
+    stored_at(w, seq, ks, seq as u32, &chain[at..at + 1])
 }
 
 /// Waits (at most 30 s) until `f` holds.

@@ -355,13 +355,24 @@ pub fn bare_command(args: &[&str]) -> Command {
 
 /// A batch storing `chain` from block 0 on lane 0.
 pub fn stored_batch(worker: WorkerId, seq: u64, keyspace: &Keyspace, chain: &[u64]) -> EventBatch {
+    stored_at(worker, seq, keyspace, 0, chain)
+}
+
+/// A batch storing `chain` as blocks `start..` on lane 0.
+pub fn stored_at(
+    worker: WorkerId,
+    seq: u64,
+    keyspace: &Keyspace,
+    start: u32,
+    chain: &[u64],
+) -> EventBatch {
     EventBatch {
         worker,
         seq,
         keyspace: keyspace.clone(),
         events: vec![Event::Stored {
             lane: 0,
-            start: 0,
+            start,
             parent: None,
             chain: chain.to_vec(),
             engine: vec![],
