@@ -14,7 +14,7 @@ use crate::counters::{Counters, CountersSnapshot};
 use crate::placements::pump_placements;
 use crate::shared::{Guard, IdMap, Shared, Slot};
 use crate::supervisor::supervise;
-use crate::{Addr, ClientConfig, ClientError};
+use crate::{Addr, ClientConfig, ClientError, Prompt};
 
 /// A kvix client: one multiplexed connection per configured server, kept up in the
 /// background. Cheap to clone; the connections close when the last clone is dropped.
@@ -168,19 +168,34 @@ impl Client {
         self.shared.counters.reset_latency();
     }
 
+    /// The keyspace a prompt is hashed in and its chain, as queries and placements use
+    /// them: the keyspace's kind is the prompt's (tokens or bytes); a chain the caller
+    /// hashed keeps the keyspace as given.
+    pub fn prompt_chain(&self, keyspace: &Keyspace, prompt: Prompt<'_>) -> (Keyspace, Vec<u64>) {
+        let block = self.shared.cfg.token_block;
+        let mut ks = keyspace.clone();
+        let chain = match prompt {
+            Prompt::Tokens(t) => {
+                ks.kind = ChunkKind::Tokens;
+                token_chain(ks.seed(block), block, t)
+            }
+            Prompt::Bytes(b) => {
+                ks.kind = ChunkKind::Bytes;
+                byte_chain(ks.seed(block), BYTE_CHUNK, b)
+            }
+            Prompt::Chain(c) => c.to_vec(),
+        };
+        (ks, chain)
+    }
+
     /// The chain of a token prompt in `keyspace` (its kind taken as tokens), as queries
     /// and placements use it.
     pub fn token_chain(&self, keyspace: &Keyspace, tokens: &[u32]) -> Vec<u64> {
-        let block = self.shared.cfg.token_block;
-        let mut ks = keyspace.clone();
-        ks.kind = ChunkKind::Tokens;
-        token_chain(ks.seed(block), block, tokens)
+        self.prompt_chain(keyspace, Prompt::Tokens(tokens)).1
     }
 
     /// The chain of a string prompt in `keyspace` (its kind taken as bytes).
     pub fn byte_chain(&self, keyspace: &Keyspace, bytes: &[u8]) -> Vec<u64> {
-        let mut ks = keyspace.clone();
-        ks.kind = ChunkKind::Bytes;
-        byte_chain(ks.seed(self.shared.cfg.token_block), BYTE_CHUNK, bytes)
+        self.prompt_chain(keyspace, Prompt::Bytes(bytes)).1
     }
 }

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use kvix_wire::{Answer, ChunkKind, ErrorCode, ErrorReply, Keyspace, Kind, Query};
+use kvix_wire::{Answer, ErrorCode, ErrorReply, Keyspace, Kind, Query};
 
 use crate::conn::Reply;
 use crate::counters::Counters;
@@ -75,25 +75,7 @@ impl Client {
         if sh.primary().is_none() {
             return QueryOutcome::Disconnected;
         }
-        let (keyspace, chain) = match prompt {
-            Prompt::Tokens(t) => {
-                let ks = Keyspace {
-                    kind: ChunkKind::Tokens,
-                    ..keyspace.clone()
-                };
-                let chain = self.token_chain(&ks, t);
-                (ks, chain)
-            }
-            Prompt::Bytes(b) => {
-                let ks = Keyspace {
-                    kind: ChunkKind::Bytes,
-                    ..keyspace.clone()
-                };
-                let chain = self.byte_chain(&ks, b);
-                (ks, chain)
-            }
-            Prompt::Chain(c) => (keyspace.clone(), c.to_vec()),
-        };
+        let (keyspace, chain) = self.prompt_chain(keyspace, prompt);
         let mut q = Query {
             keyspace,
             chain,

@@ -315,19 +315,12 @@ impl Core {
 impl Core {
     fn chain_of(
         &self,
-        mut ks: kvix_client::wire::Keyspace,
+        ks: kvix_client::wire::Keyspace,
         kind: PromptKind,
         prompt: &Bound<'_, PyAny>,
     ) -> PyResult<(kvix_client::wire::Keyspace, Vec<u64>)> {
-        let chain = match args::prompt(kind, prompt)? {
-            args::Prompt::Tokens(t) => self.client.token_chain(&ks, &t),
-            args::Prompt::Bytes(b) => {
-                ks.kind = kvix_client::wire::ChunkKind::Bytes;
-                self.client.byte_chain(&ks, &b)
-            }
-            args::Prompt::Chain(c) => c,
-        };
-        Ok((ks, chain))
+        let prompt = args::prompt(kind, prompt)?;
+        Ok(self.client.prompt_chain(&ks, prompt.as_client()))
     }
 }
 
