@@ -11,7 +11,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -26,7 +25,7 @@ struct Done {
 
 pub struct Queue {
     done: Mutex<Vec<Done>>,
-    /// Whether `done` has something: read by a spinning caller without the lock.
+    /// Whether `done` has something: read without the lock.
     ready: AtomicBool,
     wake: UnixStream,
 }
@@ -122,22 +121,12 @@ impl Completer {
 }
 
 impl Completer {
-    /// Spins (GIL released) up to `spin` for a result to arrive, and sets what came at
-    /// once: with `spin_us` configured, a quick reply completes its future before the
-    /// caller awaits it, without waking the loop's thread (which costs more than the
-    /// query on some machines). Blocks the loop for at most `spin`.
-    pub fn spin_then_drain(&self, py: Python<'_>, spin: Duration) {
-        let until = Instant::now() + spin;
-        let ready = py.detach(|| loop {
-            if self.queue.ready.load(Ordering::Acquire) {
-                break true;
-            }
-            if Instant::now() >= until {
-                break false;
-            }
-            std::hint::spin_loop();
-        });
-        if ready {
+    /// Sets the results already there: a call whose first poll on the caller's thread
+    /// finished it (an answer that came while `spin_us` spun, a query failed open at
+    /// once) completes its future before the caller awaits it, without waking the
+    /// loop's thread (which costs more than the query on some machines).
+    pub fn drain_ready(&self, py: Python<'_>) {
+        if self.queue.ready.load(Ordering::Acquire) {
             self.drain(py);
         }
     }

@@ -27,12 +27,7 @@ pub struct Core {
 
 /// Runs `fut` to its end: on this thread with the GIL released (`done` None), or on
 /// the I/O thread, answering a future of `done`'s event loop.
-fn finish<T, F>(
-    py: Python<'_>,
-    done: Option<&Bound<'_, Completer>>,
-    spin: Option<Duration>,
-    fut: F,
-) -> PyResult<Py<PyAny>>
+fn finish<T, F>(py: Python<'_>, done: Option<&Bound<'_, Completer>>, fut: F) -> PyResult<Py<PyAny>>
 where
     F: Future<Output = Result<T, ClientError>> + Send + 'static,
     T: for<'py> IntoPyObject<'py> + Send + 'static,
@@ -67,9 +62,7 @@ where
                     rt.spawn(task);
                 }
             });
-            if let Some(spin) = spin {
-                done.spin_then_drain(py, spin);
-            }
+            done.drain_ready(py);
             Ok(future)
         }
     }
@@ -91,7 +84,7 @@ impl Core {
         done: Option<&Bound<'_, Completer>>,
     ) -> PyResult<Py<PyAny>> {
         let cfg = args::config(py, servers, options)?;
-        finish(py, done, None, async move {
+        finish(py, done, async move {
             let client = Client::connect(cfg).await?;
             Ok(Core { client })
         })
@@ -120,8 +113,7 @@ impl Core {
             deadline: ms_opt("deadline_ms", deadline_ms)?,
         };
         let client = self.client.clone();
-        let spin = client.config().spin_before_park;
-        finish(py, done, spin, async move {
+        finish(py, done, async move {
             let outcome = client.query(&ks, prompt.as_client(), &opts).await;
             Ok::<_, ClientError>(QueryResult::from(outcome))
         })
@@ -149,12 +141,7 @@ impl Core {
             source: source.map(|s| s.get().into()),
         };
         let client = self.client.clone();
-        finish(
-            py,
-            done,
-            None,
-            async move { client.announce_worker(msg).await },
-        )
+        finish(py, done, async move { client.announce_worker(msg).await })
     }
 
     /// For benchmarks: `n` token queries through the Rust client alone, one after the
@@ -189,7 +176,7 @@ impl Core {
             });
             return times.into_py_any(py);
         }
-        finish(py, done, None, async move {
+        finish(py, done, async move {
             let mut times = Vec::with_capacity(n);
             for _ in 0..n {
                 let t = std::time::Instant::now();
@@ -209,15 +196,17 @@ impl Core {
     ) -> PyResult<Py<PyAny>> {
         let worker = args::worker(worker)?;
         let client = self.client.clone();
-        finish(py, done, None, async move { client.retire(worker).await })
+        finish(py, done, async move { client.retire(worker).await })
     }
 
     /// The primary server's counters.
     fn stats(&self, py: Python<'_>, done: Option<&Bound<'_, Completer>>) -> PyResult<Py<PyAny>> {
         let client = self.client.clone();
-        finish(py, done, None, async move {
-            client.stats().await.map(Stats::from)
-        })
+        finish(
+            py,
+            done,
+            async move { client.stats().await.map(Stats::from) },
+        )
     }
 
     /// Waits until some server is up, at most `timeout_ms`; whether one is.
@@ -229,7 +218,7 @@ impl Core {
     ) -> PyResult<Py<PyAny>> {
         let timeout = args::ms("timeout_ms", timeout_ms)?;
         let client = self.client.clone();
-        finish(py, done, None, async move {
+        finish(py, done, async move {
             Ok::<_, ClientError>(client.wait_connected(timeout).await)
         })
     }
