@@ -14,7 +14,8 @@ release's ZmqEventPublisher sends, over pyzmq.
 
     python3 scripts/engines.py publish RELEASE --endpoint EP [--replay EP] [--rank N]
                                        [--topic T] [--buffer N]
-        Runs RELEASE's ZmqEventPublisher and prints "ready". Then reads one JSON command
+        Runs RELEASE's ZmqEventPublisher and prints "ready" (or "address in use: ..."
+        and exits when a port is taken). Then reads one JSON command
         per line on stdin and answers one line on stdout:
           {"op": "publish", "events": [EVENT, ...]}  -> "published SEQ" once sent
           {"op": "stop"}                             -> "stopped", and exits
@@ -350,8 +351,16 @@ def publish(argv):
     a = p.parse_args(argv)
     mod = load_real(a.release)
     rank = {"attn_dp_rank" if a.release.startswith("sglang") else "data_parallel_rank": a.rank}
-    pub = mod.ZmqEventPublisher(endpoint=a.endpoint, replay_endpoint=a.replay, topic=a.topic,
-                                buffer_steps=a.buffer, **rank)
+    import zmq
+    try:
+        pub = mod.ZmqEventPublisher(endpoint=a.endpoint, replay_endpoint=a.replay,
+                                    topic=a.topic, buffer_steps=a.buffer, **rank)
+    except zmq.ZMQError as e:
+        if e.errno != zmq.EADDRINUSE:
+            raise
+        # the caller chose the ports; it may choose again
+        print(f"address in use: {e}", flush=True)
+        return
     print("ready", flush=True)
     seq = -1
     for line in sys.stdin:

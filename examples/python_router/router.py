@@ -20,6 +20,7 @@ baseline. GET /stats shows how requests were routed.
 import argparse
 import asyncio
 import itertools
+import os
 
 import aiohttp
 from aiohttp import web
@@ -49,7 +50,7 @@ class Router:
         self.http = aiohttp.ClientSession()
         if self.a.policy != "kvix":
             return
-        self.kvix = await kvix.AsyncClient.connect(self.a.kvix, name=f"router-{self.a.port}")
+        self.kvix = await kvix.AsyncClient.connect(self.a.kvix, name=f"router-{os.getpid()}")
         for name, _, events in self.a.worker:
             if self.a.feed == "placements":
                 await self.kvix.announce(name, feed="placements", capacity_blocks=self.a.capacity_blocks)
@@ -115,7 +116,8 @@ async def serve(a):
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", a.port).start()
-    print("ready", flush=True)
+    host, port = runner.addresses[0][:2]
+    print(f"ready http://{host}:{port}", flush=True)
     try:
         await asyncio.Event().wait()
     finally:
@@ -124,7 +126,8 @@ async def serve(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--port", type=int, default=0,
+                    help="HTTP port (0: any free port; the bound one is printed after \"ready\")")
     ap.add_argument("--kvix", default="127.0.0.1:7420", help="kvix server(s), comma-separated")
     ap.add_argument("--model", default="demo", help="the keyspace's model name")
     ap.add_argument("--worker", action="append", type=parse_worker, required=True,

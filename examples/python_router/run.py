@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 
@@ -27,12 +26,6 @@ import aiohttp
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 BLOCK = 16
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_bin(given):
@@ -136,27 +129,25 @@ def main():
         kvix_addr = line.split("listening on tcp://")[1].split()[0]
         workers = []
         for i in range(a.workers):
-            # The engine binds its PUB socket ("tcp://*:PORT", as vLLM's default); kvix
-            # connects to it.
-            port, events_port = free_port(), free_port()
-            events = f"tcp://127.0.0.1:{events_port}"
-            procs.start([py, os.path.join(HERE, "worker.py"), "--port", str(port),
-                         "--events", f"tcp://*:{events_port}",
-                         "--capacity-blocks", str(a.capacity_blocks), "--name", f"w{i}"])
-            workers.append((f"w{i}", f"http://127.0.0.1:{port}", events))
+            # The engine binds its PUB socket (vLLM's "tcp://*:0": any free port, printed
+            # once bound); kvix connects to it.
+            _, line = procs.start([py, os.path.join(HERE, "worker.py"),
+                                   "--capacity-blocks", str(a.capacity_blocks), "--name", f"w{i}"])
+            url, events = line.split()[1:3]
+            workers.append((f"w{i}", url, events))
         convs = workload(a)
         results = {}
         for policy in ("kvix", "round_robin"):
             asyncio.run(reset(workers))
             routers, started = [], []
             for _ in range(2):
-                port = free_port()
-                args = [py, os.path.join(HERE, "router.py"), "--port", str(port), "--kvix", kvix_addr,
+                args = [py, os.path.join(HERE, "router.py"), "--kvix", kvix_addr,
                         "--model", a.model, "--policy", policy]
                 for name, url, events in workers:
                     args += ["--worker", f"{name}={url},{events}"]
-                started.append(procs.start(args)[0])
-                routers.append(f"http://127.0.0.1:{port}")
+                p, line = procs.start(args)
+                started.append(p)
+                routers.append(line.split()[1])
             first, follow, stats = asyncio.run(drive(routers, convs, a))
             results[policy] = {"first_turn_hit": first[0] / first[1], "follow_up_hit": follow[0] / follow[1],
                                "routers": stats}

@@ -10,7 +10,8 @@ with `--kv-events-config` publishes them.
 POST /v1/completions {"prompt": [token ids], "max_tokens": n} answers n generated
 tokens and `usage.prompt_tokens_details.cached_tokens`: how much of the prompt was
 already in this worker's cache. POST /reset empties the cache (AllBlocksCleared).
-Prints "ready" once serving.
+Prints "ready HTTP_URL EVENTS_ENDPOINT" once serving: with the defaults (--port 0,
+--events 'tcp://*:0') the ports are the ones the system gave it.
 """
 
 import argparse
@@ -101,9 +102,10 @@ def generated(prompt, n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--events", required=True,
-                    help="ZMQ PUB endpoint of the KV events: tcp://*:PORT binds (vLLM's way)")
+    ap.add_argument("--port", type=int, default=0, help="HTTP port (0: any free port)")
+    ap.add_argument("--events", default="tcp://*:0",
+                    help="ZMQ PUB endpoint of the KV events: tcp://*:PORT binds (vLLM's way); "
+                         "port 0 binds any free port on VLLM_HOST_IP (default 127.0.0.1)")
     ap.add_argument("--replay", default=None, help="ZMQ ROUTER replay endpoint")
     ap.add_argument("--capacity-blocks", type=int, default=1500)
     ap.add_argument("--name", default="worker")
@@ -150,16 +152,19 @@ def main():
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/reset", reset)
     try:
-        asyncio.run(serve(app, a.port))
+        # The publisher's resolved endpoint (port 0 bound), as a subscriber dials it.
+        events = pub.get_publisher_config().endpoint.replace("*", "127.0.0.1")
+        asyncio.run(serve(app, a.port, events))
     finally:
         pub.shutdown()
 
 
-async def serve(app, port):
+async def serve(app, port, events):
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    print("ready", flush=True)
+    host, port = runner.addresses[0][:2]
+    print(f"ready http://{host}:{port} {events}", flush=True)
     await asyncio.Event().wait()
 
 

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::engines::{available, free_port, Publisher, RELEASES};
+use common::engines::{available, Ports, Publisher, RELEASES};
 use common::*;
 use kvix_wire::chain::{token_chain, token_chain_with_extras, ExtraKey};
 use kvix_wire::*;
@@ -128,33 +128,13 @@ fn await_metric(server: &Server, name: &str, at_least: u64) -> u64 {
     panic!("{name} never reached {at_least}");
 }
 
-struct Ports {
-    pub_port: u16,
-    replay_port: u16,
-}
-
-impl Ports {
-    fn new() -> Ports {
-        Ports {
-            pub_port: free_port(),
-            replay_port: free_port(),
-        }
-    }
-    fn start(&self, rel: Rel) -> Publisher {
-        Publisher::start(
-            rel.0,
-            &format!("tcp://*:{}", self.pub_port),
-            Some(&format!("tcp://127.0.0.1:{}", self.replay_port)),
-            0,
-        )
-    }
-    fn source(&self, salt: &str) -> EventSource {
-        EventSource {
-            endpoint: format!("tcp://127.0.0.1:{}", self.pub_port),
-            replay: format!("tcp://127.0.0.1:{}", self.replay_port),
-            model: "m".into(),
-            salt: salt.into(),
-        }
+/// The source a worker is announced with: rank `rank` of the publisher on `ports`.
+fn source(ports: &Ports, rank: u16, salt: &str) -> EventSource {
+    EventSource {
+        endpoint: ports.endpoint(rank),
+        replay: ports.replay(rank),
+        model: "m".into(),
+        salt: salt.into(),
     }
 }
 
@@ -175,11 +155,10 @@ struct Rig {
 impl Rig {
     fn new(rel: Rel, name: &str, lanes: Vec<Lane>) -> Rig {
         let server = Server::start(&["--cores", "2"]);
-        let ports = Ports::new();
-        let publisher = ports.start(rel);
+        let (ports, publisher) = Ports::start_one(rel.0);
         let mut c = server.session();
         let w = c
-            .announce_source(name, lanes, ports.source(""))
+            .announce_source(name, lanes, source(&ports, 0, ""))
             .unwrap()
             .worker;
         Rig {
@@ -414,10 +393,9 @@ fn bytes_hashes_extra_keys_and_salts_are_part_of_block_identity() {
     publisher.stop();
     // SGLang: cache_salt on every page's event.
     let rel = Rel("sglang-0.5.23");
-    let ports = Ports::new();
-    let mut publisher = ports.start(rel);
+    let (ports, mut publisher) = Ports::start_one(rel.0);
     let w = c
-        .announce_source("sg", full(), ports.source(""))
+        .announce_source("sg", full(), source(&ports, 0, ""))
         .unwrap()
         .worker;
     let mut pages = Vec::new();
@@ -506,35 +484,16 @@ fn data_parallel_ranks_are_their_own_holders_and_streams() {
         let rel = Rel(name);
         let server = Server::start(&["--cores", "2"]);
         // Ranks add their rank to both ports, as every release does.
-        let (pub_port, replay_port) = loop {
-            let (a, b) = (free_port(), free_port());
-            let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
-            if a.abs_diff(b) > 1 && free(a + 1) && free(b + 1) {
-                break (a, b);
-            }
-        };
-        let start = |rank| {
-            Publisher::start(
-                name,
-                &format!("tcp://*:{pub_port}"),
-                Some(&format!("tcp://127.0.0.1:{replay_port}")),
-                rank,
-            )
-        };
-        let (mut r0, mut r1) = (start(0), start(1));
+        let (ports, ranks) = Ports::start_ranks(name, 2);
+        let [mut r0, mut r1] = <[Publisher; 2]>::try_from(ranks).ok().unwrap();
         let mut c = server.session();
-        let source = |rank: u16| EventSource {
-            endpoint: format!("tcp://127.0.0.1:{}", pub_port + rank),
-            replay: format!("tcp://127.0.0.1:{}", replay_port + rank),
-            model: "m".into(),
-            salt: String::new(),
-        };
+        let of_rank = |rank| source(&ports, rank, "");
         let w0 = c
-            .announce_source("e-dp0", full(), source(0))
+            .announce_source("e-dp0", full(), of_rank(0))
             .unwrap()
             .worker;
         let w1 = c
-            .announce_source("e-dp1", full(), source(1))
+            .announce_source("e-dp1", full(), of_rank(1))
             .unwrap()
             .worker;
         r0.publish(vec![rel.blocks(1, 0, 3, 1)]);
@@ -607,15 +566,14 @@ fn an_idle_engine_that_joins_late_is_caught_up_from_its_replay() {
     for name in RELEASES {
         let rel = Rel(name);
         let server = Server::start(&["--cores", "2"]);
-        let ports = Ports::new();
-        let mut publisher = ports.start(rel);
+        let (ports, mut publisher) = Ports::start_one(rel.0);
         publisher.publish(vec![rel.blocks(1, 0, 2, 1)]);
         publisher.publish(vec![rel.blocks(1, 2, 5, 1)]);
         publisher.publish(vec![rel.removed(&[5])]);
         // Announced after the engine went quiet: nothing more is published.
         let mut c = server.session();
         let w = c
-            .announce_source("late", full(), ports.source(""))
+            .announce_source("late", full(), source(&ports, 0, ""))
             .unwrap()
             .worker;
         let base = ks("", "");
@@ -657,7 +615,7 @@ fn an_engine_restart_is_never_taken_for_a_gap() {
             let (p1, p2) = (chain(&base, 1, 6), chain(&base, 2, 6));
             expect(&mut c, &base, &p1, &[(w, 6)], &what);
             old.kill();
-            let mut new = ports.start(rel);
+            let mut new = ports.restart(rel.0);
             new.publish(vec![rel.blocks(2, 0, 2, 1)]);
             let mut want = 2;
             if past {
@@ -690,12 +648,11 @@ fn a_killed_server_catches_up_with_and_without_a_snapshot() {
         let base = ks("", "");
         let p1 = chain(&base, 1, 8);
         // Without a snapshot: announced again, the stream replays from 0.
-        let ports = Ports::new();
-        let mut publisher = ports.start(rel);
+        let (ports, mut publisher) = Ports::start_one(rel.0);
         let server = Server::start(&["--cores", "2"]);
         let mut c = server.session();
         let w = c
-            .announce_source("e", full(), ports.source(""))
+            .announce_source("e", full(), source(&ports, 0, ""))
             .unwrap()
             .worker;
         publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
@@ -705,7 +662,7 @@ fn a_killed_server_catches_up_with_and_without_a_snapshot() {
         let server = Server::start(&["--cores", "2"]);
         let mut c = server.session();
         let w = c
-            .announce_source("e", full(), ports.source(""))
+            .announce_source("e", full(), source(&ports, 0, ""))
             .unwrap()
             .worker;
         expect(
@@ -731,12 +688,11 @@ fn a_killed_server_catches_up_with_and_without_a_snapshot() {
             "--snapshot-every",
             "1",
         ];
-        let ports = Ports::new();
-        let mut publisher = ports.start(rel);
+        let (ports, mut publisher) = Ports::start_one(rel.0);
         let server = Server::start(&args);
         let mut c = server.session();
         let w = c
-            .announce_source("e", full(), ports.source(""))
+            .announce_source("e", full(), source(&ports, 0, ""))
             .unwrap()
             .worker;
         publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
@@ -886,12 +842,11 @@ fn ingested_batches_come_back_from_the_write_ahead_log() {
         snap.to_str().unwrap(),
         "--wal",
     ];
-    let ports = Ports::new();
-    let mut publisher = ports.start(rel);
+    let (ports, mut publisher) = Ports::start_one(rel.0);
     let server = Server::start(&args);
     let mut c = server.session();
     let w = c
-        .announce_source("e", full(), ports.source(""))
+        .announce_source("e", full(), source(&ports, 0, ""))
         .unwrap()
         .worker;
     publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
@@ -914,4 +869,23 @@ fn ingested_batches_come_back_from_the_write_ahead_log() {
     await_metric(&server, "kvix_ingest_sources", 1);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_publisher_whose_port_is_taken_says_so_so_that_ports_are_chosen_again() {
+    if available("a_publisher_whose_port_is_taken").is_none() {
+        return;
+    }
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let free = common::engines::free_port();
+    for name in RELEASES {
+        let events = format!("tcp://*:{port}");
+        let replay = format!("tcp://127.0.0.1:{port}");
+        let on_events = Publisher::try_start(name, &events, None, 0);
+        assert!(on_events.is_none(), "{name}: bound a taken events port");
+        let free = format!("tcp://*:{free}");
+        let on_replay = Publisher::try_start(name, &free, Some(&replay), 0);
+        assert!(on_replay.is_none(), "{name}: bound a taken replay port");
+    }
 }

@@ -470,18 +470,12 @@ fn through_sentinel_the_log_follows_a_redis_failover_and_loses_nothing_acknowled
 
 #[test]
 fn one_replica_ingests_each_engine_and_another_takes_over_when_it_dies() {
-    use common::engines::{free_port, Publisher};
+    use common::engines::Ports;
     if available("ingest_lease").is_none() || common::engines::available("ingest_lease").is_none() {
         return;
     }
     let redis = Redis::start("lease");
-    let (pub_port, replay_port) = (free_port(), free_port());
-    let mut publisher = Publisher::start(
-        "vllm-0.34.0",
-        &format!("tcp://*:{pub_port}"),
-        Some(&format!("tcp://127.0.0.1:{replay_port}")),
-        0,
-    );
+    let (ports, mut publisher) = Ports::start_one("vllm-0.34.0");
     let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
     let w = a
         .session()
@@ -489,8 +483,8 @@ fn one_replica_ingests_each_engine_and_another_takes_over_when_it_dies() {
             "engine",
             vec![Lane::full(16)],
             EventSource {
-                endpoint: format!("tcp://127.0.0.1:{pub_port}"),
-                replay: format!("tcp://127.0.0.1:{replay_port}"),
+                endpoint: ports.endpoint(0),
+                replay: ports.replay(0),
                 model: "m".into(),
                 salt: String::new(),
             },

@@ -50,13 +50,89 @@ pub fn available(test: &str) -> Option<()> {
     }
 }
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now (someone may by the time it is bound).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The tcp ports of a publisher's events and replay sockets; data parallel rank `r`
+/// binds each plus `r`, as every release does.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    pub publish: u16,
+    pub replay: u16,
+}
+
+impl Ports {
+    /// Starts `ranks` publishers of `release` (ranks 0..ranks) on ports chosen free,
+    /// choosing again when a port is taken before a publisher binds it.
+    pub fn start_ranks(release: &'static str, ranks: u16) -> (Ports, Vec<Publisher>) {
+        for _ in 0..50 {
+            let ports = Ports::choose(ranks);
+            let started: Vec<Option<Publisher>> = (0..ranks)
+                .map(|rank| ports.try_start(release, rank))
+                .collect();
+            if started.iter().all(Option::is_some) {
+                return (ports, started.into_iter().flatten().collect());
+            }
+            started.into_iter().flatten().for_each(Publisher::kill);
+        }
+        panic!("{release}: no free ports for {ranks} publishers in 50 tries");
+    }
+
+    /// Starts rank 0 of `release` on free ports.
+    pub fn start_one(release: &'static str) -> (Ports, Publisher) {
+        let (ports, mut started) = Ports::start_ranks(release, 1);
+        (ports, started.pop().unwrap())
+    }
+
+    /// Starts rank 0 of `release` again on these ports (a restarted engine), waiting
+    /// while a port is held, as by a connection that happened to take it.
+    pub fn restart(&self, release: &'static str) -> Publisher {
+        for _ in 0..200 {
+            if let Some(p) = self.try_start(release, 0) {
+                return p;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{release}: {self:?} stayed in use");
+    }
+
+    fn try_start(&self, release: &'static str, rank: u16) -> Option<Publisher> {
+        Publisher::try_start(
+            release,
+            &format!("tcp://*:{}", self.publish),
+            Some(&format!("tcp://127.0.0.1:{}", self.replay)),
+            rank.into(),
+        )
+    }
+
+    /// Two ports (and each plus 1..ranks) free now, their ranges apart.
+    fn choose(ranks: u16) -> Ports {
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        loop {
+            let (publish, replay) = (free_port(), free_port());
+            let ranges_apart = publish.abs_diff(replay) >= ranks;
+            let fits = publish.checked_add(ranks).is_some() && replay.checked_add(ranks).is_some();
+            if ranges_apart && fits && (1..ranks).all(|r| free(publish + r) && free(replay + r)) {
+                return Ports { publish, replay };
+            }
+        }
+    }
+
+    /// Rank `rank`'s events endpoint, as a subscriber dials it.
+    pub fn endpoint(&self, rank: u16) -> String {
+        format!("tcp://127.0.0.1:{}", self.publish + rank)
+    }
+
+    /// Rank `rank`'s replay endpoint.
+    pub fn replay(&self, rank: u16) -> String {
+        format!("tcp://127.0.0.1:{}", self.replay + rank)
+    }
 }
 
 /// One release's publisher process.
@@ -76,6 +152,19 @@ impl Publisher {
         replay: Option<&str>,
         rank: u32,
     ) -> Publisher {
+        Publisher::try_start(release, endpoint, replay, rank)
+            .unwrap_or_else(|| panic!("{release}: {endpoint} or {replay:?} is in use"))
+    }
+
+    /// As `start`, but None when an address is already in use: a port chosen free can be
+    /// taken by any other process (an outgoing connection's ephemeral port) before the
+    /// publisher binds it.
+    pub fn try_start(
+        release: &'static str,
+        endpoint: &str,
+        replay: Option<&str>,
+        rank: u32,
+    ) -> Option<Publisher> {
         let mut cmd = Command::new("python3");
         cmd.arg(script())
             .args(["publish", release, "--endpoint", endpoint, "--topic", "kv"])
@@ -105,14 +194,24 @@ impl Publisher {
             stdin,
             lines,
         };
-        p.expect("ready");
-        p
+        if p.expect_one_of(&["ready", "address in use"])
+            .starts_with("ready")
+        {
+            Some(p)
+        } else {
+            let _ = p.child.wait();
+            None
+        }
     }
 
     fn expect(&mut self, prefix: &str) -> String {
+        self.expect_one_of(&[prefix])
+    }
+
+    fn expect_one_of(&mut self, prefixes: &[&str]) -> String {
         match self.lines.recv_timeout(Duration::from_secs(60)) {
-            Ok(l) if l.starts_with(prefix) => l,
-            other => panic!("{}: expected {prefix:?}, got {other:?}", self.release),
+            Ok(l) if prefixes.iter().any(|p| l.starts_with(p)) => l,
+            other => panic!("{}: expected {prefixes:?}, got {other:?}", self.release),
         }
     }
 

@@ -3,7 +3,7 @@
 //! with a printed reason, except under CI=true, where it fails.
 
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -39,7 +39,7 @@ impl Redis {
     pub fn replica_of(tag: &str, primary: &Redis) -> Redis {
         let port = primary.port.to_string();
         Self::start_with(tag, |_, _| {
-            vec!["--replicaof".into(), "127.0.0.1".into(), port]
+            vec!["--replicaof".into(), "127.0.0.1".into(), port.clone()]
         })
     }
 
@@ -64,20 +64,24 @@ impl Redis {
         })
     }
 
-    fn start_with(tag: &str, args: impl FnOnce(&PathBuf, u16) -> Vec<String>) -> Redis {
+    fn start_with(tag: &str, args: impl Fn(&PathBuf, u16) -> Vec<String>) -> Redis {
         let dir = std::env::temp_dir().join(format!("kvix-redis-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let port = super::engines::free_port();
-        let args = args(&dir, port);
-        let mut r = Redis {
-            port,
-            dir,
-            child: None,
-            args,
-        };
-        r.restart();
-        r
+        // A port chosen free may be taken before redis-server binds it; choose again.
+        for _ in 0..20 {
+            let port = super::engines::free_port();
+            let args = args(&dir, port);
+            if let Some(child) = launch(&args, port, &dir) {
+                return Redis {
+                    port,
+                    dir,
+                    child: Some(child),
+                    args,
+                };
+            }
+        }
+        panic!("redis-server ({tag}) found no free port in 20 tries");
     }
 
     pub fn url(&self, key: &str) -> String {
@@ -86,31 +90,13 @@ impl Redis {
 
     /// Starts (again) on the same port and directory; waits until it answers.
     pub fn restart(&mut self) {
-        let child = Command::new("redis-server")
-            .args(&self.args)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        self.child = Some(child);
-        for _ in 0..200 {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("redis-server did not listen on {}", self.port);
+        let child = launch(&self.args, self.port, &self.dir);
+        assert!(
+            child.is_some(),
+            "redis-server exited: port {} is taken",
+            self.port
+        );
+        self.child = child;
     }
 
     /// SIGKILL: Redis is gone until `restart`.
@@ -131,6 +117,38 @@ impl Redis {
         // SAFETY: a plain kill(2) on our own child.
         assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
     }
+}
+
+/// Runs redis-server on `port` and waits until it answers; None when it exits instead
+/// (its port was taken).
+fn launch(args: &[String], port: u16, dir: &Path) -> Option<Child> {
+    let mut child = Command::new("redis-server")
+        .args(args)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts");
+    for _ in 0..200 {
+        if child.try_wait().ok().flatten().is_some() {
+            return None;
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(child);
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("redis-server did not listen on {}", port);
 }
 
 impl Drop for Redis {
