@@ -87,10 +87,9 @@ def server(start_server):
 
 @pytest.fixture
 def dead_addr():
-    """A loopback address nothing listens on."""
+    """A loopback address nothing listens on: bound, never listening, so connections
+    are refused and no other process can take the port during the test."""
     import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    addr = "127.0.0.1:%d" % s.getsockname()[1]
-    s.close()
-    return addr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield "127.0.0.1:%d" % s.getsockname()[1]
