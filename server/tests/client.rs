@@ -1,7 +1,8 @@
 //! kvix-client against the real kvix-server binary: announce + feed + query by tokens
 //! (names in the answers), fail-open while the server is killed mid-load, reconnect to a
 //! fresh server on the same port with every announced worker re-announced (trap 5),
-//! the Unix socket transport, and the blocking client. No assertion on durations
+//! the Unix socket transport, the blocking client, and a query whose server is killed
+//! under it answered by the next server. No assertion on durations
 //! tighter than deadline + 1 s; every wait is a bounded loop.
 
 mod common;
@@ -504,4 +505,61 @@ fn the_blocking_client_against_the_real_server() {
     assert_eq!((n.disconnected, n.timeouts), (0, 0), "{n:?}");
     drop(c);
     assert!(server.stop().success());
+}
+
+#[tokio::test]
+async fn a_query_whose_real_server_dies_under_it_is_answered_by_the_next_one() {
+    let (a, b) = (
+        Server::start(&["--cores", "1"]),
+        Server::start(&["--cores", "1"]),
+    );
+    // The same worker and blocks on both, as two replicas hold them.
+    let prompt = tokens(11, 4);
+    let chain = chain_of(&ks(), 11, 4);
+    let mut ids = Vec::new();
+    for s in [&a, &b] {
+        let mut conn = s.session();
+        let w = conn.announce("w", full(), Feed::Events).unwrap().worker;
+        store(&mut conn, w, 0, &ks(), &chain);
+        ids.push(w);
+    }
+    let c = Client::connect(ClientConfig {
+        // No hedge: the query waits on the first server until its connection is lost.
+        hedge_after: Some(Duration::MAX),
+        deadline: Duration::from_secs(10),
+        ..ClientConfig::new([tcp(&a), tcp(&b)])
+    })
+    .await
+    .unwrap();
+    assert!(c.wait_server(&tcp(&a), PATIENCE).await);
+    assert!(c.wait_server(&tcp(&b), PATIENCE).await);
+    assert_eq!(c.primary(), Some(tcp(&a)));
+    // The first server stops; the query reaches its socket and lies there unread. Then
+    // it is killed: the kernel resets the connection under the query.
+    a.pause(true);
+    let query = {
+        let (c, prompt) = (c.clone(), prompt.clone());
+        tokio::spawn(async move { c.query_tokens(&ks(), &prompt, &opts()).await })
+    };
+    let end = Instant::now() + PATIENCE;
+    while a.unread_bytes() == 0 {
+        assert!(
+            Instant::now() < end,
+            "the query never reached the first server"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    a.kill();
+    let want = WorkerScore {
+        worker: ids[1],
+        name: None,
+        blocks: 4,
+    };
+    assert_eq!(query.await.unwrap(), QueryOutcome::Scores(vec![want]));
+    let n = c.counters();
+    assert_eq!(
+        (n.failovers, n.disconnected, n.timeouts),
+        (1, 0, 0),
+        "{n:?}"
+    );
 }

@@ -159,6 +159,31 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// SIGSTOP (`true`) or SIGCONT: a stopped server keeps its sockets open, and the
+    /// kernel keeps accepting bytes for it that nobody reads.
+    pub fn pause(&self, paused: bool) {
+        let sig = if paused { 19 } else { 18 };
+        assert_eq!(unsafe { libc_kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    /// Bytes received and not yet read on the server's side of its TCP connections (from
+    /// /proc/net/tcp): a paused server's unread requests.
+    pub fn unread_bytes(&self) -> u64 {
+        let port = format!(":{:04X}", self.addr.port());
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        table
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                // local address, remote address, state, "tx_queue:rx_queue"; state 01 is
+                // ESTABLISHED (the listener itself is 0A).
+                (f.len() > 4 && f[1].ends_with(&port) && f[3] == "01").then(|| f[4])
+            })
+            .filter_map(|q| u64::from_str_radix(q.split(':').nth(1)?, 16).ok())
+            .sum()
+    }
+
     /// Sends SIGTERM and waits for a clean exit.
     pub fn stop(mut self) -> std::process::ExitStatus {
         self.terminate()
