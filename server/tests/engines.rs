@@ -128,16 +128,6 @@ fn await_metric(server: &Server, name: &str, at_least: u64) -> u64 {
     panic!("{name} never reached {at_least}");
 }
 
-/// The source a worker is announced with: rank `rank` of the publisher on `ports`.
-fn source(ports: &Ports, rank: u16, salt: &str) -> EventSource {
-    EventSource {
-        endpoint: ports.endpoint(rank),
-        replay: ports.replay(rank),
-        model: "m".into(),
-        salt: salt.into(),
-    }
-}
-
 fn full() -> Vec<Lane> {
     vec![Lane::full(16)]
 }
@@ -158,7 +148,7 @@ impl Rig {
         let (ports, publisher) = Ports::start_one(rel.0);
         let mut c = server.session();
         let w = c
-            .announce_source(name, lanes, source(&ports, 0, ""))
+            .announce_source(name, lanes, ports.source(0, ""))
             .unwrap()
             .worker;
         Rig {
@@ -395,7 +385,7 @@ fn bytes_hashes_extra_keys_and_salts_are_part_of_block_identity() {
     let rel = Rel("sglang-0.5.23");
     let (ports, mut publisher) = Ports::start_one(rel.0);
     let w = c
-        .announce_source("sg", full(), source(&ports, 0, ""))
+        .announce_source("sg", full(), ports.source(0, ""))
         .unwrap()
         .worker;
     let mut pages = Vec::new();
@@ -487,7 +477,7 @@ fn data_parallel_ranks_are_their_own_holders_and_streams() {
         let (ports, ranks) = Ports::start_ranks(name, 2);
         let [mut r0, mut r1] = <[Publisher; 2]>::try_from(ranks).ok().unwrap();
         let mut c = server.session();
-        let of_rank = |rank| source(&ports, rank, "");
+        let of_rank = |rank| ports.source(rank, "");
         let w0 = c
             .announce_source("e-dp0", full(), of_rank(0))
             .unwrap()
@@ -573,7 +563,7 @@ fn an_idle_engine_that_joins_late_is_caught_up_from_its_replay() {
         // Announced after the engine went quiet: nothing more is published.
         let mut c = server.session();
         let w = c
-            .announce_source("late", full(), source(&ports, 0, ""))
+            .announce_source("late", full(), ports.source(0, ""))
             .unwrap()
             .worker;
         let base = ks("", "");
@@ -652,7 +642,7 @@ fn a_killed_server_catches_up_with_and_without_a_snapshot() {
         let server = Server::start(&["--cores", "2"]);
         let mut c = server.session();
         let w = c
-            .announce_source("e", full(), source(&ports, 0, ""))
+            .announce_source("e", full(), ports.source(0, ""))
             .unwrap()
             .worker;
         publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
@@ -662,7 +652,7 @@ fn a_killed_server_catches_up_with_and_without_a_snapshot() {
         let server = Server::start(&["--cores", "2"]);
         let mut c = server.session();
         let w = c
-            .announce_source("e", full(), source(&ports, 0, ""))
+            .announce_source("e", full(), ports.source(0, ""))
             .unwrap()
             .worker;
         expect(
@@ -692,7 +682,7 @@ fn a_killed_server_catches_up_with_and_without_a_snapshot() {
         let server = Server::start(&args);
         let mut c = server.session();
         let w = c
-            .announce_source("e", full(), source(&ports, 0, ""))
+            .announce_source("e", full(), ports.source(0, ""))
             .unwrap()
             .worker;
         publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
@@ -846,7 +836,7 @@ fn ingested_batches_come_back_from_the_write_ahead_log() {
     let server = Server::start(&args);
     let mut c = server.session();
     let w = c
-        .announce_source("e", full(), source(&ports, 0, ""))
+        .announce_source("e", full(), ports.source(0, ""))
         .unwrap()
         .worker;
     publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);

@@ -479,16 +479,7 @@ fn one_replica_ingests_each_engine_and_another_takes_over_when_it_dies() {
     let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
     let w = a
         .session()
-        .announce_source(
-            "engine",
-            vec![Lane::full(16)],
-            EventSource {
-                endpoint: ports.endpoint(0),
-                replay: ports.replay(0),
-                model: "m".into(),
-                salt: String::new(),
-            },
-        )
+        .announce_source("engine", vec![Lane::full(16)], ports.source(0, ""))
         .unwrap()
         .worker;
     let ks = Keyspace::tokens("m");

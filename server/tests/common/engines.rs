@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use kvix_wire::EventSource;
 use serde_json::Value;
 
 pub const RELEASES: [&str; 3] = ["vllm-0.9.2", "vllm-0.34.0", "sglang-0.5.23"];
@@ -132,6 +133,17 @@ impl Ports {
     /// Rank `rank`'s replay endpoint.
     pub fn replay(&self, rank: u16) -> String {
         format!("tcp://127.0.0.1:{}", self.replay + rank)
+    }
+
+    /// The source a worker is announced with: rank `rank` of the publisher on these
+    /// ports, in the tests' model "m".
+    pub fn source(&self, rank: u16, salt: &str) -> EventSource {
+        EventSource {
+            endpoint: self.endpoint(rank),
+            replay: self.replay(rank),
+            model: "m".into(),
+            salt: salt.into(),
+        }
     }
 }
 

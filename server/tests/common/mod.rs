@@ -162,8 +162,7 @@ impl Server {
     /// SIGSTOP (`true`) or SIGCONT: a stopped server keeps its sockets open, and the
     /// kernel keeps accepting bytes for it that nobody reads.
     pub fn pause(&self, paused: bool) {
-        let sig = if paused { 19 } else { 18 };
-        assert_eq!(unsafe { libc_kill(self.child.id() as i32, sig) }, 0);
+        pause_process(&self.child, paused);
     }
 
     /// Bytes received and not yet read on the server's side of its TCP connections (from
@@ -190,7 +189,8 @@ impl Server {
     }
 
     fn terminate(&mut self) -> std::process::ExitStatus {
-        unsafe { libc_kill(self.child.id() as i32, 15) };
+        // SAFETY: a plain kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         for _ in 0..200 {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
@@ -202,9 +202,12 @@ impl Server {
     }
 }
 
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
+/// SIGSTOP (`true`) or SIGCONT to a child process: stopped, it keeps its sockets open
+/// and answers nothing.
+pub fn pause_process(child: &Child, paused: bool) {
+    let sig = if paused { libc::SIGSTOP } else { libc::SIGCONT };
+    // SAFETY: a plain kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
 }
 
 impl Drop for Server {

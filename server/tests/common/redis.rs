@@ -112,10 +112,7 @@ impl Redis {
     /// SIGSTOP (`true`) or SIGCONT: a paused Redis keeps its connections open and
     /// answers nothing, as in a long GC-like stall or a network partition.
     pub fn pause(&self, paused: bool) {
-        let pid = self.child.as_ref().expect("running").id() as i32;
-        let sig = if paused { libc::SIGSTOP } else { libc::SIGCONT };
-        // SAFETY: a plain kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        super::pause_process(self.child.as_ref().expect("running"), paused);
     }
 }
 
