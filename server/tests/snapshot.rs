@@ -151,17 +151,7 @@ fn torn_or_corrupt_snapshots_are_refused_with_a_clear_message() {
         ),
     ] {
         std::fs::write(&path, &damage).unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvix-server"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--unix",
-                "",
-                "--metrics",
-                "",
-                "--snapshot",
-                path.to_str().unwrap(),
-            ])
+        let out = bare_command(&["--snapshot", path.to_str().unwrap()])
             .output()
             .unwrap();
         assert!(!out.status.success(), "a damaged snapshot stops the start");

@@ -19,20 +19,20 @@ pub struct Server {
     pub stdout_lines: Vec<String>,
 }
 
+/// The server binary listening on TCP `listen`, without a Unix socket, with metrics on an
+/// ephemeral port.
+fn listening_on(listen: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvix-server"));
+    cmd.args(["--listen", listen, "--unix", "", "--metrics", "127.0.0.1:0"]);
+    cmd
+}
+
 impl Server {
     /// Starts the binary with `args` on an ephemeral port, no Unix socket, metrics on an
     /// ephemeral port, and waits for it to print its addresses.
     pub fn start(args: &[&str]) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvix-server"));
-        cmd.args([
-            "--listen",
-            "127.0.0.1:0",
-            "--unix",
-            "",
-            "--metrics",
-            "127.0.0.1:0",
-        ])
-        .args(args);
+        let mut cmd = listening_on("127.0.0.1:0");
+        cmd.args(args);
         Self::spawn(cmd)
     }
 
@@ -47,16 +47,8 @@ impl Server {
         let listen = listen.to_string();
         let mut last = String::new();
         for _ in 0..20 {
-            let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvix-server"));
-            cmd.args([
-                "--listen",
-                &listen,
-                "--unix",
-                "",
-                "--metrics",
-                "127.0.0.1:0",
-            ])
-            .args(args);
+            let mut cmd = listening_on(&listen);
+            cmd.args(args);
             match Self::try_spawn(cmd) {
                 Ok(s) => return s,
                 Err(e) => last = e,
