@@ -88,37 +88,77 @@ impl ApplyReport {
 /// The names one lane stored in one keyspace: engine hash (or chain hash, when the store
 /// carried none) → the chain hashes of the blocks it names. 16 bytes per name that names
 /// one keyspace block, the common case (the feed keeps one per stored engine block).
+///
+/// Names of one block are first appended to `recent` and put into their table in bulk
+/// ([`Names::settle`]) once there are [`RECENT`] of them or before anything looks a name
+/// up. A fleet's workers interleave their stores, so each worker's table is cold when its
+/// next store comes: one at a time, every name costs a TLB miss and a cache miss; in bulk,
+/// the table's pages and lines are fetched once for many names, far ahead of their use.
 #[derive(Debug, Default)]
 struct Names {
     ks: u64,
     /// Names of one keyspace block: (name, chain hash).
     one: Table<(u64, u64)>,
+    /// Names of one keyspace block not in `one` yet, in the order they were stored.
+    recent: Vec<(u64, u64)>,
     /// Names of an engine block of several keyspace blocks.
     many: FastMap<u64, Box<[u64]>>,
 }
 
+/// How many names of one block wait in [`Names::recent`] before they are put in bulk.
+const RECENT: usize = 512;
+
 impl Names {
-    fn len(&self) -> usize {
+    fn len(&mut self) -> usize {
+        self.settle();
         self.one.len() + self.many.len()
     }
 
-    /// Records that `name` names the blocks `chain`; the caller reserved room in `one`.
+    /// Records that `name` names the blocks `chain`.
     fn set(&mut self, name: u64, chain: &[u64]) {
-        let h = fmix(name);
         if let [one] = chain {
-            match self.one.insert_absent(h, |e| e.0 == name, (name, *one)) {
-                Some(e) => e.1 = *one,
-                None if !self.many.is_empty() => drop(self.many.remove(&name)),
-                None => {}
+            self.recent.push((name, *one));
+            if self.recent.len() >= RECENT {
+                self.settle();
             }
         } else {
-            self.one.remove(h, |e| e.0 == name);
+            self.settle();
+            self.one.remove(fmix(name), |e| e.0 == name);
             self.many.insert(name, chain.into());
         }
     }
 
+    /// Puts the recent names into their table, in order, prefetching ahead.
+    fn settle(&mut self) {
+        const AHEAD: usize = 16;
+        if self.recent.is_empty() {
+            return;
+        }
+        let recent = std::mem::take(&mut self.recent);
+        self.one.reserve(recent.len(), |e| fmix(e.0));
+        for &(name, _) in recent.iter().take(AHEAD) {
+            self.one.prefetch(fmix(name));
+        }
+        for (i, &(name, chain)) in recent.iter().enumerate() {
+            if let Some(&(ahead, _)) = recent.get(i + AHEAD) {
+                self.one.prefetch(fmix(ahead));
+            }
+            match self
+                .one
+                .insert_absent(fmix(name), |e| e.0 == name, (name, chain))
+            {
+                Some(e) => e.1 = chain,
+                None if !self.many.is_empty() => drop(self.many.remove(&name)),
+                None => {}
+            }
+        }
+        self.recent = recent;
+        self.recent.clear();
+    }
+
     /// Forgets `name`, appending the chain hashes it named to `out`; false if unknown.
     fn take(&mut self, name: u64, out: &mut Vec<u64>) -> bool {
+        self.settle();
         if let Some((_, c)) = self.one.remove(fmix(name), |e| e.0 == name) {
             out.push(c);
             self.one.shrink(|e| fmix(e.0));
@@ -133,12 +173,22 @@ impl Names {
         }
     }
 
-    /// Every block named, as chain hashes.
+    /// Every block named, as chain hashes; a name stored again may add the block it named
+    /// before (until the names settle).
     fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
         self.one
             .iter()
             .map(|e| e.1)
             .chain(self.many.values().flat_map(|g| g.iter().copied()))
+            .chain(self.recent.iter().map(|e| e.1))
+    }
+
+    /// Every name and the chain hashes it names, as if settled.
+    fn entries(&self) -> FastMap<u64, Vec<u64>> {
+        let mut all: FastMap<u64, Vec<u64>> = self.one.iter().map(|&(n, c)| (n, vec![c])).collect();
+        all.extend(self.many.iter().map(|(&n, g)| (n, g.to_vec())));
+        all.extend(self.recent.iter().map(|&(n, c)| (n, vec![c])));
+        all
     }
 }
 
@@ -163,13 +213,18 @@ impl EventFeed {
     }
 
     /// Names tracked for removals, over all lanes.
-    pub fn names(&self) -> usize {
-        self.lanes.iter().flatten().map(Names::len).sum()
+    pub fn names(&mut self) -> usize {
+        self.lanes.iter_mut().flatten().map(Names::len).sum()
     }
 
     /// Heap bytes of the names' tables (for memory figures).
     pub fn bytes(&self) -> usize {
-        self.lanes.iter().flatten().map(|n| n.one.bytes()).sum()
+        let recent = |n: &Names| n.recent.capacity() * std::mem::size_of::<(u64, u64)>();
+        self.lanes
+            .iter()
+            .flatten()
+            .map(|n| n.one.bytes() + recent(n))
+            .sum()
     }
 
     /// Checks a whole batch without applying any of it: the first event that would be
@@ -326,18 +381,10 @@ impl EventFeed {
             } => {
                 let names = self.names_in(lane, ks);
                 if engine.is_empty() {
-                    names.one.reserve(chain.len(), |e| fmix(e.0));
-                    for &h in chain {
-                        names.one.prefetch(fmix(h));
-                    }
                     for &h in chain {
                         names.set(h, &[h]);
                     }
                 } else {
-                    names.one.reserve(engine.len(), |e| fmix(e.0));
-                    for &e in engine {
-                        names.one.prefetch(fmix(e));
-                    }
                     // Engine block j covers the keyspace blocks [j·k, (j+1)·k) of the store.
                     for (&e, group) in engine.iter().zip(chain.chunks(k)) {
                         names.set(e, group);
@@ -350,6 +397,7 @@ impl EventFeed {
                 let holder = Holder::new(worker, lane);
                 let mut gone = std::mem::take(&mut self.scratch);
                 for names in &mut self.lanes[lane as usize] {
+                    names.settle();
                     for &h in hashes {
                         names.one.prefetch(fmix(h));
                     }
@@ -394,8 +442,7 @@ impl EventFeed {
                     ks: n.ks,
                     chain,
                 };
-                names.extend(n.one.iter().map(|&(name, c)| image(name, vec![c])));
-                names.extend(n.many.iter().map(|(&name, g)| image(name, g.to_vec())));
+                names.extend(n.entries().into_iter().map(|(name, c)| image(name, c)));
             }
         }
         names.sort_unstable_by_key(|n| (n.lane, n.ks, n.name));
@@ -410,9 +457,7 @@ impl EventFeed {
         self.seq.restore(image.last_seq);
         for n in &image.names {
             if (n.lane as usize) < self.lanes.len() && !n.chain.is_empty() {
-                let names = self.names_in(n.lane, n.ks);
-                names.one.reserve(1, |e| fmix(e.0));
-                names.set(n.name, &n.chain);
+                self.names_in(n.lane, n.ks).set(n.name, &n.chain);
             }
         }
     }
@@ -508,6 +553,122 @@ mod tests {
             ]
         );
         assert_eq!(out.hashes(0, 2), &[10, 11]);
+        assert_eq!(f.names(), 0);
+    }
+
+    /// Applies `events` as batch `seq` of worker 4 (one lane of one-block engine blocks);
+    /// the chain hashes its removals name, in order.
+    fn removed(f: &mut EventFeed, seq: u64, events: &[Event]) -> Vec<u64> {
+        let mut out = OpBatch::new();
+        let r = f.apply(4, seq, 77, &[1], events, &mut out);
+        assert_eq!(r.unknown_removals, 0);
+        out.ops()
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Remove { at, len, .. } => Some(out.hashes(at, len).to_vec()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn a_name_stored_again_removes_the_blocks_it_named_last() {
+        let mut f = EventFeed::new(1);
+        // 500 → block 10, then again → block 11, then a group of two, then one block again.
+        let events = [
+            stored(0, 0, vec![10], vec![500]),
+            stored(0, 0, vec![11], vec![500]),
+            stored(0, 0, vec![20], vec![600]),
+        ];
+        removed(&mut f, 0, &events);
+        assert_eq!(
+            removed(
+                &mut f,
+                1,
+                &[Event::Removed {
+                    lane: 0,
+                    hashes: vec![500]
+                }]
+            ),
+            [11]
+        );
+        let again = [
+            stored(0, 0, vec![30], vec![700]),
+            Event::Removed {
+                lane: 0,
+                hashes: vec![600],
+            },
+            stored(0, 0, vec![31], vec![700]),
+        ];
+        assert_eq!(removed(&mut f, 2, &again), [20]);
+        assert_eq!(
+            removed(
+                &mut f,
+                3,
+                &[Event::Removed {
+                    lane: 0,
+                    hashes: vec![700]
+                }]
+            ),
+            [31]
+        );
+        assert_eq!(f.names(), 0);
+    }
+
+    #[test]
+    fn names_are_the_same_whether_or_not_they_settled() {
+        // Many more names than wait to be settled, some stored twice, one as a group.
+        let mut f = EventFeed::new(1);
+        // 3R − 7 stores: the last 7 wait unsettled (R = RECENT).
+        let mut events: Vec<Event> = (0..3 * RECENT as u64 - 7)
+            .map(|i| stored(0, i as u32, vec![1000 + i], vec![i % (2 * RECENT as u64)]))
+            .collect();
+        events.push(Event::Stored {
+            lane: 0,
+            start: 0,
+            parent: None,
+            chain: vec![7, 8],
+            engine: vec![3],
+        });
+        let mut out = OpBatch::new();
+        f.apply(4, 0, 77, &[2], &events[events.len() - 1..], &mut out);
+        f.apply_unsequenced(
+            4,
+            77,
+            &[1],
+            &events[..events.len() - 1],
+            ApplyStatus::Applied,
+            &mut out,
+        );
+        let unsettled = f.export();
+        assert_eq!(f.names(), 2 * RECENT);
+        assert_eq!(f.export(), unsettled);
+        // The last store of each name wins; name 3 was a group, then one block.
+        let named = |n: u64| {
+            unsettled
+                .names
+                .iter()
+                .find(|i| i.name == n)
+                .map(|i| i.chain.clone())
+        };
+        assert_eq!(named(3), Some(vec![1000 + 2 * RECENT as u64 + 3]));
+        assert_eq!(
+            named(2 * RECENT as u64 - 1),
+            Some(vec![1000 + 2 * RECENT as u64 - 1])
+        );
+        let hashes: Vec<u64> = (0..2 * RECENT as u64).collect();
+        let all = removed(&mut f, 1, &[Event::Removed { lane: 0, hashes }]);
+        let want: Vec<u64> = (0..2 * RECENT as u64)
+            .map(|n| {
+                1000 + if n < RECENT as u64 - 7 {
+                    2 * RECENT as u64 + n
+                } else {
+                    n
+                }
+            })
+            .collect();
+        assert_eq!(all, want);
         assert_eq!(f.names(), 0);
     }
 }
