@@ -7,7 +7,7 @@
 It tokenizes nothing: a prompt of token ids is asked of kvix by its tokens; a text
 prompt by its bytes (kvix's byte keyspace, which only placements fill: use
 --feed placements for text). Per request it asks kvix which worker can reuse the most
-of the prompt (2 ms deadline, fail open), sends it there when that covers at least
+of the prompt (--deadline-ms, 2 by default, then fail open), sends it there when that covers at least
 --min-reuse of the prompt and to the next worker in turn otherwise, forwards the request,
 and (with --feed placements) publishes the placement.
 
@@ -50,7 +50,8 @@ class Router:
         self.http = aiohttp.ClientSession()
         if self.a.policy != "kvix":
             return
-        self.kvix = await kvix.AsyncClient.connect(self.a.kvix, name=f"router-{os.getpid()}")
+        self.kvix = await kvix.AsyncClient.connect(self.a.kvix, name=f"router-{os.getpid()}",
+                                                   deadline_ms=self.a.deadline_ms)
         for name, _, events in self.a.worker:
             if self.a.feed == "placements":
                 await self.kvix.announce(name, feed="placements", capacity_blocks=self.a.capacity_blocks)
@@ -136,6 +137,8 @@ def main():
     ap.add_argument("--feed", choices=["events", "placements"], default="events")
     ap.add_argument("--capacity-blocks", type=int, default=1500,
                     help="with --feed placements: blocks a worker is assumed to keep")
+    ap.add_argument("--deadline-ms", type=float, default=2.0,
+                    help="what a kvix query may take before the request is routed in turn")
     ap.add_argument("--min-reuse", type=float, default=0.5,
                     help="route by kvix when the best worker reuses at least this share of the prompt")
     asyncio.run(serve(ap.parse_args()))

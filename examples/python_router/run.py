@@ -117,6 +117,8 @@ def main():
     ap.add_argument("--model", default="demo")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--server-bin", default=None)
+    ap.add_argument("--deadline-ms", type=float, default=2.0,
+                    help="the routers' kvix query deadline (a loaded machine may need more)")
     ap.add_argument("--json", action="store_true", help="print one JSON line of results at the end")
     a = ap.parse_args()
 
@@ -142,7 +144,7 @@ def main():
             routers, started = [], []
             for _ in range(2):
                 args = [py, os.path.join(HERE, "router.py"), "--kvix", kvix_addr,
-                        "--model", a.model, "--policy", policy]
+                        "--model", a.model, "--policy", policy, "--deadline-ms", str(a.deadline_ms)]
                 for name, url, events in workers:
                     args += ["--worker", f"{name}={url},{events}"]
                 p, line = procs.start(args)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -27,6 +28,24 @@ def _server_bin():
     if os.environ.get("CI") == "true":
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+def _all_threads_stopped(pid):
+    """Whether every thread of process `pid` is stopped (state T in /proc)."""
+    task = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(task)
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"{task}/{tid}/stat") as f:
+                state = f.read().rsplit(") ", 1)[1][:1]
+        except (OSError, IndexError):
+            continue  # a thread that ended
+        if state != "T":
+            return False
+    return True
 
 
 class Server:
@@ -51,8 +70,15 @@ class Server:
         threading.Thread(target=self.proc.stderr.read, daemon=True).start()
 
     def pause(self):
-        """SIGSTOP: the server keeps its connections but answers nothing."""
+        """SIGSTOP: the server keeps its connections but answers nothing. Returns once
+        every thread has stopped (kill(2) returns before: one may still answer a query
+        sent right after)."""
         self.proc.send_signal(signal.SIGSTOP)
+        for _ in range(30_000):
+            if _all_threads_stopped(self.proc.pid):
+                return
+            time.sleep(0.001)
+        raise AssertionError(f"server {self.proc.pid} never stopped")
 
     def resume(self):
         self.proc.send_signal(signal.SIGCONT)

@@ -1,6 +1,8 @@
 """examples/python_router end to end: mock workers publishing through vLLM's real
 ZmqEventPublisher, two routers, a real kvix-server; kvix must beat round robin on the
-follow-up cache hit by at least 0.25 on the example's default workload."""
+follow-up cache hit by at least 0.25 on the example's default workload. The routers get a
+1 s query deadline: the test is about where kvix sends requests, and a machine busy with
+the rest of the test suite can take longer than the default 2 ms to answer."""
 
 import json
 import os
@@ -21,7 +23,7 @@ def test_the_router_example_beats_round_robin_on_follow_up_hits():
         pytest.skip("aiohttp is not installed (pip install aiohttp)")
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "python_router", "run.py"),
-         "--server-bin", _server_bin(), "--json"],
+         "--server-bin", _server_bin(), "--deadline-ms", "1000", "--json"],
         capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -29,8 +31,9 @@ def test_the_router_example_beats_round_robin_on_follow_up_hits():
     results = json.loads(out.stdout.strip().splitlines()[-1])
     kvix, rr = results["kvix"], results["round_robin"]
     assert kvix["follow_up_hit"] - rr["follow_up_hit"] >= 0.25, out.stdout
-    # kvix did the routing: most requests went where it said, none failed open for long.
+    # kvix did the routing: most requests went where it said, none failed open.
     routed = [r["routed"] for r in kvix["routers"]]
+    assert all(r["kvix_failed_open"] == 0 for r in routed), out.stdout
     assert sum(r["by_kvix"] for r in routed) > sum(r["in_turn"] for r in routed)
     assert all(r["kvix"]["scores"] > 0 for r in kvix["routers"])
     assert all(r["routed"]["by_kvix"] == 0 for r in rr["routers"])

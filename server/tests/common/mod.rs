@@ -200,6 +200,35 @@ pub fn pause_process(child: &Child, paused: bool) {
     let sig = if paused { libc::SIGSTOP } else { libc::SIGCONT };
     // SAFETY: a plain kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    // kill(2) returns before the threads have stopped: one may still answer a request
+    // sent right after. Wait until every thread shows as stopped.
+    if paused {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !all_threads_stopped(child.id()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "process {} never stopped",
+                child.id()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in /proc).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit_once(") ")
+                    .map(|(_, rest)| rest.starts_with('T'))
+            })
+            .unwrap_or(true)
+    })
 }
 
 impl Drop for Server {
