@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use dynamo_kv_router::indexer::{SyncIndexer, WorkerTask};
 use dynamo_kv_router::protocols::{
-    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData,
-    KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash, RouterEvent,
+    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
+    KvCacheStoredBlockData, LocalBlockHash, RouterEvent,
 };
 use dynamo_kv_router::ConcurrentRadixTreeCompressed;
 
@@ -55,7 +55,10 @@ impl Marker {
         let waker = Waker::from(stamp.clone());
         let mut cx = Context::from_waker(&waker);
         // Registers the waker (a tokio oneshot needs no runtime).
-        assert!(matches!(std::pin::Pin::new(&mut rx).poll(&mut cx), Poll::Pending));
+        assert!(matches!(
+            std::pin::Pin::new(&mut rx).poll(&mut cx),
+            Poll::Pending
+        ));
         (WorkerTask::Flush(tx), Marker { rx, stamp })
     }
 
@@ -144,11 +147,12 @@ impl Dynamo {
                                 .collect(),
                         })
                     }
-                    Ev::Remove { hashes, .. } => {
-                        KvCacheEventData::Removed(KvCacheRemoveData {
-                            block_hashes: hashes.iter().map(|&h| ExternalSequenceBlockHash(h)).collect(),
-                        })
-                    }
+                    Ev::Remove { hashes, .. } => KvCacheEventData::Removed(KvCacheRemoveData {
+                        block_hashes: hashes
+                            .iter()
+                            .map(|&h| ExternalSequenceBlockHash(h))
+                            .collect(),
+                    }),
                     Ev::Clear { .. } => KvCacheEventData::Cleared,
                 };
                 RouterEvent::new(
@@ -190,7 +194,8 @@ impl Dynamo {
     }
 
     pub fn depths(&self, q: &Query) -> BTreeMap<u64, u32> {
-        let locals: Vec<LocalBlockHash> = q.blocks.iter().map(|b| LocalBlockHash(b.local)).collect();
+        let locals: Vec<LocalBlockHash> =
+            q.blocks.iter().map(|b| LocalBlockHash(b.local)).collect();
         self.tree
             .find_matches(&locals, false)
             .scores

@@ -85,8 +85,14 @@ pub fn index_only(w: &Workload, live: impl Fn() -> usize) -> (usize, u64) {
         } = e
         {
             let chain: Vec<u64> = blocks.iter().map(|b| b.chain).collect();
-            ix.insert(KS.seed, Holder::new(*worker, 0), *start, parent.map(|p| p.chain), &chain)
-                .expect("stores insert");
+            ix.insert(
+                KS.seed,
+                Holder::new(*worker, 0),
+                *start,
+                parent.map(|p| p.chain),
+                &chain,
+            )
+            .expect("stores insert");
         }
     }
     (live() - before, ix.blocks())

@@ -95,6 +95,9 @@ struct Pair {
     stored: u64,
     /// Median load time over the rounds: kvix, Dynamo.
     load: (Duration, Duration),
+    /// Per round, Dynamo's load time over kvix's: both sides timed back to back, so a
+    /// slow spell of the machine weighs on both alike.
+    paired: Vec<f64>,
     /// Heap bytes: kvix engine (index + feeds), kvix index alone, Dynamo tree + lookups.
     memory: (usize, usize, usize),
 }
@@ -159,6 +162,11 @@ fn load(w: &Workload, rounds: usize) -> Pair {
         dynamo,
         blocks,
         stored,
+        paired: kt
+            .iter()
+            .zip(&dt)
+            .map(|(k, d)| d.as_secs_f64() / k.as_secs_f64())
+            .collect(),
         load: (median(kt), median(dt)),
         memory: (kvix_bytes, index_bytes, dynamo_bytes),
     }
@@ -243,6 +251,17 @@ fn report_load(p: &Pair) {
         p.blocks,
         p.kvix.engine.stats().runs,
         p.stored
+    );
+    let mut paired = p.paired.clone();
+    paired.sort_unstable_by(f64::total_cmp);
+    println!(
+        "apply, Dynamo's time / kvix's in each round (both loaded back to back): {} (median {:.2})",
+        p.paired
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        paired[paired.len() / 2]
     );
     println!("| figure | kvix | Dynamo CRTC | kvix / Dynamo |");
     println!("|---|---|---|---|");
@@ -346,7 +365,10 @@ fn main() {
                     d.apply(p)
                 }
             };
-            println!("{side}: {:.2} M block events/s", rate(w.load.iter().map(|e| e.blocks()).sum(), t));
+            println!(
+                "{side}: {:.2} M block events/s",
+                rate(w.load.iter().map(|e| e.blocks()).sum(), t)
+            );
         }
         return;
     }
@@ -358,7 +380,11 @@ fn main() {
         let w = workload::fleet(shape);
         let mut p = load(&w, args.rounds);
         let same = agree(&mut p, &w);
-        println!("\n{}: answers agree on {same} of {} prompts after the load", w.name, w.queries.len());
+        println!(
+            "\n{}: answers agree on {same} of {} prompts after the load",
+            w.name,
+            w.queries.len()
+        );
         runs.insert(key, (w, p));
     }
     // Queries on both load styles, interleaved with each other too.
@@ -372,12 +398,14 @@ fn main() {
             report_queries(p, &wa, t);
         }
         let style = |t: &mut Timed| pct(&mut t.kvix, 0.5);
-        for q in 0..wa.queries.len() {
-            let (a, b) = (style(&mut t[0][q]), style(&mut t[1][q]));
+        let [multi, single] = &mut t[..] else {
+            unreachable!("two loads were timed")
+        };
+        for ((q, a), b) in wa.queries.iter().zip(multi).zip(single) {
             println!(
                 "\nkvix query {} after 1-block stores / after 32-block stores, p50: {:.2}",
-                wa.queries[q].name,
-                b / a
+                q.name,
+                style(b) / style(a)
             );
         }
         for (w, p) in [(&wa, &mut pa), (&wb, &mut pb)] {

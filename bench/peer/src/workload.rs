@@ -34,8 +34,13 @@ pub enum Ev {
         blocks: Vec<Block>,
     },
     /// Blocks named by engine hash.
-    Remove { worker: u32, hashes: Vec<u64> },
-    Clear { worker: u32 },
+    Remove {
+        worker: u32,
+        hashes: Vec<u64>,
+    },
+    Clear {
+        worker: u32,
+    },
 }
 
 impl Ev {
@@ -196,7 +201,12 @@ pub fn fleet(shape: FleetShape) -> Workload {
         let evict = first_chain.len().min(100);
         removals.push(Ev::Remove {
             worker: w,
-            hashes: first_chain.iter().rev().take(evict).map(|b| b.engine).collect(),
+            hashes: first_chain
+                .iter()
+                .rev()
+                .take(evict)
+                .map(|b| b.engine)
+                .collect(),
         });
         if w == 1 && shape.prefix > 100 {
             removals.push(Ev::Remove {
