@@ -95,11 +95,7 @@ impl Client {
             if !lost.is_empty() {
                 Counters::bump(&sh.counters.n.failovers);
             }
-            q.candidates = opts
-                .candidates
-                .iter()
-                .filter_map(|c| sh.id_on(slot, c))
-                .collect();
+            q.candidates = sh.ids_on(slot, &opts.candidates);
             if !opts.candidates.is_empty() && q.candidates.is_empty() {
                 return QueryOutcome::Empty;
             }
@@ -181,11 +177,7 @@ impl Client {
         };
         // The candidates as the second server numbers them.
         let mut q2 = q.clone();
-        q2.candidates = opts
-            .candidates
-            .iter()
-            .filter_map(|c| sh.id_on(slot2, c))
-            .collect();
+        q2.candidates = sh.ids_on(slot2, &opts.candidates);
         let id2 = conn2.next_id();
         let Ok(Some(mut rx2)) = sh.send_request(&conn2, id2, &q2, 0, Some(Kind::Answer)) else {
             if primary_gone {

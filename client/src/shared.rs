@@ -129,6 +129,12 @@ impl Shared {
         }
     }
 
+    /// The ids `workers` have on server `slot` (those it does not know left out): a
+    /// query's candidates as that server numbers them.
+    pub(crate) fn ids_on(&self, slot: usize, workers: &[WorkerRef]) -> Vec<WorkerId> {
+        workers.iter().filter_map(|w| self.id_on(slot, w)).collect()
+    }
+
     /// The id `w` has on server `slot`: names are looked up there; ids are the primary's,
     /// translated through the worker's name for the other servers.
     pub(crate) fn id_on(&self, slot: usize, w: &WorkerRef) -> Option<WorkerId> {

@@ -42,6 +42,18 @@ async fn dead_addr() -> Addr {
     Addr::tcp(a.to_string())
 }
 
+/// Two fake servers; the second numbers workers from 50, so answers show which replied.
+async fn two_servers() -> (FakeServer, FakeServer) {
+    let b = Opts {
+        first_worker_id: 50,
+        ..Opts::default()
+    };
+    (
+        FakeServer::start(Opts::default()).await,
+        FakeServer::start(b).await,
+    )
+}
+
 async fn full_worker(c: &Client, name: &str) -> u32 {
     c.announce(name, vec![Lane::full(16)], Feed::Events)
         .await
@@ -485,12 +497,7 @@ async fn reconnect_reannounces_every_worker_first_and_adopts_new_ids() {
 
 #[tokio::test]
 async fn failover_to_the_second_server_and_back() {
-    let a = FakeServer::start(Opts::default()).await;
-    let b = FakeServer::start(Opts {
-        first_worker_id: 50,
-        ..Opts::default()
-    })
-    .await;
+    let (a, b) = two_servers().await;
     let at = a.socket.unwrap();
     let c = Client::connect(config(vec![a.addr.clone(), b.addr.clone()]))
         .await
@@ -542,12 +549,7 @@ async fn failover_to_the_second_server_and_back() {
 
 #[tokio::test]
 async fn a_query_whose_connection_is_lost_is_answered_by_the_next_server() {
-    let a = FakeServer::start(Opts::default()).await;
-    let b = FakeServer::start(Opts {
-        first_worker_id: 50,
-        ..Opts::default()
-    })
-    .await;
+    let (a, b) = two_servers().await;
     a.set_mode(Mode::CloseOnQuery);
     // Without hedging the query is sent again once its connection is lost; with it, the
     // lost primary is hedged at once. Either way the second server answers.
