@@ -40,10 +40,7 @@ fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 fn still_serves(server: &Server, name: &str) {
     let mut c = server.session();
     let ks = Keyspace::tokens("m");
-    let w = c
-        .announce(name, vec![Lane::full(16)], Feed::Events)
-        .unwrap()
-        .worker;
+    let w = c.events_worker(name);
     let chain = chain_of(&ks, 7, 4);
     let applied = c.ask(&stored_batch(w, 0, &ks, &chain));
     assert_eq!(applied.decode::<Applied>().status, ApplyStatus::Applied);
@@ -284,10 +281,7 @@ fn an_answer_over_the_frame_limit_is_a_typed_error() {
     let ks = Keyspace::tokens("m");
     let chain = chain_of(&ks, 0, 8);
     for i in 0..200 {
-        let w = c
-            .announce(&format!("w{i}"), vec![Lane::full(16)], Feed::Events)
-            .unwrap()
-            .worker;
+        let w = c.events_worker(&format!("w{i}"));
         c.ask(&stored_batch(w, 0, &ks, &chain));
     }
     let r = c.ask(&Query {
@@ -376,10 +370,7 @@ fn absurd_sequence_numbers_are_refused() {
     let server = Server::start(&["--cores", "1"]);
     let mut c = server.session();
     let ks = Keyspace::tokens("m");
-    let w = c
-        .announce("seq", vec![Lane::full(16)], Feed::Events)
-        .unwrap()
-        .worker;
+    let w = c.events_worker("seq");
     let batch = |seq| EventBatch {
         worker: w,
         seq,

@@ -28,12 +28,7 @@ fn queries_never_leave_their_executor_and_see_writes_acknowledged_anywhere() {
     // Enough connections that both executors get some (kernel 4-tuple hashing).
     let mut conns: Vec<Conn> = (0..16).map(|_| server.session()).collect();
     let ids: Vec<u32> = (0..8)
-        .map(|w| {
-            conns[0]
-                .announce(&format!("w{w}"), vec![Lane::full(16)], Feed::Events)
-                .unwrap()
-                .worker
-        })
+        .map(|w| conns[0].events_worker(&format!("w{w}")))
         .collect();
     for (round, &w) in ids.iter().enumerate() {
         let chain = chain_of(&ks, round as u32 * 1000, 4 + round);

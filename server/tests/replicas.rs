@@ -64,10 +64,7 @@ fn write_fleet(replicas: &[&Server], tag: &str) {
     let kss = keyspaces();
     for i in 0..12usize {
         let name = format!("{tag}-w{i}");
-        let w = conns[i % n]
-            .announce(&name, vec![Lane::full(16)], Feed::Events)
-            .unwrap()
-            .worker;
+        let w = conns[i % n].events_worker(&name);
         let ks = &kss[i % 2];
         let chain = chain_of(ks, (i % 4) as u32 * 10_000, 48);
         let depth = 10 + 3 * i;
@@ -209,10 +206,7 @@ fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubl
     let ks = Keyspace::tokens("m");
     let chain = chain_of(&ks, 0, 12);
     let mut ca = a.session();
-    let w = ca
-        .announce("w", vec![Lane::full(16)], Feed::Events)
-        .unwrap()
-        .worker;
+    let w = ca.events_worker("w");
     let stored =
         |seq: u64, from: usize, to: usize| stored_at(w, seq, &ks, from as u32, &chain[from..to]);
     assert_eq!(ca.ask(&stored(0, 0, 4)).kind, Kind::Applied);
@@ -230,17 +224,8 @@ fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubl
     );
     redis.restart();
     // The writer retries its refused batch; it is applied once.
-    let mut retried = None;
-    for _ in 0..200 {
-        let r = ca.ask(&stored(1, 4, 8));
-        if r.kind == Kind::Applied {
-            retried = Some(r.decode::<Applied>());
-            break;
-        }
-        assert_eq!(r.error().code, ErrorCode::LogUnavailable);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_eq!(retried.map(|a| a.status), Some(ApplyStatus::Applied));
+    let retried = until_applied(&mut ca, &stored(1, 4, 8), || {});
+    assert_eq!(retried.status, ApplyStatus::Applied);
     assert_eq!(ca.ask(&stored(2, 8, 12)).kind, Kind::Applied);
     settle(&[&a, &b]);
     whole_and_once(&[&a, &b], &ks, &chain, w, 12, &[stored(2, 8, 12)]);
@@ -270,6 +255,26 @@ fn whole_and_once(
             );
         }
     }
+}
+
+/// Sends `batch` until it is applied (10 s at most), as a writer does while the log is
+/// away: every refusal must be `LogUnavailable`, and is reported to `refused`.
+fn until_applied(c: &mut Conn, batch: &EventBatch, refused: impl Fn()) -> Applied {
+    for _ in 0..500 {
+        let r = c.ask(batch);
+        if r.kind == Kind::Applied {
+            return r.decode();
+        }
+        assert_eq!(
+            r.error().code,
+            ErrorCode::LogUnavailable,
+            "batch {}",
+            batch.seq
+        );
+        refused();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("batch {} never applied", batch.seq);
 }
 
 /// Block `seq` of `chain` stored alone, as vLLM sends a decoded block.
@@ -303,11 +308,7 @@ fn outage_under_load(kill: bool) {
     let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
     let ks = Keyspace::tokens("m");
     let chain = chain_of(&ks, 0, BATCHES as usize);
-    let w = a
-        .session()
-        .announce("decoder", vec![Lane::full(16)], Feed::Events)
-        .unwrap()
-        .worker;
+    let w = a.session().events_worker("decoder");
     let batch = |seq: u64| decode_block(w, &ks, &chain, seq);
     let (applied, refused, done) = (
         Arc::new(AtomicU64::new(0)),
@@ -322,16 +323,9 @@ fn outage_under_load(kill: bool) {
         let (applied, refused) = (applied.clone(), refused.clone());
         std::thread::spawn(move || {
             for (seq, msg) in batches.iter().enumerate() {
-                let c = &mut conns[seq % 2];
-                loop {
-                    let r = c.ask(msg);
-                    if r.kind == Kind::Applied {
-                        break;
-                    }
-                    assert_eq!(r.error().code, ErrorCode::LogUnavailable, "batch {seq}");
+                until_applied(&mut conns[seq % 2], msg, || {
                     refused.fetch_add(1, SeqCst);
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
+                });
                 applied.fetch_add(1, SeqCst);
             }
         })
@@ -432,10 +426,7 @@ fn through_sentinel_the_log_follows_a_redis_failover_and_loses_nothing_acknowled
     let ks = Keyspace::tokens("m");
     let chain = chain_of(&ks, 0, 20);
     let mut c = a.session();
-    let w = c
-        .announce("w", vec![Lane::full(16)], Feed::Events)
-        .unwrap()
-        .worker;
+    let w = c.events_worker("w");
     let batch = |seq: u64| decode_block(w, &ks, &chain, seq);
     for seq in 0..10 {
         assert_eq!(c.ask(&batch(seq)).kind, Kind::Applied);
@@ -450,17 +441,7 @@ fn through_sentinel_the_log_follows_a_redis_failover_and_loses_nothing_acknowled
     });
     // Writes are refused until the log reconnects to the new primary, then applied.
     for seq in 10..20 {
-        let mut tries = 0;
-        loop {
-            let r = c.ask(&batch(seq));
-            if r.kind == Kind::Applied {
-                break;
-            }
-            assert_eq!(r.error().code, ErrorCode::LogUnavailable, "batch {seq}");
-            tries += 1;
-            assert!(tries < 500, "batch {seq} never applied");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        until_applied(&mut c, &batch(seq), || {});
     }
     // A replica that starts now reads the whole log from the new primary.
     let b = Server::start(&["--cores", "2", "--log", &url]);

@@ -596,10 +596,7 @@ fn a_client_that_never_reads_does_not_stall_others() {
         "the server kept reading a client that never reads its replies"
     );
     let mut other = server.session();
-    let w = other
-        .announce("w", vec![Lane::full(16)], Feed::Events)
-        .unwrap()
-        .worker;
+    let w = other.events_worker("w");
     let chain = chain_of(&ks, 0, 4);
     other.ask(&EventBatch {
         worker: w,

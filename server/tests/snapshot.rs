@@ -197,14 +197,8 @@ fn with_the_write_ahead_log_a_kill_9_loses_no_acknowledged_write() {
     let (a_chain, b_chain) = (chain_of(&ks, 0, 8), chain_of(&ks, 100_000, 6));
     let server = Server::start(&args);
     let mut c = server.session();
-    let a = c
-        .announce("a", vec![Lane::full(16)], Feed::Events)
-        .unwrap()
-        .worker;
-    let gone = c
-        .announce("gone", vec![Lane::full(16)], Feed::Events)
-        .unwrap()
-        .worker;
+    let a = c.events_worker("a");
+    let gone = c.events_worker("gone");
     let stored = |chain: &[u64], start: u32, engine: u64| Event::Stored {
         lane: 0,
         start,
@@ -229,10 +223,7 @@ fn with_the_write_ahead_log_a_kill_9_loses_no_acknowledged_write() {
             hashes: vec![107],
         }],
     ));
-    let late = c
-        .announce("late", vec![Lane::full(16)], Feed::Events)
-        .unwrap()
-        .worker;
+    let late = c.events_worker("late");
     c.ask(&stored_batch(late, 0, &ks, &b_chain));
     assert_eq!(c.ask(&Retire { worker: gone }).kind, Kind::Ack);
     let before = (c.query(&ks, &a_chain), c.query(&ks, &b_chain));

@@ -354,6 +354,14 @@ impl Conn {
         self.announce_with(name, lanes, feed, None)
     }
 
+    /// Announces a plain worker fed by event batches (one full lane of 16-token blocks);
+    /// its id.
+    pub fn events_worker(&mut self, name: &str) -> WorkerId {
+        self.announce(name, vec![Lane::full(16)], Feed::Events)
+            .unwrap()
+            .worker
+    }
+
     /// Announces an event-fed worker that the server subscribes to.
     pub fn announce_source(
         &mut self,
