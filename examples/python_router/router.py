@@ -7,9 +7,9 @@
 It tokenizes nothing: a prompt of token ids is asked of kvix by its tokens; a text
 prompt by its bytes (kvix's byte keyspace, which only placements fill: use
 --feed placements for text). Per request it asks kvix which worker can reuse the most
-of the prompt (--deadline-ms, 2 by default, then fail open), sends it there when that covers at least
---min-reuse of the prompt and to the next worker in turn otherwise, forwards the request,
-and (with --feed placements) publishes the placement.
+of the prompt (--deadline-ms, 2 by default, then fail open), sends it there when that
+covers at least --min-reuse of the prompt and to the next worker in turn otherwise,
+forwards the request, and (with --feed placements) publishes the placement.
 
 At start it announces every worker to kvix with the worker's KV event endpoint as its
 source, so kvix subscribes to the worker's own event stream (--feed events, the

@@ -74,16 +74,13 @@ impl std::str::FromStr for LogUrl {
                 "sentinels, the master's name and a stream key are needed",
             ));
         };
-        let sentinels: Vec<String> = hosts
-            .split(',')
-            .map(|h| format!("redis://{}", h.trim()))
-            .collect();
-        if hosts.split(',').any(|h| h.trim().is_empty()) || master.is_empty() || key.is_empty() {
+        let hosts: Vec<&str> = hosts.split(',').map(str::trim).collect();
+        if hosts.iter().any(|h| h.is_empty()) || master.is_empty() || key.is_empty() {
             return Err(bad("empty sentinel address, master name or key"));
         }
         Ok(LogUrl {
             server: LogServer::Sentinel {
-                sentinels,
+                sentinels: hosts.iter().map(|h| format!("redis://{h}")).collect(),
                 master: master.to_string(),
             },
             key: key.to_string(),

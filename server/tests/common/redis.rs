@@ -106,9 +106,7 @@ impl Redis {
             let _ = c.wait();
         }
     }
-}
 
-impl Redis {
     /// SIGSTOP (`true`) or SIGCONT: a paused Redis keeps its connections open and
     /// answers nothing, as in a long GC-like stall or a network partition.
     pub fn pause(&self, paused: bool) {
