@@ -449,62 +449,134 @@ fn through_sentinel_the_log_follows_a_redis_failover_and_loses_nothing_acknowled
     whole_and_once(&[&a, &b], &ks, &chain, w, 20, &[batch(5)]);
 }
 
-#[test]
-fn one_replica_ingests_each_engine_and_another_takes_over_when_it_dies() {
-    use common::engines::Ports;
-    if available("ingest_lease").is_none() || common::engines::available("ingest_lease").is_none() {
-        return;
+/// A real vLLM publisher whose worker the replicas ingest under a lease, and the
+/// 8-block prompt it stores piece by piece.
+struct Leased {
+    publisher: common::engines::Publisher,
+    ks: Keyspace,
+    tokens: Vec<u32>,
+    chain: Vec<u64>,
+    w: WorkerId,
+}
+
+impl Leased {
+    /// Whether redis-server and the real publishers can run here (see `available`).
+    fn available(test: &str) -> bool {
+        available(test).is_some() && common::engines::available(test).is_some()
     }
-    let redis = Redis::start("lease");
-    let (ports, mut publisher) = Ports::start_one("vllm-0.34.0");
-    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
-    let w = a
-        .session()
-        .announce_source("engine", vec![Lane::full(16)], ports.source(0, ""))
-        .unwrap()
-        .worker;
-    let ks = Keyspace::tokens("m");
-    let tokens: Vec<u32> = (0..128).collect();
-    let chain = chain::token_chain(ks.seed(16), 16, &tokens);
-    let store = |from: usize, to: usize| {
-        serde_json::json!({
+
+    /// Starts the publisher and announces its worker through `via`.
+    fn start(via: &Server) -> Leased {
+        let (ports, publisher) = common::engines::Ports::start_one("vllm-0.34.0");
+        let w = via
+            .session()
+            .announce_source("engine", vec![Lane::full(16)], ports.source(0, ""))
+            .unwrap()
+            .worker;
+        let ks = Keyspace::tokens("m");
+        let tokens: Vec<u32> = (0..128).collect();
+        let chain = chain::token_chain(ks.seed(16), 16, &tokens);
+        Leased {
+            publisher,
+            ks,
+            tokens,
+            chain,
+            w,
+        }
+    }
+
+    /// Publishes blocks `from..to` of the prompt in one BlockStored event.
+    fn store(&mut self, from: usize, to: usize) {
+        let event = serde_json::json!({
             "type": "BlockStored",
             "block_hashes": (from..to).map(|i| 1000 + i as u64).collect::<Vec<_>>(),
             "parent_block_hash": (from > 0).then_some(1000 + from as u64 - 1),
-            "token_ids": &tokens[from * 16..to * 16],
+            "token_ids": &self.tokens[from * 16..to * 16],
             "block_size": 16,
             "lora_id": null,
             "medium": "GPU",
             "lora_name": null,
-        })
-    };
-    let await_score = |s: &Server, blocks: u32| {
+        });
+        self.publisher.publish(vec![event]);
+    }
+
+    /// Waits (at most 30 s) until `s` answers that the worker holds `blocks` blocks.
+    fn await_score(&self, s: &Server, blocks: u32) {
         let mut c = s.session();
+        let want = vec![Score {
+            worker: self.w,
+            blocks,
+        }];
         for _ in 0..600 {
-            if c.query(&ks, &chain).scores == vec![Score { worker: w, blocks }] {
+            if c.query(&self.ks, &self.chain).scores == want {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        panic!("never scored {blocks}");
-    };
-    publisher.publish(vec![store(0, 3)]);
-    await_score(&a, 3);
-    await_score(&b, 3);
-    let held = |s: &Server| s.metric("kvix_ingest_leases_held");
+        panic!("never scored {blocks}:\n{}", s.scrape());
+    }
+}
+
+fn leases_held(s: &Server) -> u64 {
+    s.metric("kvix_ingest_leases_held")
+}
+
+#[test]
+fn one_replica_ingests_each_engine_and_another_takes_over_when_it_dies() {
+    if !Leased::available("ingest_lease") {
+        return;
+    }
+    let redis = Redis::start("lease");
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    let mut engine = Leased::start(&a);
+    engine.store(0, 3);
+    engine.await_score(&a, 3);
+    engine.await_score(&b, 3);
     assert_eq!(
-        held(&a) + held(&b),
+        leases_held(&a) + leases_held(&b),
         1,
         "exactly one replica ingests the engine:\n{}\n{}",
         a.scrape(),
         b.scrape()
     );
-    let (holder, other) = if held(&a) == 1 { (a, b) } else { (b, a) };
+    let (holder, other) = if leases_held(&a) == 1 { (a, b) } else { (b, a) };
     holder.kill();
     // Published while nobody ingests: the next holder catches up from the replay.
-    publisher.publish(vec![store(3, 5)]);
-    publisher.publish(vec![store(5, 8)]);
-    await_score(&other, 8);
-    assert_eq!(held(&other), 1);
-    publisher.stop();
+    engine.store(3, 5);
+    engine.store(5, 8);
+    engine.await_score(&other, 8);
+    assert_eq!(leases_held(&other), 1);
+    engine.publisher.stop();
+}
+
+/// A renewal that fails (here: Redis drops the replica's connections) makes the replica
+/// stop ingesting; its lease is still in Redis under its name when it reconnects, and
+/// renewing it must mean leading the engine again, not assuming it already does.
+#[test]
+fn a_lease_renewed_after_a_failed_round_is_led_again() {
+    if !Leased::available("lease_renewed") {
+        return;
+    }
+    let redis = Redis::start("renewed");
+    let a = replica(&redis, &[]);
+    let mut engine = Leased::start(&a);
+    engine.store(0, 3);
+    engine.await_score(&a, 3);
+    wait_for("the lease taken", &|| leases_held(&a) == 1);
+    let taken = a.metric("kvix_ingest_lease_changes_total");
+    let killed: u64 = redis_cmd(
+        redis.port,
+        ::redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal"),
+    )
+    .expect("CLIENT KILL");
+    assert!(killed > 0, "the replica's connections were dropped");
+    engine.store(3, 8);
+    engine.await_score(&a, 8);
+    assert_eq!(leases_held(&a), 1);
+    assert!(
+        a.metric("kvix_ingest_lease_changes_total") > taken,
+        "the renewed lease was taken up again:\n{}",
+        a.scrape()
+    );
+    engine.publisher.stop();
 }

@@ -20,6 +20,8 @@ pub const TTL: Duration = Duration::from_secs(5);
 const RENEW: Duration = Duration::from_secs(1);
 
 /// Renews our lease (1), takes a free one (2), or says it is someone else's (0).
+/// A lease outlives a failed round (it is ours until its TTL runs out), so 1 for a worker
+/// this replica is not leading means leading it again.
 const SCRIPT: &str = r"
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
@@ -58,7 +60,11 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
                 .arg(TTL.as_millis() as u64)
                 .invoke(c);
             match got {
-                Ok(2) => {
+                Ok(1) if held.contains_key(worker) => {}
+                // Taken now; or still ours but not led: a failed round stopped every
+                // stream while the lease lived on in Redis, so renewing it is taking it
+                // up again (with a new epoch, as any acquisition).
+                Ok(1 | 2) => {
                     let epoch: redis::RedisResult<u64> = redis::cmd("INCR")
                         .arg(format!("{}:epoch:{worker}", r.url.key))
                         .query(c);
@@ -72,7 +78,6 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
                         Err(_) => failed = true,
                     }
                 }
-                Ok(1) => {}
                 Ok(_) => {
                     if held.remove(worker).is_some() {
                         tracing::warn!(worker, "ingest lease lost");
