@@ -223,6 +223,10 @@ fn batch(v: &Value) -> Result<Batch, DecodeError> {
         Value::Integer(i) => i.as_f64().unwrap_or_default(),
         _ => return Err(DecodeError::field("ts", "a number")),
     };
+    // A restart is told by a later ts: NaN or infinity would hide every one after it.
+    if !ts.is_finite() {
+        return Err(DecodeError::field("ts", "a finite number"));
+    }
     let Value::Array(raw) = fields.required(1, "events")? else {
         return Err(DecodeError::field("events", "an array"));
     };

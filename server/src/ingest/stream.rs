@@ -434,6 +434,33 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_without_a_finite_timestamp_does_not_hide_the_next_restart() {
+        for bad in [f64::NAN, f64::INFINITY] {
+            let mut p = Publisher {
+                down: true,
+                ..Default::default()
+            };
+            let (mut s, mut out, mut t) = (Stream::new(None, false), Vec::new(), Tally::default());
+            for (q, ts) in [(0, 1.0), (1, bad)] {
+                s.live(q, &payload(ts, 1), &mut p, &mut out, &mut t);
+            }
+            // A new process (seq from 0 again, later clock): cleared, then applied.
+            s.live(0, &payload(9.0, 3), &mut p, &mut out, &mut t);
+            assert_eq!(
+                seqs(&out),
+                vec![(false, 0), (false, 1), (true, 0)],
+                "ts {bad}"
+            );
+            assert!(out[1].batch.is_none(), "ts {bad}: refused as malformed");
+            assert_eq!(
+                (t.malformed, t.restarts, t.duplicates),
+                (1, 1, 0),
+                "ts {bad}"
+            );
+        }
+    }
+
+    #[test]
     fn a_silent_replay_socket_keeps_the_state_and_counts() {
         let mut p = Publisher::default();
         let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
