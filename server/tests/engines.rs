@@ -628,6 +628,63 @@ fn an_engine_restart_is_never_taken_for_a_gap() {
     }
 }
 
+/// A worker announced again with another endpoint and no replay is another process:
+/// what the old one held must go when the new one's first batch shows it counting from
+/// the start again (the stream keeps its last record across the change of source).
+#[test]
+fn an_engine_announced_at_a_new_endpoint_without_replay_drops_the_old_process_blocks() {
+    if available("new_endpoint").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let src = |ports: &Ports| EventSource {
+        replay: String::new(),
+        ..ports.source(0, "")
+    };
+    let server = Server::start(&["--cores", "2"]);
+    let (old_ports, mut old) = Ports::start_one(rel.0);
+    let mut c = server.session();
+    let w = c
+        .announce_source("e", full(), src(&old_ports))
+        .unwrap()
+        .worker;
+    let base = ks("", "");
+    let (p1, p2) = (chain(&base, 1, 6), chain(&base, 2, 6));
+    // Without replay a batch published before the subscription joined is lost: publish
+    // until one is seen, then two more (seq 0..=2 at least).
+    let mut sent = 0;
+    while c.query(&base, &p1).scores.is_empty() {
+        assert!(sent < 600, "the old engine's stores never arrived");
+        old.publish(vec![rel.blocks(1, 0, 6, 1)]);
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    old.publish(vec![rel.blocks(1, 0, 6, 1)]);
+    old.publish(vec![rel.blocks(1, 0, 6, 1)]);
+    expect(&mut c, &base, &p1, &[(w, 6)], "the old engine's blocks");
+    let (new_ports, mut new) = Ports::start_one(rel.0);
+    let again = c.announce_source("e", full(), src(&new_ports)).unwrap();
+    assert_eq!(again.worker, w);
+    old.stop();
+    let mut sent = 0;
+    while c.query(&base, &p2).scores.is_empty() {
+        assert!(sent < 600, "the new engine's stores never arrived");
+        new.publish(vec![rel.blocks(2, 0, 2, 1)]);
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    expect(&mut c, &base, &p2, &[(w, 2)], "the new engine's blocks");
+    expect(
+        &mut c,
+        &base,
+        &p1,
+        &[],
+        "the old engine's blocks after the new one's",
+    );
+    assert!(server.metric("kvix_ingest_restarts_total") >= 1);
+    new.stop();
+}
+
 #[test]
 fn a_killed_server_catches_up_with_and_without_a_snapshot() {
     if available("killed_server").is_none() {

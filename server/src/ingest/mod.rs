@@ -243,11 +243,24 @@ impl Ingest {
                 if !fresh && sources.get(&worker) == Some(&s) {
                     return;
                 }
+                // A new source for blocks the worker still holds: the stream keeps its
+                // last batch, so that a new process behind it (counting from 0 again,
+                // or unknown to the replay) is told apart and the old blocks cleared.
+                let last = if fresh {
+                    None
+                } else {
+                    self.lasts
+                        .lock()
+                        .expect("not poisoned")
+                        .get(&worker)
+                        .copied()
+                        .flatten()
+                };
                 self.pool.subscribe(StreamSpec {
                     worker,
                     name: name.to_string(),
                     source: Arc::new(SourceSpec::from(&s)),
-                    last: None,
+                    last,
                     epoch: 0,
                 });
                 sources.insert(worker, s);
