@@ -114,6 +114,10 @@ impl Names {
         self.one.len() + self.many.len()
     }
 
+    fn is_empty(&self) -> bool {
+        self.one.len() == 0 && self.recent.is_empty() && self.many.is_empty()
+    }
+
     /// Records that `name` names the blocks `chain`.
     fn set(&mut self, name: u64, chain: &[u64]) {
         if let [one] = chain {
@@ -396,14 +400,19 @@ impl EventFeed {
             EventRef::Removed { lane, hashes } => {
                 let holder = Holder::new(worker, lane);
                 let mut gone = std::mem::take(&mut self.scratch);
-                for names in &mut self.lanes[lane as usize] {
-                    names.settle();
+                let names = &mut self.lanes[lane as usize];
+                // The batch's own keyspace first: an engine's removals come grouped by
+                // keyspace, so a lane with many (LoRAs, salts) costs one lookup a name.
+                if let Some(i) = names.iter().position(|n| n.ks == ks) {
+                    names[..=i].rotate_right(1);
+                }
+                if let Some(own) = names.first_mut() {
+                    own.settle();
                     for &h in hashes {
-                        names.one.prefetch(fmix(h));
+                        own.one.prefetch(fmix(h));
                     }
                 }
                 for &h in hashes {
-                    let names = &mut self.lanes[lane as usize];
                     let found = names.iter_mut().find_map(|n| {
                         gone.clear();
                         n.take(h, &mut gone).then_some(n.ks)
@@ -416,6 +425,9 @@ impl EventFeed {
                         None => report.unknown_removals += 1,
                     }
                 }
+                // A keyspace whose last name went is forgotten: the lane's list only
+                // holds keyspaces with blocks.
+                names.retain(|n| !n.is_empty());
                 gone.clear();
                 self.scratch = gone;
             }
@@ -554,6 +566,44 @@ mod tests {
         );
         assert_eq!(out.hashes(0, 2), &[10, 11]);
         assert_eq!(f.names(), 0);
+    }
+
+    #[test]
+    fn a_removal_finds_names_in_any_keyspace_and_an_emptied_keyspace_is_forgotten() {
+        let mut f = EventFeed::new(1);
+        let mut out = OpBatch::new();
+        for (seq, ks) in [(0, 70), (1, 71), (2, 72)] {
+            let events = [stored(0, 0, vec![ks * 10, ks * 10 + 1], vec![ks, ks + 100])];
+            f.apply(4, seq, ks, &[1], &events, &mut out);
+        }
+        assert_eq!(f.lanes[0].len(), 3);
+        // Batch keyspace 72 removing a name of keyspace 70, one of 72 and an unknown one.
+        out.clear();
+        let gone = [Event::Removed {
+            lane: 0,
+            hashes: vec![70, 172, 5],
+        }];
+        let r = f.apply(4, 3, 72, &[1], &gone, &mut out);
+        assert_eq!((r.block_events, r.unknown_removals), (2, 1));
+        let removed: Vec<(u64, Vec<u64>)> = out
+            .ops()
+            .iter()
+            .map(|op| match *op {
+                Op::Remove { ks, at, len, .. } => (ks, out.hashes(at, len).to_vec()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(removed, vec![(70, vec![700]), (72, vec![721])]);
+        // Emptying keyspace 71 leaves the lane with the two that still name blocks.
+        let gone = [Event::Removed {
+            lane: 0,
+            hashes: vec![71, 171],
+        }];
+        f.apply(4, 4, 70, &[1], &gone, &mut out);
+        let mut left: Vec<u64> = f.lanes[0].iter().map(|n| n.ks).collect();
+        left.sort_unstable();
+        assert_eq!(left, vec![70, 72]);
+        assert_eq!(f.names(), 2);
     }
 
     /// Applies `events` as batch `seq` of worker 4 (one lane of one-block engine blocks);
