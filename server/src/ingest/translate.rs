@@ -180,8 +180,7 @@ impl Translator {
         (self.keyspaces.len() - 1) as u32
     }
 
-    /// The keyspace removals and clears are filed under (any of the holder's: the
-    /// server finds a removed name in whichever keyspace stored it).
+    /// The keyspace clears are filed under (any of the holder's would do).
     fn base(&mut self) -> u32 {
         self.intern(None, None, None)
     }
@@ -196,17 +195,11 @@ impl Translator {
                     Ok(None) => {}
                     Err(skip) => counts.skipped[skip as usize] += 1,
                 },
-                EngineEvent::Removed(rm) => match self.remove(rm, counts) {
-                    Ok(Some(event)) => {
-                        let ks = match out.last() {
-                            Some(g) => g.ks,
-                            None => self.base(),
-                        };
-                        push(out, ks, event)
+                EngineEvent::Removed(rm) => {
+                    if let Err(skip) = self.remove(rm, out, counts) {
+                        counts.skipped[skip as usize] += 1;
                     }
-                    Ok(None) => {}
-                    Err(skip) => counts.skipped[skip as usize] += 1,
-                },
+                }
                 EngineEvent::Cleared => {
                     self.reset();
                     let ks = self.base();
@@ -344,30 +337,47 @@ impl Translator {
         )))
     }
 
-    fn remove(&mut self, rm: &Removed, counts: &mut Counts) -> Result<Option<Event>, Skip> {
+    /// Appends the removal's named blocks to `out`, each run of hashes under the keyspace
+    /// that stored them (the server looks a removal up in its batch's keyspace first).
+    fn remove(
+        &mut self,
+        rm: &Removed,
+        out: &mut Vec<Group>,
+        counts: &mut Counts,
+    ) -> Result<(), Skip> {
         let (lane, _) = self.lane(rm.group_idx)?;
         let map = &mut self.maps[lane as usize];
         let bit = rm.medium.bit();
-        let mut gone = Vec::new();
+        let mut gone: Option<(u32, Vec<u64>)> = None;
+        let flush = |gone: &mut Option<(u32, Vec<u64>)>, out: &mut Vec<Group>| {
+            if let Some((ks, hashes)) = gone.take() {
+                push(out, ks, Event::Removed { lane, hashes });
+            }
+        };
         for &h in &rm.block_hashes {
             match map.get_mut(&h) {
                 Some(e) if e.media & bit != 0 => {
                     e.media &= !bit;
                     counts.removed[medium_index(rm.medium)] += 1;
                     if e.media == 0 {
-                        if e.named {
-                            gone.push(h);
-                        }
+                        let (ks, named) = (e.ks, e.named);
                         map.remove(&h);
+                        if named {
+                            if gone.as_ref().is_some_and(|g| g.0 != ks) {
+                                flush(&mut gone, out);
+                            }
+                            gone.get_or_insert_with(|| (ks, Vec::new())).1.push(h);
+                        }
                     }
                 }
                 _ => counts.unknown_removals += 1,
             }
         }
+        flush(&mut gone, out);
         if map.len() < map.capacity() / 4 {
             map.shrink_to(map.len() * 2);
         }
-        Ok((!gone.is_empty()).then_some(Event::Removed { lane, hashes: gone }))
+        Ok(())
     }
 
     /// The translator as plain data.
@@ -661,6 +671,34 @@ mod tests {
             vec![
                 (0, salted_chain[..2].to_vec(), vec![30]),
                 (2, salted_chain[2..].to_vec(), vec![31])
+            ]
+        );
+        // One removal naming blocks of three keyspaces: each run filed under its own.
+        let (out, c) = run(
+            &mut t,
+            vec![EngineEvent::Removed(Removed {
+                block_hashes: vec![30, 31, 8, 99, 9],
+                medium: Medium::Gpu,
+                group_idx: 0,
+            })],
+        );
+        assert_eq!(c.unknown_removals, 1);
+        let filed: Vec<(String, Vec<Event>)> = out
+            .iter()
+            .map(|g| {
+                (
+                    t.keyspace(g.ks).lora.clone() + "/" + &t.keyspace(g.ks).salt,
+                    g.events.clone(),
+                )
+            })
+            .collect();
+        let removed = |hashes: Vec<u64>| vec![Event::Removed { lane: 0, hashes }];
+        assert_eq!(
+            filed,
+            vec![
+                ("/tenant".to_string(), removed(vec![30, 31])),
+                ("ad/".to_string(), removed(vec![8])),
+                ("lora-id:3/".to_string(), removed(vec![9])),
             ]
         );
         let (out, _) = run(&mut t, vec![EngineEvent::Cleared]);
