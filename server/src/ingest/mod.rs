@@ -11,6 +11,7 @@
 
 pub mod holders;
 pub mod payload;
+mod pending;
 pub mod pool;
 pub mod socket;
 pub mod stream;

@@ -24,6 +24,7 @@ use kvix_wire::{ChunkKind, Event, Keyspace, Lane, LaneKind};
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::payload::{Batch, EngineEvent, Medium, Removed, Stored};
+use super::pending::{self, Pending};
 
 /// Why an event was skipped (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +76,19 @@ fn medium_index(m: Medium) -> usize {
     }
 }
 
-/// What the map remembers of one engine block.
+/// What the map remembers of one engine block: [`Entry`], with its pending tokens a
+/// view shared with the other pages of its lane block.
+#[derive(Debug, Clone)]
+struct Known {
+    ks: u32,
+    chain: u64,
+    end: u64,
+    media: u8,
+    named: bool,
+    pending: Pending,
+}
+
+/// One engine block as a snapshot keeps it.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// Index of its keyspace in [`Translator::keyspace`].
@@ -117,7 +130,7 @@ pub struct Translator {
     lanes: Vec<Lane>,
     keyspaces: Vec<Keyspace>,
     seeds: Vec<u64>,
-    maps: Vec<HashMap<u64, Entry>>,
+    maps: Vec<HashMap<u64, Known>>,
 }
 
 impl Translator {
@@ -261,7 +274,7 @@ impl Translator {
                     st.lora_id,
                     st.cache_salt.as_deref(),
                 );
-                (ks, self.seeds[ks as usize], 0u64, Vec::new())
+                (ks, self.seeds[ks as usize], 0u64, Pending::default())
             }
             Some(parent) => {
                 let e = self.maps[lane as usize]
@@ -287,28 +300,30 @@ impl Translator {
             .zip(st.token_ids.chunks_exact(p))
             .enumerate()
         {
-            pending.extend_from_slice(tokens);
             end += p as u64;
-            let mut named = false;
-            while pending.len() >= l {
-                chain = lane_block(
-                    chain,
-                    self.block,
-                    &pending[..l],
-                    st.extras.get(j).map_or(&[][..], |k| &k[..]),
-                    &mut hashes,
-                );
-                pending.drain(..l);
-                named = true;
+            // A page is at most a lane block, so it completes at most one.
+            let named = pending.len() + p >= l;
+            if named {
+                let keys = st.extras.get(j).map_or(&[][..], |k| &k[..]);
+                let take = l - pending.len();
+                chain = if take == l {
+                    lane_block(chain, self.block, &tokens[..l], keys, &mut hashes)
+                } else {
+                    pending.push(&tokens[..take]);
+                    pending.with(|t| lane_block(chain, self.block, t, keys, &mut hashes))
+                };
+                pending = Pending::from_tokens(&tokens[take..]);
                 names.push(h);
+            } else {
+                pending.push(tokens);
             }
-            let e = self.maps[lane as usize].entry(h).or_insert(Entry {
+            let e = self.maps[lane as usize].entry(h).or_insert(Known {
                 ks,
                 chain,
                 end,
                 media: 0,
                 named: false,
-                pending: Vec::new(),
+                pending: Pending::default(),
             });
             // A hash stored again (the engine re-reports cache hits) is refreshed; one
             // stored at another position (a hash collision) takes the newest.
@@ -317,7 +332,7 @@ impl Translator {
             e.end = end;
             e.named |= named;
             e.media |= bit;
-            e.pending.clone_from(&pending);
+            e.pending = pending.clone();
         }
         counts.stored[medium_index(st.medium)] += n as u64;
         if hashes.is_empty() {
@@ -387,27 +402,69 @@ impl Translator {
             lanes: self
                 .maps
                 .iter()
-                .map(|m| m.iter().map(|(h, e)| (*h, e.clone())).collect())
+                .map(|m| {
+                    let entry = |e: &Known| Entry {
+                        ks: e.ks,
+                        chain: e.chain,
+                        end: e.end,
+                        media: e.media,
+                        named: e.named,
+                        pending: e.pending.to_vec(),
+                    };
+                    m.iter().map(|(h, e)| (*h, entry(e))).collect()
+                })
                 .collect(),
         }
     }
 
     /// Restores an image into a fresh translator of the same roster; false (nothing
-    /// restored) when its lanes or keyspaces do not fit.
+    /// restored) when its lanes or keyspaces do not fit, or an entry's pending tokens
+    /// could not be (a lane block's worth or more, or more than its end).
     pub fn import(&mut self, image: &TranslatorImage) -> bool {
         let fits = image.lanes.len() == self.maps.len()
-            && image
-                .lanes
-                .iter()
-                .flatten()
-                .all(|(_, e)| (e.ks as usize) < image.keyspaces.len());
+            && image.lanes.iter().zip(&self.lanes).all(|(entries, lane)| {
+                entries.iter().all(|(_, e)| {
+                    (e.ks as usize) < image.keyspaces.len()
+                        && e.pending.len() < lane.block_tokens as usize
+                        && e.pending.len() as u64 <= e.end
+                })
+            });
         if !fits {
             return false;
         }
         self.seeds = image.keyspaces.iter().map(|k| k.seed(self.block)).collect();
         self.keyspaces = image.keyspaces.clone();
         for (map, entries) in self.maps.iter_mut().zip(&image.lanes) {
-            *map = entries.iter().cloned().collect();
+            // The pages of one lane block (same keyspace, boundary chain and position)
+            // share their pending tokens again.
+            let mut blocks: HashMap<(u32, u64, u64), Vec<usize>> = HashMap::new();
+            for (i, (_, e)) in entries.iter().enumerate() {
+                let boundary = e.end - e.pending.len() as u64;
+                blocks.entry((e.ks, e.chain, boundary)).or_default().push(i);
+            }
+            let mut views = vec![Pending::default(); entries.len()];
+            for members in blocks.values() {
+                let lists: Vec<&[u32]> =
+                    members.iter().map(|&i| &entries[i].1.pending[..]).collect();
+                for (&i, view) in members.iter().zip(pending::share(&lists)) {
+                    views[i] = view;
+                }
+            }
+            *map = entries
+                .iter()
+                .zip(views)
+                .map(|((h, e), pending)| {
+                    let known = Known {
+                        ks: e.ks,
+                        chain: e.chain,
+                        end: e.end,
+                        media: e.media,
+                        named: e.named,
+                        pending,
+                    };
+                    (*h, known)
+                })
+                .collect();
         }
         true
     }
@@ -793,6 +850,73 @@ mod tests {
                 hashes: vec![2]
             }]
         );
+    }
+
+    /// SGLang's one-token pages under a wide lane: every page remembers the tokens since
+    /// the boundary, and they must share one buffer (a copy each is quadratic).
+    #[test]
+    fn one_token_pages_under_a_wide_lane_share_their_pending_tokens() {
+        const L: u32 = 1024;
+        let lanes = [Lane::full(L)];
+        let mut t = Translator::new(KB, "m", "", &lanes);
+        let page = |i: u32| {
+            let mut s = st(
+                &[100 + i as u64],
+                (i > 0).then(|| 100 + i as u64 - 1),
+                i..i + 1,
+            );
+            s.block_size = 1;
+            EngineEvent::Stored(s)
+        };
+        for i in 0..L - 1 {
+            let (out, c) = run(&mut t, vec![page(i)]);
+            assert!(
+                out.is_empty() && c.skipped.iter().all(|&n| n == 0),
+                "page {i}"
+            );
+        }
+        let first = t.maps[0][&100].pending.clone();
+        assert!(t.maps[0].values().all(|k| k.pending.shares(&first)));
+        assert_eq!(
+            t.maps[0][&(100 + 500)].pending.to_vec(),
+            (0..501).collect::<Vec<_>>()
+        );
+        // Restored, they share again, and the last page completes the same lane block.
+        let mut back = Translator::new(KB, "m", "", &lanes);
+        assert!(back.import(&t.export()));
+        let first = back.maps[0][&100].pending.clone();
+        assert!(back.maps[0].values().all(|k| k.pending.shares(&first)));
+        let whole = token_chain(ks("").seed(KB), KB, &(0..L).collect::<Vec<_>>());
+        for tr in [&mut t, &mut back] {
+            let (out, _) = run(tr, vec![page(L - 1)]);
+            assert_eq!(
+                stored_of(&out),
+                vec![(0, whole.clone(), vec![100 + L as u64 - 1])]
+            );
+        }
+    }
+
+    #[test]
+    fn an_image_whose_pending_tokens_cannot_be_is_refused() {
+        let lanes = [Lane::full(32)];
+        let entry = |end: u64, pending: Vec<u32>| Entry {
+            ks: 0,
+            chain: 1,
+            end,
+            media: 1,
+            named: false,
+            pending,
+        };
+        for bad in [entry(1, vec![1, 2]), entry(64, vec![0; 32])] {
+            let image = TranslatorImage {
+                keyspaces: vec![ks("")],
+                lanes: vec![vec![(5, bad.clone())]],
+            };
+            assert!(
+                !Translator::new(KB, "m", "", &lanes).import(&image),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
