@@ -376,7 +376,13 @@ impl Core {
         self.index
             .reserve(runs.iter().map(|r| r.hashes.len()).sum());
         for run in runs {
-            let active = |&(w, _): &(u32, u8)| self.roster.get(w).is_some();
+            // A holder is restored only on a lane its active worker has: one past the
+            // roster (a damaged image) would be held where no sweep reaches it.
+            let active = |&(w, lane): &(u32, u8)| {
+                self.roster
+                    .get(w)
+                    .is_some_and(|e| (lane as usize) < e.lanes.len())
+            };
             if run.holders.iter().all(active) {
                 self.index.import(run)?;
             } else {

@@ -149,3 +149,23 @@ fn a_snapshot_without_workers_restores_to_an_empty_engine() {
     e.import(&EngineImage::default(), 0).unwrap();
     assert_eq!(e.stats().blocks, 0);
 }
+
+/// A damaged image (or one from a roster since changed) naming a lane its worker does not
+/// have: the phantom holder is dropped, not restored where no sweep would ever reach it.
+#[test]
+fn holders_on_lanes_the_roster_lacks_are_dropped_on_import() {
+    let (mut a, ks) = populated();
+    let mut image: EngineImage = a.export(300);
+    let id = a.registry().id_of("a").unwrap();
+    let run = image
+        .runs
+        .iter_mut()
+        .find(|r| r.holders.contains(&(id, 0)))
+        .expect("a run of worker a");
+    run.holders.push((id, 5));
+    let mut b = engine();
+    b.import(&image, 300).unwrap();
+    b.check_invariants().unwrap();
+    assert_eq!(a.stats().memberships, b.stats().memberships);
+    assert_eq!(answers(&mut a, ks), answers(&mut b, ks));
+}
