@@ -50,6 +50,7 @@ pub fn record(ex: &Rc<Executor>, record: Record) -> LocalFuture<Result<Outcome, 
                     lanes,
                     feed,
                     source,
+                    logged: true,
                 },
             );
             Box::pin(async move { Ok(Outcome::Announced(done.await??)) })

@@ -3,6 +3,7 @@
 //! here runs on the connection's executor.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use kvix_wire::{
     encode, AlignedVec, ArchivedAnnounce, ArchivedHello, Body, ErrorCode, ErrorReply, Header,
@@ -11,7 +12,7 @@ use kvix_wire::{
 
 use crate::calls::events::Events;
 use crate::calls::place::Place;
-use crate::calls::register::Register;
+use crate::calls::register::{check_source, Register};
 use crate::calls::retire::Retire;
 use crate::calls::stats::StatsPart;
 use crate::executor::Executor;
@@ -107,7 +108,7 @@ pub fn handle(
         };
     }
     if let (Some(r), true) = (ex.replica(), is_write(&msg)) {
-        return logged(r, id, &msg, body, header);
+        return logged(ex, r, id, &msg, body, header);
     }
     let reply = match msg {
         MessageRef::Query(q) => Reply::Now(ex.query(q, |a| {
@@ -180,20 +181,26 @@ fn is_write(msg: &MessageRef<'_>) -> bool {
 }
 
 /// Replicas: a write goes to the shared log; the reply comes once this replica applied
-/// it in the log's order.
+/// it in the log's order. An announce's source is checked here, before the log takes
+/// it: every replica then registers what the log holds.
 fn logged(
-    r: &crate::replica::Replica,
+    ex: &Rc<Executor>,
+    r: &Arc<crate::replica::Replica>,
     id: u64,
     msg: &MessageRef<'_>,
     body: &[u8],
     header: &Header,
 ) -> Reply {
     use crate::wal::Record;
+    let mut checked: Option<LocalFuture<Result<(), Failure>>> = None;
     let record = match msg {
         MessageRef::Announce(a) => {
             let a: kvix_wire::Announce = kvix_wire::to_native(*a);
             if a.name.is_empty() || a.name.len() > MAX_NAME {
                 return Reply::Now(name_refused(id, a.name.len()));
+            }
+            if a.source.is_some() {
+                checked = Some(check_source(ex, &a.name, a.feed, a.source.as_ref()));
             }
             Record::Announce {
                 name: a.name,
@@ -212,13 +219,28 @@ fn logged(
             body: body.to_vec(),
         },
     };
-    let applied = r.submit(&record);
-    let fut: LocalFuture<AlignedVec> = Box::pin(async move {
-        let outcome = applied
-            .await
-            .unwrap_or_else(|_| Err(Failure::new(ErrorCode::Internal, "the server is stopping")));
-        crate::apply::reply_frame(id, outcome)
-    });
+    let stopping = || Err(Failure::new(ErrorCode::Internal, "the server is stopping"));
+    let fut: LocalFuture<AlignedVec> = match checked {
+        // Submitted now, in the order the connection sent its writes.
+        None => {
+            let applied = r.submit(&record);
+            Box::pin(async move {
+                let outcome = applied.await.unwrap_or_else(|_| stopping());
+                crate::apply::reply_frame(id, outcome)
+            })
+        }
+        // A client waits for an announce's reply before writing for its worker.
+        Some(check) => {
+            let r = r.clone();
+            Box::pin(async move {
+                if let Err(f) = check.await {
+                    return failure_frame(id, f);
+                }
+                let outcome = r.submit(&record).await.unwrap_or_else(|_| stopping());
+                crate::apply::reply_frame(id, outcome)
+            })
+        }
+    };
     if header.wants_reply() {
         Reply::Later(fut)
     } else {
@@ -296,6 +318,7 @@ fn announce(ex: &Rc<Executor>, id: u64, a: &ArchivedAnnounce) -> Reply {
         lanes: a.lanes,
         feed: a.feed,
         source: a.source,
+        logged: false,
     };
     later(id, ex.on(0, register))
 }

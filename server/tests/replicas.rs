@@ -156,6 +156,43 @@ fn three_replicas_apply_one_log_and_answer_identically() {
     assert_identical(&[&a, &b, &c]);
 }
 
+/// Replicas whose source checks come out differently (here another `--source-allow`;
+/// in the field a resolver that fails on one of them): an announce the log took is
+/// registered by every replica, so worker ids stay in step, and one a replica refuses
+/// is refused before the log takes it.
+#[test]
+fn a_logged_announce_registers_on_every_replica_whatever_its_source_checks() {
+    if available("logged_announce").is_none() {
+        return;
+    }
+    let redis = Redis::start("announce");
+    let a = replica(&redis, &[]);
+    let b = replica(&redis, &["--source-allow", "10.0.0.0/8"]);
+    let loopback = EventSource {
+        endpoint: "tcp://127.0.0.1:1".into(),
+        replay: String::new(),
+        model: "m".into(),
+        salt: String::new(),
+    };
+    let (mut ca, mut cb) = (a.session(), b.session());
+    let sourced = ca
+        .announce_source("sourced", vec![Lane::full(16)], loopback.clone())
+        .unwrap()
+        .worker;
+    let refused = cb
+        .announce_source("refused", vec![Lane::full(16)], loopback)
+        .unwrap_err();
+    assert_eq!(refused.code, ErrorCode::BadSource, "{}", refused.message);
+    let plain = ca.events_worker("plain");
+    assert_ne!(plain, sourced);
+    // Announced again through the other replica: the same ids there.
+    assert_eq!(cb.events_worker("plain"), plain);
+    settle(&[&a, &b]);
+    for s in [&a, &b] {
+        assert_eq!(s.metric("kvix_workers"), 2, "{}", s.scrape());
+    }
+}
+
 #[test]
 fn a_new_replica_starts_from_the_stored_snapshot_once_the_log_is_trimmed() {
     if available("stored_snapshot").is_none() {

@@ -17,6 +17,42 @@ pub struct Register {
     pub lanes: Vec<Lane>,
     pub feed: Feed,
     pub source: Option<EventSource>,
+    /// Applied from a log (the write-ahead log's replay, the replicas' shared log): its
+    /// source was checked where the announce was accepted and is not checked again.
+    /// A check that came out otherwise here (a resolver failing, another
+    /// `--source-allow`) would refuse what the log's other readers registered and put
+    /// every later worker id out of step.
+    pub logged: bool,
+}
+
+/// Checks an announce's source where the announce is accepted: its form and the sources
+/// limit, then (off the executor: it may ask the resolver) that its hosts are allowed.
+pub fn check_source(
+    on: &Rc<Executor>,
+    name: &str,
+    feed: Feed,
+    source: Option<&EventSource>,
+) -> LocalFuture<Result<(), Failure>> {
+    let Some(source) = source else {
+        return Box::pin(std::future::ready(Ok(())));
+    };
+    let known = on.registry().id_of(name);
+    if let Err(e) = on.ingest().check(source, feed, known) {
+        let code = match e {
+            SourceError::TooMany { .. } => ErrorCode::TooManySources,
+            _ => ErrorCode::BadSource,
+        };
+        let f = Failure::new(code, format!("worker {name:?}: {e}"));
+        return Box::pin(std::future::ready(Err(f)));
+    }
+    let (source, allow, name) = (source.clone(), on.ingest().allow.clone(), name.to_string());
+    let hosts = glommio::executor()
+        .spawn_blocking(move || crate::ingest::check_hosts(&source, allow.as_deref()));
+    Box::pin(async move {
+        hosts
+            .await
+            .map_err(|e| Failure::new(ErrorCode::BadSource, format!("worker {name:?}: {e}")))
+    })
 }
 
 impl Call for Register {
@@ -24,35 +60,14 @@ impl Call for Register {
 
     fn run(self, on: &Rc<Executor>) -> LocalFuture<Self::Reply> {
         debug_assert_eq!(on.me(), 0, "executor 0 numbers workers");
-        let refuse = |code, message: String| -> LocalFuture<Self::Reply> {
-            Box::pin(std::future::ready(Err(Failure::new(code, message))))
+        let checked: LocalFuture<Result<(), Failure>> = if self.logged {
+            Box::pin(std::future::ready(Ok(())))
+        } else {
+            check_source(on, &self.name, self.feed, self.source.as_ref())
         };
-        if let Some(source) = &self.source {
-            let known = on.registry().id_of(&self.name);
-            if let Err(e) = on.ingest().check(source, self.feed, known) {
-                let code = match e {
-                    SourceError::TooMany { .. } => ErrorCode::TooManySources,
-                    _ => ErrorCode::BadSource,
-                };
-                return refuse(code, format!("worker {:?}: {e}", self.name));
-            }
-        }
-        // Where a source's host is a name, checking it asks the resolver: off the executor.
-        let hosts = self.source.clone().map(|source| {
-            let allow = on.ingest().allow.clone();
-            glommio::executor()
-                .spawn_blocking(move || crate::ingest::check_hosts(&source, allow.as_deref()))
-        });
         let on = on.clone();
         Box::pin(async move {
-            if let Some(hosts) = hosts {
-                if let Err(e) = hosts.await {
-                    return Err(Failure::new(
-                        ErrorCode::BadSource,
-                        format!("worker {:?}: {e}", self.name),
-                    ));
-                }
-            }
+            checked.await?;
             on.log(&Record::Announce {
                 name: self.name.clone(),
                 lanes: self.lanes.clone(),
