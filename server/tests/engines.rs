@@ -685,6 +685,68 @@ fn an_engine_announced_at_a_new_endpoint_without_replay_drops_the_old_process_bl
     new.stop();
 }
 
+/// A publisher whose replay endpoint takes requests and never answers (an engine whose
+/// publisher thread hung), sending batches with gaps. A replay blocks the ingest thread
+/// for its timeout, so asking at every gap would stall every source on that thread for
+/// seconds per message: after one fails, the next waits. Every batch is still applied.
+/// (A publisher of our own making: no engine hangs on purpose.)
+#[test]
+fn a_silent_replay_endpoint_is_not_asked_again_at_every_gap() {
+    let ctx = zmq::Context::new();
+    let bound = |kind| {
+        let s = ctx.socket(kind).unwrap();
+        s.set_linger(0).unwrap();
+        s.bind("tcp://127.0.0.1:*").unwrap();
+        let ep = s.get_last_endpoint().unwrap().unwrap();
+        (s, ep)
+    };
+    let (publisher, endpoint) = bound(zmq::PUB);
+    let (replay, replay_ep) = bound(zmq::ROUTER);
+    let server = Server::start(&["--cores", "2"]);
+    let mut c = server.session();
+    let source = EventSource {
+        endpoint,
+        replay: replay_ep,
+        model: "m".into(),
+        salt: String::new(),
+    };
+    c.announce_source("hung", full(), source).unwrap();
+    await_metric(&server, "kvix_ingest_publishers_connected", 1);
+    // [ts, [["AllBlocksCleared"]], 0] as seq 0, 2, 4, …: a gap before each but the first.
+    let batch = |seq: u64| {
+        let ev = rmpv::Value::Array(vec!["AllBlocksCleared".into()]);
+        let v = rmpv::Value::Array(vec![
+            rmpv::Value::F64(1.0 + seq as f64),
+            rmpv::Value::Array(vec![ev]),
+            0.into(),
+        ]);
+        let mut payload = Vec::new();
+        rmpv::encode::write_value(&mut payload, &v).unwrap();
+        payload
+    };
+    let applied = || server.metric("kvix_ingest_batches_applied_total");
+    let mut seq = 0u64;
+    while applied() < 5 && seq < 2000 {
+        publisher
+            .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &batch(seq)[..]], 0)
+            .unwrap();
+        seq += 2;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    await_metric(&server, "kvix_ingest_batches_applied_total", 5);
+    let mut asked = 0;
+    while replay.poll(zmq::POLLIN, 0).unwrap() > 0 {
+        replay.recv_multipart(0).unwrap();
+        asked += 1;
+    }
+    let gaps = server.metric("kvix_ingest_gaps_total");
+    assert!(gaps >= 4, "{gaps} gaps");
+    assert!(
+        (1..gaps).contains(&asked),
+        "{asked} replays asked for {gaps} gaps"
+    );
+}
+
 #[test]
 fn a_killed_server_catches_up_with_and_without_a_snapshot() {
     if available("killed_server").is_none() {

@@ -15,7 +15,7 @@ use futures::channel::mpsc;
 use futures::SinkExt;
 use kvix_wire::WorkerId;
 
-use super::socket::{Link, Replayer, Subscription};
+use super::socket::{Backoff, Link, Replayer, Subscription};
 use super::stream::{Delivery, Record, Stream, Tally};
 use super::{IngestJob, SourceSpec, METRICS};
 
@@ -138,6 +138,7 @@ struct Live {
     subscription: Subscription,
     stream: Stream,
     up: bool,
+    backoff: Backoff,
 }
 
 struct Worker {
@@ -207,6 +208,7 @@ impl Worker {
                     subscription,
                     stream,
                     up: false,
+                    backoff: Backoff::default(),
                 });
             }
             Err(e) => {
@@ -235,6 +237,7 @@ impl Worker {
         let mut replay = Replayer {
             ctx: &self.ctx,
             endpoint: &s.spec.source.replay,
+            backoff: &mut s.backoff,
         };
         while let Some(link) = s.subscription.link() {
             match link {

@@ -22,6 +22,14 @@ const REPLAY_FIRST: Duration = Duration::from_secs(3);
 const REPLAY_NEXT: Duration = Duration::from_secs(1);
 /// Most batches one replay takes (engines keep 10,000 by default).
 const REPLAY_MAX: usize = 1 << 20;
+/// Most payload bytes one replay buffers before anything of it is delivered.
+const REPLAY_BYTES: usize = 1 << 30;
+/// Longest one replay may take in all (a reply every second would go on for days).
+const REPLAY_TOTAL: Duration = Duration::from_secs(60);
+/// After a failed replay the next one of the same source waits this long, doubling up
+/// to `BACKOFF_MAX` while they keep failing.
+const BACKOFF_FIRST: Duration = Duration::from_secs(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// What the monitor reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,14 +102,49 @@ fn seq_and_payload(mut frames: Vec<Vec<u8>>) -> Result<(u64, Vec<u8>), usize> {
     Ok((seq, payload))
 }
 
+/// When a source's next replay may be asked for. A replay blocks the ingest thread that
+/// asks (its other sources wait), so one that failed is not asked again at every gap:
+/// a replay endpoint that never answers costs one timeout per wait, not one per message.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    until: Option<Instant>,
+    wait: Duration,
+}
+
 /// Replays over a fresh DEALER per request.
 pub struct Replayer<'a> {
     pub ctx: &'a zmq::Context,
     pub endpoint: &'a str,
+    pub backoff: &'a mut Backoff,
 }
 
 impl Replay for Replayer<'_> {
     fn replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
+        let now = Instant::now();
+        if let Some(until) = self.backoff.until.filter(|u| now < *u) {
+            return Err(format!(
+                "replay {} not asked: {:?} left of the wait after a failed one",
+                self.endpoint,
+                until - now
+            ));
+        }
+        let got = self.ask(from);
+        *self.backoff = match &got {
+            Ok(_) => Backoff::default(),
+            Err(_) => {
+                let wait = (self.backoff.wait * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX);
+                Backoff {
+                    until: Some(Instant::now() + wait),
+                    wait,
+                }
+            }
+        };
+        got
+    }
+}
+
+impl Replayer<'_> {
+    fn ask(&self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
         let err = |e: zmq::Error| format!("replay socket {}: {e}", self.endpoint);
         let dealer = self.ctx.socket(zmq::DEALER).map_err(err)?;
         dealer.set_linger(0).map_err(err)?;
@@ -112,9 +155,10 @@ impl Replay for Replayer<'_> {
             .send_multipart([&b""[..], &from.to_be_bytes()[..]], 0)
             .map_err(err)?;
         let mut out = Vec::new();
-        let mut wait = REPLAY_FIRST;
+        let (mut wait, mut bytes) = (REPLAY_FIRST, 0usize);
+        let end = Instant::now() + REPLAY_TOTAL;
         loop {
-            let deadline = Instant::now() + wait;
+            let deadline = (Instant::now() + wait).min(end);
             if dealer
                 .poll(
                     zmq::POLLIN,
@@ -126,7 +170,7 @@ impl Replay for Replayer<'_> {
                 == 0
             {
                 return Err(format!(
-                    "replay {} did not finish: no reply within {wait:?} after {} batches",
+                    "replay {} did not finish: no reply within {wait:?} (or {REPLAY_TOTAL:?} in all) after {} batches",
                     self.endpoint,
                     out.len()
                 ));
@@ -140,9 +184,10 @@ impl Replay for Replayer<'_> {
             if seq == u64::MAX {
                 return Ok(out);
             }
-            if out.len() >= REPLAY_MAX {
+            bytes += payload.len();
+            if out.len() >= REPLAY_MAX || bytes > REPLAY_BYTES {
                 return Err(format!(
-                    "replay {} sent more than {REPLAY_MAX} batches",
+                    "replay {} sent more than {REPLAY_MAX} batches or {REPLAY_BYTES} bytes",
                     self.endpoint
                 ));
             }
