@@ -22,6 +22,7 @@ use smallvec::SmallVec;
 
 use crate::error::IndexError;
 use crate::hashing::{block_hash, FastMap};
+use crate::keyspaces::Keyspaces;
 use crate::sets::{SetId, SetPool};
 use crate::table::Table;
 use crate::Holder;
@@ -81,29 +82,6 @@ fn slot_is(nodes: &[Node], s: &Slot, ks: u32, pos: u32, hash: u64) -> bool {
     s.pos == pos && {
         let n = &nodes[s.run as usize];
         n.ksi() == ks && n.hashes.get(pos.wrapping_sub(n.start) as usize) == Some(&hash)
-    }
-}
-
-/// Keyspace seeds as small indexes (nodes store the index, not the seed).
-#[derive(Default)]
-struct Keyspaces {
-    seeds: Vec<u64>,
-    ids: FastMap<u64, u32>,
-}
-
-impl Keyspaces {
-    fn get(&self, seed: u64) -> Option<u32> {
-        self.ids.get(&seed).copied()
-    }
-
-    fn intern(&mut self, seed: u64) -> u32 {
-        if let Some(i) = self.get(seed) {
-            return i;
-        }
-        let i = self.seeds.len() as u32;
-        self.seeds.push(seed);
-        self.ids.insert(seed, i);
-        i
     }
 }
 
@@ -523,7 +501,7 @@ impl BlockIndex {
             // The first block is there after all: only an extension attempt gets here.
             if !extend {
                 self.node_mut(dest).hashes = SmallVec::new();
-                self.free.push(dest);
+                self.free_node(dest);
             }
             return (dest, 0);
         }
@@ -779,7 +757,7 @@ impl BlockIndex {
         }
         let s = std::mem::replace(&mut self.node_mut(gone).set, NIL);
         self.sets.release(s);
-        self.free.push(gone);
+        self.free_node(gone);
         if keep == b {
             self.retarget_left(a, b);
         }
@@ -813,11 +791,18 @@ impl BlockIndex {
         self.memberships -= len as u64 * self.sets.len(set) as u64;
         self.sets.release(set);
         self.node_mut(m).hashes = SmallVec::new();
-        self.free.push(m);
+        self.free_node(m);
         self.maybe_shrink_table();
     }
 
+    /// Returns run `id` (already emptied) to the free list.
+    fn free_node(&mut self, id: u32) {
+        self.keyspaces.release(self.node(id).ksi());
+        self.free.push(id);
+    }
+
     fn alloc(&mut self, node: Node) -> u32 {
+        self.keyspaces.acquire(node.ksi());
         match self.free.pop() {
             Some(id) => {
                 self.nodes[id as usize] = node;
@@ -900,7 +885,7 @@ impl BlockIndex {
                 continue;
             }
             out.push(crate::RunImage {
-                ks: self.keyspaces.seeds[n.ksi() as usize],
+                ks: self.keyspaces.seed(n.ksi()),
                 start: n.start,
                 parent: n.has_parent().then_some(n.parent),
                 hashes: n.hashes.to_vec(),
@@ -941,10 +926,12 @@ impl BlockIndex {
         let mut blocks = 0usize;
         let mut memberships = 0u64;
         let mut held: FastMap<u32, u64> = FastMap::default();
+        let mut users: FastMap<u32, u32> = FastMap::default();
         for (n, node) in self.nodes.iter().enumerate() {
             if node.set == NIL {
                 continue;
             }
+            *users.entry(node.ksi()).or_default() += 1;
             if node.hashes.is_empty() {
                 return Err(format!("run {n} is empty"));
             }
@@ -973,6 +960,7 @@ impl BlockIndex {
                 self.memberships
             ));
         }
+        self.keyspaces.check(&users)?;
         let counts: FastMap<u32, u64> = self.held.iter().map(|(&h, c)| (h, c.blocks)).collect();
         if held != counts {
             return Err(format!(

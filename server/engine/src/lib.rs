@@ -20,6 +20,7 @@ pub mod feed;
 mod hashing;
 pub mod image;
 pub mod index;
+mod keyspaces;
 pub mod ops;
 pub mod query;
 pub mod roster;

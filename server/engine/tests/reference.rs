@@ -368,6 +368,10 @@ fn keyspaces() -> Vec<Ks> {
         Ks::tokens(0x0000_0002_0000_00bb),
         Ks::tokens(0x0000_0007_0000_00cc),
         Ks::bytes(0x0000_0005_0000_00dd),
+        // More keyspaces than are usually in use at once: a keyspace whose runs all went
+        // gives its index to the next new one.
+        Ks::tokens(0x0000_0003_0000_00ee),
+        Ks::tokens(0x0000_0004_0000_00ff),
     ]
 }
 
@@ -473,7 +477,7 @@ fn prompt() -> impl Strategy<Value = Prompt> {
 }
 
 fn ks_index() -> impl Strategy<Value = usize> {
-    prop_oneof![5 => Just(0usize), 1 => 1usize..4]
+    prop_oneof![5 => Just(0usize), 1 => 1..keyspaces().len()]
 }
 
 fn style() -> impl Strategy<Value = Style> {

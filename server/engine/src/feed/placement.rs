@@ -11,6 +11,7 @@ use hashbrown::HashTable;
 use kvix_wire::WorkerId;
 
 use crate::hashing::block_hash;
+use crate::keyspaces::Keyspaces;
 use crate::ops::OpBatch;
 use crate::Holder;
 
@@ -60,7 +61,7 @@ pub struct PlacementFeed {
     free: Vec<u32>,
     /// Slot ids, hashed from the slot's block.
     map: HashTable<u32>,
-    keyspaces: Vec<u64>,
+    keyspaces: Keyspaces,
     oldest: u32,
     newest: u32,
     len: u64,
@@ -78,7 +79,7 @@ impl PlacementFeed {
             slots: Vec::new(),
             free: Vec::new(),
             map: HashTable::new(),
-            keyspaces: Vec::new(),
+            keyspaces: Keyspaces::default(),
             oldest: NIL,
             newest: NIL,
             len: 0,
@@ -135,7 +136,7 @@ impl PlacementFeed {
         out: &mut OpBatch,
     ) -> bool {
         let mut left = budget;
-        let ksi = self.keyspace_index(ks);
+        let ksi = self.keyspaces.intern(ks);
         while left > 0 {
             left -= 1;
             match job.step {
@@ -173,13 +174,13 @@ impl PlacementFeed {
     /// Drops everything placed, naming every block.
     pub fn drop_all(&self, worker: WorkerId, out: &mut OpBatch) {
         let holder = Holder::new(worker, 0);
-        for (i, &ks) in self.keyspaces.iter().enumerate() {
-            let placed = self.map.iter().map(|&s| self.slots[s as usize]);
-            out.leave(
-                ks,
-                holder,
-                placed.filter(|s| s.ks == i as u32).map(|s| s.hash),
-            );
+        let mut placed: Vec<(u32, u64)> = (self.map.iter())
+            .map(|&s| (self.slots[s as usize].ks, self.slots[s as usize].hash))
+            .collect();
+        placed.sort_unstable();
+        for one in placed.chunk_by(|a, b| a.0 == b.0) {
+            let ks = self.keyspaces.seed(one[0].0);
+            out.leave(ks, holder, one.iter().map(|p| p.1));
         }
         out.sweep(holder);
     }
@@ -214,6 +215,7 @@ impl PlacementFeed {
             None => self.slots.len() as u32,
         };
         e.insert(s);
+        self.keyspaces.acquire(ksi);
         if s as usize == self.slots.len() {
             self.slots.push(slot);
         } else {
@@ -223,16 +225,6 @@ impl PlacementFeed {
         s
     }
 
-    fn keyspace_index(&mut self, ks: u64) -> u32 {
-        match self.keyspaces.iter().position(|&k| k == ks) {
-            Some(i) => i as u32,
-            None => {
-                self.keyspaces.push(ks);
-                (self.keyspaces.len() - 1) as u32
-            }
-        }
-    }
-
     /// The placed blocks, oldest-used first, with their ages at `now_ms`.
     pub fn export(&self, now_ms: u64) -> crate::PlacementFeedImage {
         let mut placed = Vec::with_capacity(self.len as usize);
@@ -240,7 +232,7 @@ impl PlacementFeed {
         while s != NIL {
             let slot = &self.slots[s as usize];
             placed.push(crate::PlacedImage {
-                ks: self.keyspaces[slot.ks as usize],
+                ks: self.keyspaces.seed(slot.ks),
                 pos: slot.pos,
                 hash: slot.hash,
                 age_ms: now_ms.max(self.clock).saturating_sub(slot.time),
@@ -260,7 +252,7 @@ impl PlacementFeed {
             .len()
             .saturating_sub(self.capacity.min(u32::MAX as u64) as usize);
         for p in &image.placed[skip..] {
-            let ksi = self.keyspace_index(p.ks);
+            let ksi = self.keyspaces.intern(p.ks);
             let s = self.slot_of(ksi, p.pos, p.hash);
             self.unlink(s);
             self.slots[s as usize].time = self.clock.saturating_sub(p.age_ms);
@@ -295,7 +287,8 @@ impl PlacementFeed {
         }
         self.free.push(s);
         self.len -= 1;
-        let ks = self.keyspaces[slot.ks as usize];
+        let ks = self.keyspaces.seed(slot.ks);
+        self.keyspaces.release(slot.ks);
         out.remove(ks, Holder::new(worker, 0), &[slot.hash]);
         if self.map.len() < self.map.capacity() / 4 {
             let slots = &self.slots;
