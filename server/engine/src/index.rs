@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 
 use crate::error::IndexError;
 use crate::hashing::{block_hash, FastMap};
-use crate::keyspaces::Keyspaces;
+use crate::interner::Interner;
 use crate::sets::{SetId, SetPool};
 use crate::table::Table;
 use crate::Holder;
@@ -92,7 +92,7 @@ pub struct BlockIndex {
     free: Vec<u32>,
     table: Table<Slot>,
     sets: SetPool,
-    keyspaces: Keyspaces,
+    keyspaces: Interner<u64>,
     memberships: u64,
     /// Per packed holder: blocks held, and the run its last insert ended in.
     held: FastMap<u32, Held>,
@@ -156,7 +156,7 @@ impl BlockIndex {
         if chain.is_empty() {
             return Ok(());
         }
-        let ks = self.keyspaces.intern(ks);
+        let ks = self.keyspaces.intern(&ks);
         let parent = parent.filter(|_| start > 0);
         // The run whose last block is the chain's block before `j`, if any.
         let mut prev = match parent {
@@ -227,7 +227,7 @@ impl BlockIndex {
     /// how many it held.
     pub fn remove(&mut self, ks: u64, holder: Holder, hashes: &[u64]) -> Result<u64, IndexError> {
         let h = holder.pack()?;
-        let Some(ks) = self.keyspaces.get(ks) else {
+        let Some(ks) = self.keyspaces.get(&ks) else {
             return Ok(0);
         };
         self.prefetch(ks, hashes);
@@ -267,7 +267,7 @@ impl BlockIndex {
     /// its feed knows it holds. Costs a lookup per hint and a set change per run, not a
     /// pass over every run.
     pub fn drop_runs(&mut self, ks: u64, holder: Holder, hashes: &[u64]) {
-        let (Ok(h), Some(ks)) = (holder.pack(), self.keyspaces.get(ks)) else {
+        let (Ok(h), Some(ks)) = (holder.pack(), self.keyspaces.get(&ks)) else {
             return;
         };
         self.prefetch(ks, hashes);
@@ -284,7 +284,7 @@ impl BlockIndex {
 
     /// Whether `holder` holds block `pos` with chain hash `hash`.
     pub fn holds(&self, ks: u64, holder: Holder, pos: u32, hash: u64) -> bool {
-        let (Ok(h), Some(ks)) = (holder.pack(), self.keyspaces.get(ks)) else {
+        let (Ok(h), Some(ks)) = (holder.pack(), self.keyspaces.get(&ks)) else {
             return false;
         };
         self.find(ks, pos, hash)
@@ -308,7 +308,7 @@ impl BlockIndex {
     /// A position nobody holds costs one lookup; later positions are still visited (a
     /// sliding-window lane may hold them without the earlier ones).
     pub fn walk(&self, ks: u64, chain: &[u64], mut visit: impl FnMut(u32, u32, &[u32])) {
-        let Some(ks) = self.keyspaces.get(ks) else {
+        let Some(ks) = self.keyspaces.get(&ks) else {
             return;
         };
         let len = chain.len().min(u32::MAX as usize);
@@ -885,7 +885,7 @@ impl BlockIndex {
                 continue;
             }
             out.push(crate::RunImage {
-                ks: self.keyspaces.seed(n.ksi()),
+                ks: *self.keyspaces.key(n.ksi()),
                 start: n.start,
                 parent: n.has_parent().then_some(n.parent),
                 hashes: n.hashes.to_vec(),

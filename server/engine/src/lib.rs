@@ -20,7 +20,7 @@ pub mod feed;
 mod hashing;
 pub mod image;
 pub mod index;
-mod keyspaces;
+mod interner;
 pub mod ops;
 pub mod query;
 pub mod roster;
@@ -40,6 +40,7 @@ pub use image::{
     WorkerImage,
 };
 pub use index::BlockIndex;
+pub use interner::Interner;
 pub use ops::{Cursor, Op, OpBatch, RosterChange, Update};
 pub use query::Ranker;
 pub use roster::{AnnounceOutcome, Class, Registry, Roster, WorkerEntry};

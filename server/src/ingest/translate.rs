@@ -25,6 +25,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::payload::{Batch, EngineEvent, Medium, Removed, Stored};
 use super::pending::{self, Pending};
+use kvix_engine::Interner;
 
 /// Why an event was skipped (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +118,8 @@ pub struct TranslatorImage {
 /// kvix events of one batch in one keyspace, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Group {
+    /// Its keyspace ([`Translator::keyspace`], [`Translator::seed`]), kept until the
+    /// next [`Translator::apply`].
     pub ks: u32,
     pub events: Vec<Event>,
 }
@@ -128,9 +131,14 @@ pub struct Translator {
     model: String,
     salt: String,
     lanes: Vec<Lane>,
-    keyspaces: Vec<Keyspace>,
+    /// Counted by the entries in `maps` (and the last batch's groups): a keyspace per
+    /// salted request comes and goes.
+    keyspaces: Interner<Keyspace>,
+    /// Chain seed of each keyspace index.
     seeds: Vec<u64>,
     maps: Vec<HashMap<u64, Known>>,
+    /// Keyspaces of the last batch's groups, kept until the next one.
+    grouped: Vec<u32>,
 }
 
 impl Translator {
@@ -142,9 +150,10 @@ impl Translator {
             model: model.to_string(),
             salt: salt.to_string(),
             lanes: lanes.to_vec(),
-            keyspaces: Vec::new(),
+            keyspaces: Interner::default(),
             seeds: Vec::new(),
             maps: lanes.iter().map(|_| HashMap::new()).collect(),
+            grouped: Vec::new(),
         }
     }
 
@@ -156,13 +165,20 @@ impl Translator {
     /// Forgets every block (the engine restarted or cleared).
     pub fn reset(&mut self) {
         for m in &mut self.maps {
-            *m = HashMap::new();
+            for e in std::mem::take(m).values() {
+                self.keyspaces.release(e.ks);
+            }
         }
+    }
+
+    /// Keyspace indexes allocated (in use or waiting to be reused).
+    pub fn keyspace_slots(&self) -> usize {
+        self.keyspaces.slots()
     }
 
     /// Keyspace `ks` of a [`Group`].
     pub fn keyspace(&self, ks: u32) -> &Keyspace {
-        &self.keyspaces[ks as usize]
+        self.keyspaces.key(ks)
     }
 
     /// The chain seed of keyspace `ks`.
@@ -185,12 +201,19 @@ impl Translator {
             salt: salt.unwrap_or(&self.salt).to_string(),
             kind: ChunkKind::Tokens,
         };
-        if let Some(i) = self.keyspaces.iter().position(|k| *k == ks) {
-            return i as u32;
+        self.intern_key(&ks)
+    }
+
+    fn intern_key(&mut self, ks: &Keyspace) -> u32 {
+        if let Some(i) = self.keyspaces.get(ks) {
+            return i;
         }
-        self.seeds.push(ks.seed(self.block));
-        self.keyspaces.push(ks);
-        (self.keyspaces.len() - 1) as u32
+        let i = self.keyspaces.intern(ks);
+        if i as usize == self.seeds.len() {
+            self.seeds.push(0);
+        }
+        self.seeds[i as usize] = ks.seed(self.block);
+        i
     }
 
     /// The keyspace clears are filed under (any of the holder's would do).
@@ -201,7 +224,11 @@ impl Translator {
     /// Translates one decoded batch, appending kvix events to `out` grouped in order by
     /// keyspace.
     pub fn apply(&mut self, batch: &Batch, out: &mut Vec<Group>, counts: &mut Counts) {
+        for ks in std::mem::take(&mut self.grouped) {
+            self.keyspaces.release(ks);
+        }
         for ev in &batch.events {
+            let grouped = out.len();
             match ev {
                 EngineEvent::Stored(st) => match self.store(st, counts) {
                     Ok(Some((ks, event))) => push(out, ks, event),
@@ -219,6 +246,12 @@ impl Translator {
                     push(out, ks, Event::Cleared);
                 }
                 EngineEvent::Unknown(_) => counts.skipped[Skip::UnknownEvent as usize] += 1,
+            }
+            // A group's keyspace is held until the next batch: one whose blocks all went
+            // is not given to a new keyspace while a group still names it.
+            for g in &out[grouped..] {
+                self.keyspaces.acquire(g.ks);
+                self.grouped.push(g.ks);
             }
         }
     }
@@ -317,17 +350,23 @@ impl Translator {
             } else {
                 pending.push(tokens);
             }
-            let e = self.maps[lane as usize].entry(h).or_insert(Known {
-                ks,
-                chain,
-                end,
-                media: 0,
-                named: false,
-                pending: Pending::default(),
+            let e = self.maps[lane as usize].entry(h).or_insert_with(|| {
+                self.keyspaces.acquire(ks);
+                Known {
+                    ks,
+                    chain,
+                    end,
+                    media: 0,
+                    named: false,
+                    pending: Pending::default(),
+                }
             });
             // A hash stored again (the engine re-reports cache hits) is refreshed; one
             // stored at another position (a hash collision) takes the newest.
-            e.ks = ks;
+            if e.ks != ks {
+                self.keyspaces.acquire(ks);
+                self.keyspaces.release(std::mem::replace(&mut e.ks, ks));
+            }
             e.chain = chain;
             e.end = end;
             e.named |= named;
@@ -377,6 +416,7 @@ impl Translator {
                     if e.media == 0 {
                         let (ks, named) = (e.ks, e.named);
                         map.remove(&h);
+                        self.keyspaces.release(ks);
                         if named {
                             if gone.as_ref().is_some_and(|g| g.0 != ks) {
                                 flush(&mut gone, out);
@@ -398,7 +438,7 @@ impl Translator {
     /// The translator as plain data.
     pub fn export(&self) -> TranslatorImage {
         TranslatorImage {
-            keyspaces: self.keyspaces.clone(),
+            keyspaces: self.keyspaces.keys().cloned().collect(),
             lanes: self
                 .maps
                 .iter()
@@ -429,11 +469,15 @@ impl Translator {
                         && e.pending.len() as u64 <= e.end
                 })
             });
-        if !fits {
+        let distinct: std::collections::HashSet<&Keyspace> = image.keyspaces.iter().collect();
+        if !fits || distinct.len() < image.keyspaces.len() || self.keyspaces.slots() > 0 {
             return false;
         }
-        self.seeds = image.keyspaces.iter().map(|k| k.seed(self.block)).collect();
-        self.keyspaces = image.keyspaces.clone();
+        // Each held while the maps fill (an unused index could be given to the next).
+        for k in &image.keyspaces {
+            let i = self.intern_key(k);
+            self.keyspaces.acquire(i);
+        }
         for (map, entries) in self.maps.iter_mut().zip(&image.lanes) {
             // The pages of one lane block (same keyspace, boundary chain and position)
             // share their pending tokens again.
@@ -465,6 +509,12 @@ impl Translator {
                     (*h, known)
                 })
                 .collect();
+            for e in map.values() {
+                self.keyspaces.acquire(e.ks);
+            }
+        }
+        for i in 0..image.keyspaces.len() {
+            self.keyspaces.release(i as u32);
         }
         true
     }
@@ -692,6 +742,57 @@ mod tests {
         assert!(out.is_empty());
         assert_eq!(c.unknown_removals, 1);
         assert_eq!(t.tracked(), 0);
+    }
+
+    fn salted(hash: u64, salt: &str) -> EngineEvent {
+        let mut s = st(&[hash], None, 0..32);
+        s.cache_salt = Some(salt.into());
+        EngineEvent::Stored(s)
+    }
+
+    fn gone(hashes: &[u64]) -> EngineEvent {
+        EngineEvent::Removed(Removed {
+            block_hashes: hashes.to_vec(),
+            medium: Medium::Gpu,
+            group_idx: 0,
+        })
+    }
+
+    #[test]
+    fn a_salt_per_request_keeps_as_many_keyspaces_as_hold_blocks() {
+        let mut t = Translator::new(KB, "m", "", &[Lane::full(32)]);
+        for r in 0..1000u64 {
+            let salt = format!("user-{r}");
+            let (out, _) = run(&mut t, vec![salted(r, &salt)]);
+            assert_eq!(t.seed(out[0].ks), ks(&salt).seed(KB));
+            if r >= 2 {
+                run(&mut t, vec![gone(&[r - 2])]);
+            }
+        }
+        assert_eq!(t.tracked(), 2);
+        assert!(
+            t.keyspace_slots() <= 4,
+            "{} keyspace indexes for 2 held",
+            t.keyspace_slots()
+        );
+        // Clears and restores forget keyspaces too.
+        run(&mut t, vec![EngineEvent::Cleared, salted(5000, "last")]);
+        let mut back = Translator::new(KB, "m", "", &[Lane::full(32)]);
+        assert!(back.import(&t.export()));
+        let (out, _) = run(&mut back, vec![gone(&[5000])]);
+        assert_eq!(back.seed(out[0].ks), ks("last").seed(KB));
+    }
+
+    #[test]
+    fn a_keyspace_emptied_in_a_batch_keeps_its_groups_meaning_until_the_next() {
+        let mut t = Translator::new(KB, "m", "", &[Lane::full(32)]);
+        run(&mut t, vec![salted(1, "a")]);
+        // The removal empties "a"; the store after it in the same batch brings a new
+        // keyspace, which must not take the index the removal's group names.
+        let (out, _) = run(&mut t, vec![gone(&[1]), salted(2, "b")]);
+        let seeds: Vec<u64> = out.iter().map(|g| t.seed(g.ks)).collect();
+        assert_eq!(seeds, vec![ks("a").seed(KB), ks("b").seed(KB)]);
+        assert_eq!(*t.keyspace(out[0].ks), ks("a"));
     }
 
     #[test]

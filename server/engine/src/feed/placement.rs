@@ -11,7 +11,7 @@ use hashbrown::HashTable;
 use kvix_wire::WorkerId;
 
 use crate::hashing::block_hash;
-use crate::keyspaces::Keyspaces;
+use crate::interner::Interner;
 use crate::ops::OpBatch;
 use crate::Holder;
 
@@ -61,7 +61,7 @@ pub struct PlacementFeed {
     free: Vec<u32>,
     /// Slot ids, hashed from the slot's block.
     map: HashTable<u32>,
-    keyspaces: Keyspaces,
+    keyspaces: Interner<u64>,
     oldest: u32,
     newest: u32,
     len: u64,
@@ -79,7 +79,7 @@ impl PlacementFeed {
             slots: Vec::new(),
             free: Vec::new(),
             map: HashTable::new(),
-            keyspaces: Keyspaces::default(),
+            keyspaces: Interner::default(),
             oldest: NIL,
             newest: NIL,
             len: 0,
@@ -136,7 +136,7 @@ impl PlacementFeed {
         out: &mut OpBatch,
     ) -> bool {
         let mut left = budget;
-        let ksi = self.keyspaces.intern(ks);
+        let ksi = self.keyspaces.intern(&ks);
         while left > 0 {
             left -= 1;
             match job.step {
@@ -179,7 +179,7 @@ impl PlacementFeed {
             .collect();
         placed.sort_unstable();
         for one in placed.chunk_by(|a, b| a.0 == b.0) {
-            let ks = self.keyspaces.seed(one[0].0);
+            let ks = *self.keyspaces.key(one[0].0);
             out.leave(ks, holder, one.iter().map(|p| p.1));
         }
         out.sweep(holder);
@@ -232,7 +232,7 @@ impl PlacementFeed {
         while s != NIL {
             let slot = &self.slots[s as usize];
             placed.push(crate::PlacedImage {
-                ks: self.keyspaces.seed(slot.ks),
+                ks: *self.keyspaces.key(slot.ks),
                 pos: slot.pos,
                 hash: slot.hash,
                 age_ms: now_ms.max(self.clock).saturating_sub(slot.time),
@@ -252,7 +252,7 @@ impl PlacementFeed {
             .len()
             .saturating_sub(self.capacity.min(u32::MAX as u64) as usize);
         for p in &image.placed[skip..] {
-            let ksi = self.keyspaces.intern(p.ks);
+            let ksi = self.keyspaces.intern(&p.ks);
             let s = self.slot_of(ksi, p.pos, p.hash);
             self.unlink(s);
             self.slots[s as usize].time = self.clock.saturating_sub(p.age_ms);
@@ -287,7 +287,7 @@ impl PlacementFeed {
         }
         self.free.push(s);
         self.len -= 1;
-        let ks = self.keyspaces.seed(slot.ks);
+        let ks = *self.keyspaces.key(slot.ks);
         self.keyspaces.release(slot.ks);
         out.remove(ks, Holder::new(worker, 0), &[slot.hash]);
         if self.map.len() < self.map.capacity() / 4 {

@@ -1,48 +1,66 @@
-//! Keyspace seeds as small indexes, counted by their users.
+//! Keys (keyspaces) as small indexes, counted by their users.
 //!
-//! Runs and placed blocks name their keyspace by a 4-byte index, not its 8-byte seed. A
-//! fleet that salts prompts per user or per request meets a stream of keyspaces, so an
-//! index whose last user went is given to the next new seed: the table holds at most as
-//! many keyspaces as were ever in use at once, and a lookup is one hash probe however
-//! many there are.
+//! Runs and placed blocks name their keyspace by a 4-byte index, not its 8-byte seed; the
+//! ingest's engine-hash map names it the same way. A fleet that salts prompts per user or
+//! per request meets a stream of keyspaces, so an index whose last user went is given to
+//! the next new key: the table holds at most as many keys as were ever in use at once,
+//! and a lookup is one hash probe however many there are.
 //!
-//! An index is only reused by [`Keyspaces::intern`] of a new seed, never while a caller
-//! still holds it: callers intern at the start of an operation and do not keep indexes
-//! between operations, so a count that drops to zero and rises again inside one (a run
-//! freed, then another allocated) is safe.
+//! An index is only reused by [`Interner::intern`] of a new key. A caller that keeps an
+//! index across operations without counting it as a user must not intern in between;
+//! a count that drops to zero and rises again inside one operation (a run freed, then
+//! another allocated) is safe.
+
+use std::hash::Hash;
 
 use crate::hashing::FastMap;
 
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Keyspaces {
-    slots: Vec<Slot>,
-    ids: FastMap<u64, u32>,
+#[derive(Debug, Clone)]
+pub struct Interner<K> {
+    slots: Vec<Slot<K>>,
+    ids: FastMap<K, u32>,
     /// Indexes whose users all went at some point, each listed once (`Slot::listed`); one
     /// that gained users since is skipped when popped.
     idle: Vec<u32>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    seed: u64,
+impl<K> Default for Interner<K> {
+    fn default() -> Self {
+        Interner {
+            slots: Vec::new(),
+            ids: FastMap::default(),
+            idle: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Slot<K> {
+    key: K,
     /// Users (runs, placed blocks).
     users: u32,
     listed: bool,
 }
 
-impl Keyspaces {
-    pub(crate) fn get(&self, seed: u64) -> Option<u32> {
-        self.ids.get(&seed).copied()
+impl<K: Hash + Eq + Clone> Interner<K> {
+    pub fn get(&self, key: &K) -> Option<u32> {
+        self.ids.get(key).copied()
     }
 
-    pub(crate) fn seed(&self, i: u32) -> u64 {
-        self.slots[i as usize].seed
+    /// The key of index `i` (which must have been interned).
+    pub fn key(&self, i: u32) -> &K {
+        &self.slots[i as usize].key
     }
 
-    /// The index of `seed`, given an unused one (or a new one) when it has none. An index
+    /// Every index's key, in index order (idle ones too).
+    pub fn keys(&self) -> impl Iterator<Item = &K> + '_ {
+        self.slots.iter().map(|s| &s.key)
+    }
+
+    /// The index of `key`, given an unused one (or a new one) when it has none. An index
     /// interned but never acquired is idle from the start, so it is reused too.
-    pub(crate) fn intern(&mut self, seed: u64) -> u32 {
-        if let Some(i) = self.get(seed) {
+    pub fn intern(&mut self, key: &K) -> u32 {
+        if let Some(i) = self.get(key) {
             return i;
         }
         let i = loop {
@@ -51,13 +69,14 @@ impl Keyspaces {
                     let slot = &mut self.slots[i as usize];
                     slot.listed = false;
                     if slot.users == 0 {
-                        self.ids.remove(&std::mem::replace(&mut slot.seed, seed));
+                        self.ids
+                            .remove(&std::mem::replace(&mut slot.key, key.clone()));
                         break i;
                     }
                 }
                 None => {
                     self.slots.push(Slot {
-                        seed,
+                        key: key.clone(),
                         users: 0,
                         listed: false,
                     });
@@ -65,16 +84,18 @@ impl Keyspaces {
                 }
             }
         };
-        self.ids.insert(seed, i);
+        self.ids.insert(key.clone(), i);
         self.list(i);
         i
     }
 
-    pub(crate) fn acquire(&mut self, i: u32) {
+    /// Counts one more user of index `i`.
+    pub fn acquire(&mut self, i: u32) {
         self.slots[i as usize].users += 1;
     }
 
-    pub(crate) fn release(&mut self, i: u32) {
+    /// Counts one user of index `i` less; at none it may be reused.
+    pub fn release(&mut self, i: u32) {
         let users = &mut self.slots[i as usize].users;
         *users -= 1;
         if *users == 0 {
@@ -89,8 +110,7 @@ impl Keyspaces {
     }
 
     /// Indexes allocated (in use or waiting to be reused).
-    #[cfg(test)]
-    pub(crate) fn slots(&self) -> usize {
+    pub fn slots(&self) -> usize {
         self.slots.len()
     }
 
@@ -104,7 +124,7 @@ impl Keyspaces {
                     slot.users
                 ));
             }
-            if slot.users > 0 && self.get(slot.seed) != Some(i as u32) {
+            if slot.users > 0 && self.get(&slot.key) != Some(i as u32) {
                 return Err(format!("keyspace {i} is in use but not looked up"));
             }
         }
@@ -118,49 +138,49 @@ mod tests {
 
     #[test]
     fn an_index_whose_users_went_is_given_to_the_next_new_seed() {
-        let mut k = Keyspaces::default();
-        let a = k.intern(10);
+        let mut k = Interner::<u64>::default();
+        let a = k.intern(&10);
         k.acquire(a);
-        let b = k.intern(20);
+        let b = k.intern(&20);
         k.acquire(b);
         assert_ne!(a, b);
         k.release(a);
         // Still known until a new seed needs its index.
-        assert_eq!(k.get(10), Some(a));
-        assert_eq!(k.intern(10), a);
-        let c = k.intern(30);
+        assert_eq!(k.get(&10), Some(a));
+        assert_eq!(k.intern(&10), a);
+        let c = k.intern(&30);
         assert_eq!(c, a, "the idle index is reused");
-        assert_eq!((k.get(10), k.get(30), k.seed(c)), (None, Some(c), 30));
+        assert_eq!((k.get(&10), k.get(&30), *k.key(c)), (None, Some(c), 30));
         assert_eq!(k.slots(), 2);
     }
 
     #[test]
     fn an_index_in_use_again_is_not_reused() {
-        let mut k = Keyspaces::default();
-        let a = k.intern(10);
+        let mut k = Interner::<u64>::default();
+        let a = k.intern(&10);
         k.acquire(a);
         k.release(a);
         k.acquire(a);
-        let b = k.intern(20);
+        let b = k.intern(&20);
         assert_ne!(a, b);
-        assert_eq!(k.get(10), Some(a));
+        assert_eq!(k.get(&10), Some(a));
         // Released twice over its life, listed once: one reuse, then a fresh index.
         k.release(a);
         k.acquire(a);
         k.release(a);
         k.acquire(b);
-        let c = k.intern(30);
+        let c = k.intern(&30);
         assert_eq!(c, a);
         k.acquire(c);
-        assert_eq!(k.intern(40), 2);
+        assert_eq!(k.intern(&40), 2);
     }
 
     #[test]
     fn a_stream_of_short_lived_keyspaces_uses_a_bounded_table() {
-        let mut k = Keyspaces::default();
+        let mut k = Interner::<u64>::default();
         let mut live = std::collections::VecDeque::new();
         for seed in 0..10_000u64 {
-            let i = k.intern(seed);
+            let i = k.intern(&seed);
             k.acquire(i);
             live.push_back(i);
             if live.len() > 8 {
