@@ -196,18 +196,67 @@ impl Names {
     }
 }
 
+/// One lane's names, per keyspace, the keyspaces found by seed (a worker salting each
+/// prompt has as many as it holds prompts).
+#[derive(Debug, Default)]
+struct LaneNames {
+    list: Vec<Names>,
+    at: FastMap<u64, u32>,
+}
+
+impl LaneNames {
+    fn index(&self, ks: u64) -> Option<usize> {
+        self.at.get(&ks).map(|&i| i as usize)
+    }
+
+    /// The names of keyspace `ks`, created when new.
+    fn of(&mut self, ks: u64) -> &mut Names {
+        let i = match self.index(ks) {
+            Some(i) => i,
+            None => {
+                self.at.insert(ks, self.list.len() as u32);
+                self.list.push(Names {
+                    ks,
+                    ..Default::default()
+                });
+                self.list.len() - 1
+            }
+        };
+        &mut self.list[i]
+    }
+
+    /// Forgets the keyspaces among `touched` (indexes, in any order, repeats allowed) that
+    /// name nothing any more, so the list only holds keyspaces with blocks.
+    fn forget_empty(&mut self, touched: &mut Vec<usize>) {
+        touched.sort_unstable_by(|a, b| b.cmp(a));
+        touched.dedup();
+        // Highest first: a swap_remove moves the last entry, already looked at, into `i`.
+        for &i in touched.iter() {
+            if self.list[i].is_empty() {
+                self.at.remove(&self.list[i].ks);
+                self.list.swap_remove(i);
+                if let Some(moved) = self.list.get(i) {
+                    self.at.insert(moved.ks, i as u32);
+                }
+            }
+        }
+        touched.clear();
+    }
+}
+
 /// Event-feed state of one worker: its sequence and, per lane and keyspace, its names.
 #[derive(Debug, Default)]
 pub struct EventFeed {
     seq: Sequencer,
-    lanes: Vec<Vec<Names>>,
+    lanes: Vec<LaneNames>,
     scratch: Vec<u64>,
+    touched: Vec<usize>,
 }
 
 impl EventFeed {
     pub fn new(lanes: usize) -> Self {
         EventFeed {
-            lanes: (0..lanes).map(|_| Vec::new()).collect(),
+            lanes: (0..lanes).map(|_| LaneNames::default()).collect(),
             ..Default::default()
         }
     }
@@ -218,7 +267,8 @@ impl EventFeed {
 
     /// Names tracked for removals, over all lanes.
     pub fn names(&mut self) -> usize {
-        self.lanes.iter_mut().flatten().map(Names::len).sum()
+        let lists = self.lanes.iter_mut().flat_map(|l| &mut l.list);
+        lists.map(Names::len).sum()
     }
 
     /// Heap bytes of the names' tables (for memory figures).
@@ -226,7 +276,7 @@ impl EventFeed {
         let recent = |n: &Names| n.recent.capacity() * std::mem::size_of::<(u64, u64)>();
         self.lanes
             .iter()
-            .flatten()
+            .flat_map(|l| &l.list)
             .map(|n| n.one.bytes() + recent(n))
             .sum()
     }
@@ -289,7 +339,7 @@ impl EventFeed {
     pub fn drop_all(&self, worker: WorkerId, out: &mut OpBatch) {
         for (lane, names) in self.lanes.iter().enumerate() {
             let holder = Holder::new(worker, lane as u8);
-            for n in names {
+            for n in &names.list {
                 out.leave(n.ks, holder, n.blocks());
             }
             out.sweep(holder);
@@ -298,17 +348,7 @@ impl EventFeed {
 
     /// The names of `lane` in keyspace `ks`, created when new.
     fn names_in(&mut self, lane: u8, ks: u64) -> &mut Names {
-        let names = &mut self.lanes[lane as usize];
-        match names.iter().position(|n| n.ks == ks) {
-            Some(i) => &mut names[i],
-            None => {
-                names.push(Names {
-                    ks,
-                    ..Default::default()
-                });
-                names.last_mut().expect("just pushed")
-            }
-        }
+        self.lanes[lane as usize].of(ks)
     }
 
     /// Why `event` would be refused; for a store, its lane's engine block (keyspace blocks).
@@ -403,31 +443,33 @@ impl EventFeed {
                 let names = &mut self.lanes[lane as usize];
                 // The batch's own keyspace first: an engine's removals come grouped by
                 // keyspace, so a lane with many (LoRAs, salts) costs one lookup a name.
-                if let Some(i) = names.iter().position(|n| n.ks == ks) {
-                    names[..=i].rotate_right(1);
-                }
-                if let Some(own) = names.first_mut() {
-                    own.settle();
+                // A name it lacks is looked for in the lane's other keyspaces.
+                let own = names.index(ks);
+                if let Some(i) = own {
+                    names.list[i].settle();
                     for &h in hashes {
-                        own.one.prefetch(fmix(h));
+                        names.list[i].one.prefetch(fmix(h));
                     }
                 }
                 for &h in hashes {
-                    let found = names.iter_mut().find_map(|n| {
-                        gone.clear();
-                        n.take(h, &mut gone).then_some(n.ks)
-                    });
+                    gone.clear();
+                    let found = own
+                        .filter(|&i| names.list[i].take(h, &mut gone))
+                        .or_else(|| {
+                            (0..names.list.len())
+                                .filter(|&i| Some(i) != own)
+                                .find(|&i| names.list[i].take(h, &mut gone))
+                        });
                     match found {
-                        Some(ks) => {
-                            out.remove(ks, holder, &gone);
+                        Some(i) => {
+                            out.remove(names.list[i].ks, holder, &gone);
                             report.block_events += gone.len() as u64;
+                            self.touched.push(i);
                         }
                         None => report.unknown_removals += 1,
                     }
                 }
-                // A keyspace whose last name went is forgotten: the lane's list only
-                // holds keyspaces with blocks.
-                names.retain(|n| !n.is_empty());
+                names.forget_empty(&mut self.touched);
                 gone.clear();
                 self.scratch = gone;
             }
@@ -447,7 +489,7 @@ impl EventFeed {
     pub fn export(&self) -> crate::EventFeedImage {
         let mut names = Vec::new();
         for (lane, per_ks) in self.lanes.iter().enumerate() {
-            for n in per_ks {
+            for n in &per_ks.list {
                 let image = |name: u64, chain: Vec<u64>| crate::NameImage {
                     lane: lane as u8,
                     name,
@@ -576,7 +618,7 @@ mod tests {
             let events = [stored(0, 0, vec![ks * 10, ks * 10 + 1], vec![ks, ks + 100])];
             f.apply(4, seq, ks, &[1], &events, &mut out);
         }
-        assert_eq!(f.lanes[0].len(), 3);
+        assert_eq!(f.lanes[0].list.len(), 3);
         // Batch keyspace 72 removing a name of keyspace 70, one of 72 and an unknown one.
         out.clear();
         let gone = [Event::Removed {
@@ -600,10 +642,67 @@ mod tests {
             hashes: vec![71, 171],
         }];
         f.apply(4, 4, 70, &[1], &gone, &mut out);
-        let mut left: Vec<u64> = f.lanes[0].iter().map(|n| n.ks).collect();
+        let mut left: Vec<u64> = f.lanes[0].list.iter().map(|n| n.ks).collect();
         left.sort_unstable();
         assert_eq!(left, vec![70, 72]);
+        let found: Vec<Option<usize>> = [70, 71, 72].map(|ks| f.lanes[0].index(ks)).into();
+        let at_70 = f.lanes[0].list.iter().position(|n| n.ks == 70);
+        let at_72 = f.lanes[0].list.iter().position(|n| n.ks == 72);
+        assert_eq!(
+            found,
+            vec![at_70, None, at_72],
+            "the seed map follows the list"
+        );
         assert_eq!(f.names(), 2);
+    }
+
+    #[test]
+    fn a_lane_finds_each_of_many_keyspaces_by_seed_as_they_empty_in_any_order() {
+        let mut f = EventFeed::new(1);
+        let mut out = OpBatch::new();
+        let mut seq = 0;
+        // A salt per prompt: 40 keyspaces of two names each on one lane.
+        for ks in 100..140u64 {
+            let events = [stored(
+                0,
+                0,
+                vec![ks * 10, ks * 10 + 1],
+                vec![ks, ks + 1000],
+            )];
+            f.apply(4, seq, ks, &[1], &events, &mut out);
+            seq += 1;
+        }
+        let mut held: Vec<u64> = (100..140).collect();
+        // Names removed in a scrambled order, some filed under another keyspace, two or
+        // three keyspaces emptied by one batch.
+        let mut order: Vec<u64> = held.iter().flat_map(|&ks| [ks, ks + 1000]).collect();
+        order.sort_by_key(|&n| n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        for names in order.chunks(5) {
+            out.clear();
+            let gone = [Event::Removed {
+                lane: 0,
+                hashes: names.to_vec(),
+            }];
+            let r = f.apply(4, seq, names[0] % 1000, &[1], &gone, &mut out);
+            seq += 1;
+            assert_eq!(
+                (r.block_events, r.unknown_removals),
+                (names.len() as u64, 0)
+            );
+            let lane = &f.lanes[0];
+            held.retain(|ks| lane.list.iter().any(|n| n.ks == *ks));
+            assert_eq!(
+                lane.list.len(),
+                held.len(),
+                "only keyspaces with names stay"
+            );
+            assert_eq!(lane.at.len(), held.len());
+            for (i, n) in lane.list.iter().enumerate() {
+                assert!(!n.is_empty());
+                assert_eq!(lane.index(n.ks), Some(i), "keyspace {} is found", n.ks);
+            }
+        }
+        assert_eq!((f.names(), f.lanes[0].list.len()), (0, 0));
     }
 
     /// Applies `events` as batch `seq` of worker 4 (one lane of one-block engine blocks);
