@@ -13,6 +13,8 @@ pub struct Kvix {
     pub engine: Engine,
     seqs: Vec<u64>,
     answer: Answer,
+    /// The longest single event's apply so far: an executor answers no query meanwhile.
+    pub longest: Duration,
 }
 
 /// Events converted ahead of time (not timed), with their worker.
@@ -35,6 +37,7 @@ impl Kvix {
             engine,
             seqs: vec![0; workers as usize],
             answer: Answer::default(),
+            longest: Duration::ZERO,
         }
     }
 
@@ -43,9 +46,11 @@ impl Kvix {
         let t = Instant::now();
         for (w, e) in events {
             let seq = &mut self.seqs[*w as usize];
+            let one = Instant::now();
             self.engine
                 .apply(*w, *seq, KS, std::slice::from_ref(e))
                 .expect("events of the workload apply");
+            self.longest = self.longest.max(one.elapsed());
             *seq += 1;
         }
         t.elapsed()
