@@ -53,6 +53,11 @@ impl Core {
         &self.index
     }
 
+    /// Makes room for `blocks` more blocks in the index at once.
+    pub fn reserve(&mut self, blocks: usize) {
+        self.index.reserve(blocks);
+    }
+
     /// Whether this core keeps `worker`'s feed.
     pub fn is_home(&self, worker: WorkerId) -> bool {
         matches!(self.feeds.get(worker as usize), Some(Some(_)))
@@ -368,6 +373,8 @@ impl Core {
                 f.import(img, now_ms);
             }
         }
+        self.index
+            .reserve(runs.iter().map(|r| r.hashes.len()).sum());
         for run in runs {
             // A holder is restored only on a lane its active worker has: one past the
             // roster (a damaged image) would be held where no sweep reaches it.

@@ -61,6 +61,11 @@ impl Engine {
         self.core.index()
     }
 
+    /// Makes room for `blocks` more blocks at once.
+    pub fn reserve(&mut self, blocks: usize) {
+        self.core.reserve(blocks);
+    }
+
     /// Registers (or re-registers) a worker. A changed roster or feed drops the worker's
     /// blocks and feed state; the same one changes nothing.
     pub fn announce(

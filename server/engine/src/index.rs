@@ -24,8 +24,7 @@ use crate::error::IndexError;
 use crate::hashing::{block_hash, FastMap};
 use crate::interner::Interner;
 use crate::sets::{SetId, SetPool};
-use crate::split_table::{Rehash, SplitTable};
-use crate::table::prefetch;
+use crate::table::Table;
 use crate::Holder;
 use kvix_wire::WorkerId;
 
@@ -79,29 +78,6 @@ struct Slot {
 // SAFETY: two integers.
 unsafe impl crate::table::Zeroable for Slot {}
 
-/// The table hash of the block a slot names (its run holds the chain hash).
-struct SlotHash<'a>(&'a [Node]);
-
-impl Rehash<Slot> for SlotHash<'_> {
-    fn hash(&self, s: &Slot) -> u64 {
-        let n = &self.0[s.run as usize];
-        block_hash(n.ksi() as u64, n.hashes[(s.pos - n.start) as usize])
-    }
-
-    fn far(&self, s: &Slot) {
-        prefetch(self.0.as_ptr().wrapping_add(s.run as usize));
-    }
-
-    fn near(&self, s: &Slot) {
-        let n = &self.0[s.run as usize];
-        prefetch(
-            n.hashes
-                .as_ptr()
-                .wrapping_add(s.pos.wrapping_sub(n.start) as usize),
-        );
-    }
-}
-
 fn slot_is(nodes: &[Node], s: &Slot, ks: u32, pos: u32, hash: u64) -> bool {
     s.pos == pos && {
         let n = &nodes[s.run as usize];
@@ -114,7 +90,7 @@ fn slot_is(nodes: &[Node], s: &Slot, ks: u32, pos: u32, hash: u64) -> bool {
 pub struct BlockIndex {
     nodes: Vec<Node>,
     free: Vec<u32>,
-    table: SplitTable<Slot>,
+    table: Table<Slot>,
     sets: SetPool,
     keyspaces: Interner<u64>,
     memberships: u64,
@@ -133,6 +109,12 @@ struct Held {
 impl BlockIndex {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Makes room for `blocks` more blocks at once (a restore knows how many are coming),
+    /// instead of growing the block table step by step.
+    pub fn reserve(&mut self, blocks: usize) {
+        self.reserve_slots(blocks);
     }
 
     /// Distinct blocks held.
@@ -493,6 +475,7 @@ impl BlockIndex {
             self.alloc(node)
         };
         grow(&mut self.node_mut(dest).hashes, chain.len());
+        self.reserve_slots(chain.len());
         self.prefetch(ks, chain);
         let mut k = 0;
         while k < chain.len() {
@@ -505,7 +488,6 @@ impl BlockIndex {
                     block_hash(ks as u64, hash),
                     |s| slot_is(nodes, s, ks, p, hash),
                     slot,
-                    SlotHash(nodes),
                 )
                 .is_some()
             {
@@ -693,11 +675,9 @@ impl BlockIndex {
         let node = &self.nodes[n as usize];
         for pos in a..b {
             let h = node.hashes[(pos - node.start) as usize];
-            self.table.remove(
-                block_hash(node.ksi() as u64, h),
-                |s| s.run == n && s.pos == pos,
-                SlotHash(&self.nodes),
-            );
+            self.table.remove(block_hash(node.ksi() as u64, h), |s| {
+                s.run == n && s.pos == pos
+            });
         }
     }
 
@@ -812,6 +792,7 @@ impl BlockIndex {
         self.sets.release(set);
         self.node_mut(m).hashes = SmallVec::new();
         self.free_node(m);
+        self.maybe_shrink_table();
     }
 
     /// Returns run `id` (already emptied) to the free list.
@@ -832,6 +813,39 @@ impl BlockIndex {
                 (self.nodes.len() - 1) as u32
             }
         }
+    }
+
+    /// Makes room for `more` slots. A table that must grow is rebuilt by walking the runs
+    /// in order: a slot's hash lives in its run, and reading runs front to back is far
+    /// cheaper than the random run lookups of rehashing the old table slot by slot.
+    fn reserve_slots(&mut self, more: usize) {
+        if !self.table.fits(more) {
+            let cap = crate::table::grown(self.table.len() + more, self.table.capacity());
+            self.rebuild_table(cap);
+        }
+    }
+
+    /// Gives memory back once the table is mostly empty (amortized: it halves at most).
+    fn maybe_shrink_table(&mut self) {
+        let (len, cap) = (self.table.len(), self.table.capacity());
+        if cap > 64 && len < cap / 4 {
+            self.rebuild_table(len * 2);
+        }
+    }
+
+    fn rebuild_table(&mut self, capacity: usize) {
+        let mut table = Table::with_capacity(capacity);
+        let live = self.nodes.iter().enumerate().filter(|(_, n)| n.set != NIL);
+        table.extend(live.flat_map(|(n, node)| {
+            node.hashes.iter().enumerate().map(move |(i, &h)| {
+                let slot = Slot {
+                    run: n as u32,
+                    pos: node.start + i as u32,
+                };
+                (block_hash(node.ksi() as u64, h), slot)
+            })
+        }));
+        self.table = table;
     }
 
     /// Every live run, for a snapshot; [`BlockIndex::import`] rebuilds the same index.

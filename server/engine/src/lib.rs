@@ -26,7 +26,6 @@ pub mod query;
 pub mod roster;
 pub mod score;
 mod sets;
-mod split_table;
 mod table;
 
 pub use crate::core::Core;
@@ -46,8 +45,6 @@ pub use ops::{Cursor, Op, OpBatch, RosterChange, Update};
 pub use query::Ranker;
 pub use roster::{AnnounceOutcome, Class, Registry, Roster, WorkerEntry};
 pub use score::{Rule, Rules};
-#[doc(hidden)]
-pub use split_table::split_leaves_early;
 
 use kvix_wire::{ChunkKind, Keyspace, WorkerId};
 

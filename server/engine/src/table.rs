@@ -26,10 +26,8 @@ const GROUP: usize = 16;
 const LOAD_NUM: usize = 7;
 const LOAD_DEN: usize = 8;
 
-/// Bits 32..39 of the hash: a leaf of a [`crate::split_table::SplitTable`] shares its
-/// top bits, a bucket's home is its low bits.
 fn tag_of(hash: u64) -> u8 {
-    (hash >> 32) as u8 | 0x80
+    (hash >> 57) as u8 | 0x80
 }
 
 /// Values whose all-zero bytes are a valid value: a new table's buckets are zeroed memory
@@ -357,9 +355,8 @@ fn free_mask(group: &[u8]) -> u32 {
     }
 }
 
-/// Starts loading the line at `p` (a hint; never faults).
 #[inline]
-pub(crate) fn prefetch<T>(p: *const T) {
+fn prefetch<T>(p: *const T) {
     #[cfg(all(target_arch = "x86_64", not(feature = "no-prefetch")))]
     // SAFETY: prefetching is a hint; it never faults, whatever the address.
     unsafe {

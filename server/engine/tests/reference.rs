@@ -937,8 +937,6 @@ proptest! {
 
     #[test]
     fn engine_and_fleets_match_reference(pool in pool(), opening in opening(), ops in prop::collection::vec(op(), 1..80)) {
-        // Block-table leaves split at 32 buckets: a few dozen blocks split them.
-        kvix_engine::split_leaves_early();
         let mut h = Harness::new(pool);
         for op in opening.into_iter().chain(ops) {
             h.run(op);
