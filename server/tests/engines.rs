@@ -128,6 +128,25 @@ fn await_metric(server: &Server, name: &str, at_least: u64) -> u64 {
     panic!("{name} never reached {at_least}");
 }
 
+/// Publishes the event `event()` until `chain` scores (bounded): without a replay
+/// endpoint, what an engine publishes before the subscription joins is lost.
+fn publish_until_seen(
+    c: &mut Conn,
+    publisher: &mut Publisher,
+    ks: &Keyspace,
+    chain: &[u64],
+    event: impl Fn() -> Value,
+    what: &str,
+) {
+    let mut sent = 0;
+    while c.query(ks, chain).scores.is_empty() {
+        assert!(sent < 600, "{what} stores never arrived");
+        publisher.publish(vec![event()]);
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn full() -> Vec<Lane> {
     vec![Lane::full(16)]
 }
@@ -652,27 +671,17 @@ fn an_engine_announced_at_a_new_endpoint_without_replay_drops_the_old_process_bl
     let (p1, p2) = (chain(&base, 1, 6), chain(&base, 2, 6));
     // Without replay a batch published before the subscription joined is lost: publish
     // until one is seen, then two more (seq 0..=2 at least).
-    let mut sent = 0;
-    while c.query(&base, &p1).scores.is_empty() {
-        assert!(sent < 600, "the old engine's stores never arrived");
-        old.publish(vec![rel.blocks(1, 0, 6, 1)]);
-        sent += 1;
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    old.publish(vec![rel.blocks(1, 0, 6, 1)]);
-    old.publish(vec![rel.blocks(1, 0, 6, 1)]);
+    let old_blocks = || rel.blocks(1, 0, 6, 1);
+    publish_until_seen(&mut c, &mut old, &base, &p1, old_blocks, "the old engine's");
+    old.publish(vec![old_blocks()]);
+    old.publish(vec![old_blocks()]);
     expect(&mut c, &base, &p1, &[(w, 6)], "the old engine's blocks");
     let (new_ports, mut new) = Ports::start_one(rel.0);
     let again = c.announce_source("e", full(), src(&new_ports)).unwrap();
     assert_eq!(again.worker, w);
     old.stop();
-    let mut sent = 0;
-    while c.query(&base, &p2).scores.is_empty() {
-        assert!(sent < 600, "the new engine's stores never arrived");
-        new.publish(vec![rel.blocks(2, 0, 2, 1)]);
-        sent += 1;
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let new_blocks = || rel.blocks(2, 0, 2, 1);
+    publish_until_seen(&mut c, &mut new, &base, &p2, new_blocks, "the new engine's");
     expect(&mut c, &base, &p2, &[(w, 2)], "the new engine's blocks");
     expect(
         &mut c,
