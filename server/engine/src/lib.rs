@@ -39,6 +39,8 @@ pub use image::{
     EngineImage, EventFeedImage, FeedImage, NameImage, PlacedImage, PlacementFeedImage, RunImage,
     WorkerImage,
 };
+#[doc(hidden)]
+pub use index::slow_rebuilds;
 pub use index::BlockIndex;
 pub use interner::Interner;
 pub use ops::{Cursor, Op, OpBatch, RosterChange, Update};

@@ -63,14 +63,7 @@ impl<V: Zeroable> Default for Table<V> {
 impl<V: Zeroable> Table<V> {
     /// A table that holds `capacity` values before it must grow.
     pub(crate) fn with_capacity(capacity: usize) -> Self {
-        let buckets = if capacity == 0 {
-            0
-        } else {
-            (capacity * LOAD_DEN)
-                .div_ceil(LOAD_NUM)
-                .next_power_of_two()
-                .max(GROUP)
-        };
+        let buckets = Self::buckets_for(capacity);
         // SAFETY: `V: Zeroable`.
         let vals = unsafe { Box::<[V]>::new_zeroed_slice(buckets).assume_init() };
         Table {
@@ -82,8 +75,25 @@ impl<V: Zeroable> Table<V> {
         }
     }
 
+    /// Buckets a table of `capacity` values has.
+    fn buckets_for(capacity: usize) -> usize {
+        if capacity == 0 {
+            0
+        } else {
+            (capacity * LOAD_DEN)
+                .div_ceil(LOAD_NUM)
+                .next_power_of_two()
+                .max(GROUP)
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Buckets left as tombstones by removals.
+    pub(crate) fn deleted(&self) -> usize {
+        self.deleted
     }
 
     /// Values it holds before it must grow.
@@ -314,6 +324,57 @@ pub(crate) fn grown(need: usize, capacity: usize) -> usize {
     }
 }
 
+/// A table's memory, made ready a slice at a time: zeroing a large table at once (and
+/// the page faults of fresh memory) held its caller for milliseconds.
+pub(crate) struct Unbuilt<V> {
+    tags: Box<[std::mem::MaybeUninit<u8>]>,
+    vals: Box<[std::mem::MaybeUninit<V>]>,
+    /// Buckets whose tag and value are zeroed.
+    ready: usize,
+}
+
+impl<V: Zeroable> Unbuilt<V> {
+    /// The memory of a table that holds `capacity` values, not yet zeroed.
+    pub(crate) fn new(capacity: usize) -> Self {
+        let buckets = Table::<V>::buckets_for(capacity);
+        Unbuilt {
+            tags: Box::new_uninit_slice(buckets),
+            vals: Box::new_uninit_slice(buckets),
+            ready: 0,
+        }
+    }
+
+    /// Zeroes about `bytes` more (at least one bucket); true once all are.
+    pub(crate) fn prepare(&mut self, bytes: usize) -> bool {
+        let per = 1 + std::mem::size_of::<V>();
+        let end = self.ready.saturating_add(bytes.div_ceil(per).max(1));
+        let end = end.min(self.tags.len());
+        self.tags[self.ready..end].fill(std::mem::MaybeUninit::new(EMPTY));
+        self.vals[self.ready..end].fill(std::mem::MaybeUninit::zeroed());
+        self.ready = end;
+        end == self.tags.len()
+    }
+
+    /// The empty table, once [`Unbuilt::prepare`] has zeroed it all.
+    pub(crate) fn build(self) -> Table<V> {
+        assert_eq!(
+            self.ready,
+            self.tags.len(),
+            "a table built before it was zeroed"
+        );
+        let buckets = self.tags.len();
+        // SAFETY: every bucket's tag and value was written (zeroes; `V: Zeroable`).
+        let (tags, vals) = unsafe { (self.tags.assume_init(), self.vals.assume_init()) };
+        Table {
+            tags,
+            vals,
+            mask: buckets.wrapping_sub(1),
+            len: 0,
+            deleted: 0,
+        }
+    }
+}
+
 /// Of a group's 16 tags: which equal `tag`, and which are empty (bit i: tag i).
 #[inline]
 fn masks(group: &[u8], tag: u8) -> (u32, u32) {
@@ -374,6 +435,27 @@ mod tests {
 
     use super::*;
     use crate::hashing::fmix;
+
+    #[test]
+    fn a_table_zeroed_a_slice_at_a_time_is_an_empty_table() {
+        let mut u = Unbuilt::<u64>::new(1000);
+        let mut slices = 0;
+        while !u.prepare(100) {
+            slices += 1;
+        }
+        // 2,048 buckets of 9 bytes, 100 bytes (12 buckets) a slice.
+        assert_eq!(slices, 2048usize.div_ceil(12) - 1);
+        let mut t = u.build();
+        assert_eq!((t.len(), t.capacity(), t.iter().count()), (0, 1792, 0));
+        for k in 0..1792u64 {
+            t.insert_new(k.wrapping_mul(0x9e37_79b9_7f4a_7c15), k);
+        }
+        assert_eq!(t.iter().count(), 1792);
+        assert_eq!(
+            t.find(7u64.wrapping_mul(0x9e37_79b9_7f4a_7c15), |&v| v == 7),
+            Some(&7)
+        );
+    }
 
     #[test]
     fn capacity_doubles_when_full() {

@@ -937,6 +937,8 @@ proptest! {
 
     #[test]
     fn engine_and_fleets_match_reference(pool in pool(), opening in opening(), ops in prop::collection::vec(op(), 1..80)) {
+        // Block-table rebuilds under way across many writes (a few dozen blocks here).
+        kvix_engine::slow_rebuilds();
         let mut h = Harness::new(pool);
         for op in opening.into_iter().chain(ops) {
             h.run(op);
