@@ -283,9 +283,14 @@ impl<V: Zeroable> Table<V> {
 
     /// Gives memory back once the table is mostly empty (it halves at most).
     pub(crate) fn shrink(&mut self, hash_of: impl Fn(&V) -> u64) {
-        if self.capacity() > 64 && self.len < self.capacity() / 4 {
-            self.rebuild(self.len * 2, hash_of);
+        if let Some(capacity) = self.shrunk() {
+            self.rebuild(capacity, hash_of);
         }
+    }
+
+    /// The capacity to rebuild at once the table is mostly empty (it halves at most).
+    pub(crate) fn shrunk(&self) -> Option<usize> {
+        (self.capacity() > 64 && self.len < self.capacity() / 4).then_some(self.len * 2)
     }
 
     fn rebuild(&mut self, capacity: usize, hash_of: impl Fn(&V) -> u64) {

@@ -802,14 +802,12 @@ mod tests {
         lora.lora_name = Some("ad".into());
         let mut by_id = st(&[9], None, 0..32);
         by_id.lora_id = Some(3);
-        let mut salted = st(&[30], None, 0..32);
-        salted.cache_salt = Some("tenant".into());
         let (out, c) = run(
             &mut t,
             vec![
                 EngineEvent::Stored(lora),
                 EngineEvent::Stored(by_id),
-                EngineEvent::Stored(salted),
+                salted(30, "tenant"),
                 EngineEvent::Stored(st(&[31], Some(30), 32..64)),
             ],
         );
@@ -832,14 +830,7 @@ mod tests {
             ]
         );
         // One removal naming blocks of three keyspaces: each run filed under its own.
-        let (out, c) = run(
-            &mut t,
-            vec![EngineEvent::Removed(Removed {
-                block_hashes: vec![30, 31, 8, 99, 9],
-                medium: Medium::Gpu,
-                group_idx: 0,
-            })],
-        );
+        let (out, c) = run(&mut t, vec![gone(&[30, 31, 8, 99, 9])]);
         assert_eq!(c.unknown_removals, 1);
         let filed: Vec<(String, Vec<Event>)> = out
             .iter()
@@ -934,16 +925,9 @@ mod tests {
         );
         assert_eq!(stored_of(&out), vec![(0, want.clone(), vec![1, 2])]);
         // Removing a page that completed nothing names nothing; its completing page does.
-        let rm = |h| {
-            EngineEvent::Removed(Removed {
-                block_hashes: vec![h],
-                medium: Medium::Gpu,
-                group_idx: 0,
-            })
-        };
-        let (out, _) = run(&mut t, vec![rm(4), rm(3)]);
+        let (out, _) = run(&mut t, vec![gone(&[4]), gone(&[3])]);
         assert!(out.is_empty());
-        let (out, _) = run(&mut t, vec![rm(2)]);
+        let (out, _) = run(&mut t, vec![gone(&[2])]);
         assert_eq!(
             out[0].events,
             vec![Event::Removed {

@@ -50,12 +50,12 @@ struct Rebuild {
 }
 
 impl Rebuild {
-    /// Puts a slot of a walked run in the new table; when it has no room left (writes
-    /// during the walk outgrew it) the rebuild is dropped, to start over later.
+    /// Puts a slot in the new table if its run has been walked; when it has no room left
+    /// (writes during the walk outgrew it) the rebuild is dropped, to start over later.
     fn add(rebuild: &mut Option<Rebuild>, hash: u64, slot: Slot) {
-        if let Some(r) = rebuild {
-            if r.table.fits(1) {
-                r.table.insert_new(hash, slot);
+        if let Some(t) = Rebuild::walked(rebuild, slot.run) {
+            if t.fits(1) {
+                t.insert_new(hash, slot);
             } else {
                 *rebuild = None;
             }
@@ -90,9 +90,7 @@ impl BlockTable {
         if self.table.insert_absent(hash, eq, slot).is_some() {
             return true;
         }
-        if Rebuild::walked(&mut self.rebuild, slot.run).is_some() {
-            Rebuild::add(&mut self.rebuild, hash, slot);
-        }
+        Rebuild::add(&mut self.rebuild, hash, slot);
         false
     }
 
@@ -157,9 +155,8 @@ impl BlockTable {
     /// After removals: a table left a quarter full is rebuilt at half its size.
     pub(super) fn after_removals(&mut self, nodes: &[Node], removed: usize) {
         self.step(nodes, removed.max(1) * STEP.load(Relaxed));
-        let (len, cap) = (self.table.len(), self.table.capacity());
-        if self.rebuild.is_none() && cap > 64 && len < cap / 4 {
-            self.start(len * 2);
+        if let (None, Some(capacity)) = (&self.rebuild, self.table.shrunk()) {
+            self.start(capacity);
         }
     }
 
