@@ -147,10 +147,10 @@ impl Dynamo {
                                 .collect(),
                         })
                     }
-                    Ev::Remove { hashes, .. } => KvCacheEventData::Removed(KvCacheRemoveData {
-                        block_hashes: hashes
+                    Ev::Remove { blocks, .. } => KvCacheEventData::Removed(KvCacheRemoveData {
+                        block_hashes: blocks
                             .iter()
-                            .map(|&h| ExternalSequenceBlockHash(h))
+                            .map(|b| ExternalSequenceBlockHash(b.engine))
                             .collect(),
                     }),
                     Ev::Clear { .. } => KvCacheEventData::Cleared,

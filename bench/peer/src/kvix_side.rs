@@ -20,8 +20,13 @@ pub struct Kvix {
 /// Events converted ahead of time (not timed), with their worker.
 pub type Prepared = Vec<(u32, Event)>;
 
-pub fn prepare(events: &[Ev]) -> Prepared {
-    events.iter().map(|e| (e.worker(), e.to_kvix())).collect()
+/// The events as the server's ingest hands them to the engine or, `named`, as a client
+/// naming blocks by engine hash sends them ([`Ev::to_kvix`]).
+pub fn prepare(events: &[Ev], named: bool) -> Prepared {
+    events
+        .iter()
+        .map(|e| (e.worker(), e.to_kvix(named)))
+        .collect()
 }
 
 impl Kvix {

@@ -65,7 +65,12 @@ fn args() -> Result<Args, String> {
                     .ok_or("--rounds takes a positive number of loads per side")?
             }
             "--no-trace" => a.trace = None,
-            "--only" => a.only = Some(it.next().ok_or("--only takes kvix or dynamo")?),
+            "--only" => {
+                a.only = Some(
+                    it.next()
+                        .ok_or("--only takes kvix, kvix-named, index or dynamo")?,
+                )
+            }
             "--trace" => a.trace = Some(it.next().ok_or("--trace takes a path")?.into()),
             "-h" | "--help" => {
                 println!(
@@ -76,7 +81,9 @@ fn args() -> Result<Args, String> {
                                     the median time is reported (default 3)\n\
                      --trace PATH   the Mooncake trace (default: shared/data/mooncake_synthetic_trace.jsonl)\n\
                      --no-trace     skip the trace workload\n\
-                     --only SIDE    only load the 32-block fleet into kvix or dynamo (for a profiler)"
+                     --only SIDE    only load the 32-block fleet into one side, three times (for a\n\
+                                    profiler): kvix (events as the ingest sends them), kvix-named\n\
+                                    (blocks named by engine hash), index (the bare index) or dynamo"
                 );
                 std::process::exit(0);
             }
@@ -95,6 +102,8 @@ struct Pair {
     stored: u64,
     /// Median load time over the rounds: kvix, Dynamo.
     load: (Duration, Duration),
+    /// Median load time of kvix fed engine hashes (a client's feed, not the ingest's).
+    named: Duration,
     /// Per round, Dynamo's load time over kvix's: both sides timed back to back, so a
     /// slow spell of the machine weighs on both alike.
     paired: Vec<f64>,
@@ -102,8 +111,8 @@ struct Pair {
     memory: (usize, usize, usize),
 }
 
-fn load_kvix(w: &Workload) -> (Kvix, Duration, usize) {
-    let prepared = kvix_side::prepare(&w.load);
+fn load_kvix(w: &Workload, named: bool) -> (Kvix, Duration, usize) {
+    let prepared = kvix_side::prepare(&w.load, named);
     let before = counting::live();
     let mut kvix = Kvix::new(w.workers);
     let t = kvix.apply(&prepared);
@@ -133,16 +142,17 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// the kernel faulting fresh pages in).
 fn load(w: &Workload, rounds: usize) -> Pair {
     let stored: u64 = w.load.iter().map(|e| e.blocks()).sum();
-    let (mut kt, mut dt) = (Vec::new(), Vec::new());
+    let (mut kt, mut dt, mut nt) = (Vec::new(), Vec::new(), Vec::new());
     let mut first = None;
     for r in 0..rounds {
         let (k, d) = if r % 2 == 0 {
-            let k = load_kvix(w);
+            let k = load_kvix(w, false);
             (k, load_dynamo(w))
         } else {
             let d = load_dynamo(w);
-            (load_kvix(w), d)
+            (load_kvix(w, false), d)
         };
+        nt.push(load_kvix(w, true).1);
         kt.push(k.1);
         dt.push(d.1);
         if first.is_none() {
@@ -165,6 +175,7 @@ fn load(w: &Workload, rounds: usize) -> Pair {
             .map(|(k, d)| d.as_secs_f64() / k.as_secs_f64())
             .collect(),
         load: (median(kt), median(dt)),
+        named: median(nt),
         memory: (kvix_bytes, index_bytes, dynamo_bytes),
     }
 }
@@ -269,6 +280,12 @@ fn report_load(p: &Pair) {
         d.as_secs_f64() / k.as_secs_f64()
     );
     println!(
+        "| the same, kvix fed engine hashes (a client's feed; the ingest sends chain hashes) | {:.2} | {:.2} | {:.2}x faster |",
+        rate(p.stored, p.named),
+        rate(p.stored, d),
+        d.as_secs_f64() / p.named.as_secs_f64()
+    );
+    println!(
         "| longest apply of one event, ms (kvix; an executor answers nothing meanwhile) | {:.2} | | |",
         p.kvix.longest.as_secs_f64() * 1e3
     );
@@ -354,9 +371,9 @@ fn main() {
         };
         for _ in 0..3 {
             let t = match side.as_str() {
-                "kvix" => {
+                "kvix" | "kvix-named" => {
                     let mut k = Kvix::new(w.workers);
-                    let t = k.apply(&kvix_side::prepare(&w.load));
+                    let t = k.apply(&kvix_side::prepare(&w.load, side == "kvix-named"));
                     println!("kvix: longest apply of one event {:?}", k.longest);
                     t
                 }
@@ -365,10 +382,16 @@ fn main() {
                     kvix_side::index_only(&w, counting::live);
                     t.elapsed()
                 }
-                _ => {
+                "dynamo" => {
                     let mut d = Dynamo::new();
                     let p = d.prepare(&w.load);
                     d.apply(p)
+                }
+                other => {
+                    eprintln!(
+                        "kvix-peer-bench: --only {other:?}: kvix, kvix-named, index or dynamo"
+                    );
+                    std::process::exit(2);
                 }
             };
             println!(
@@ -415,7 +438,7 @@ fn main() {
             );
         }
         for (w, p) in [(&wa, &mut pa), (&wb, &mut pb)] {
-            let prepared = kvix_side::prepare(&w.removals);
+            let prepared = kvix_side::prepare(&w.removals, false);
             let k = p.kvix.apply(&prepared);
             let removals = p.dynamo.prepare(&w.removals);
             let d = p.dynamo.apply(removals);

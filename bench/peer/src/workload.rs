@@ -33,10 +33,10 @@ pub enum Ev {
         parent: Option<Block>,
         blocks: Vec<Block>,
     },
-    /// Blocks named by engine hash.
+    /// Blocks evicted (Dynamo and an engine-named kvix feed name them by engine hash).
     Remove {
         worker: u32,
-        hashes: Vec<u64>,
+        blocks: Vec<Block>,
     },
     Clear {
         worker: u32,
@@ -53,13 +53,16 @@ impl Ev {
     pub fn blocks(&self) -> u64 {
         match self {
             Ev::Store { blocks, .. } => blocks.len() as u64,
-            Ev::Remove { hashes, .. } => hashes.len() as u64,
+            Ev::Remove { blocks, .. } => blocks.len() as u64,
             Ev::Clear { .. } => 0,
         }
     }
 
-    /// The event as kvix's wire event (lane 0).
-    pub fn to_kvix(&self) -> Event {
+    /// The event as kvix's wire event (lane 0): as the server's ingest sends it (stores
+    /// without engine hashes, removals by chain hash: the ingest's translator maps engine
+    /// hashes), or, `named`, as a client that names blocks by engine hash sends it.
+    pub fn to_kvix(&self, named: bool) -> Event {
+        let name = |b: &Block| if named { b.engine } else { b.chain };
         match self {
             Ev::Store {
                 start,
@@ -71,11 +74,15 @@ impl Ev {
                 start: *start,
                 parent: parent.map(|p| p.chain),
                 chain: blocks.iter().map(|b| b.chain).collect(),
-                engine: blocks.iter().map(|b| b.engine).collect(),
+                engine: if named {
+                    blocks.iter().map(|b| b.engine).collect()
+                } else {
+                    Vec::new()
+                },
             },
-            Ev::Remove { hashes, .. } => Event::Removed {
+            Ev::Remove { blocks, .. } => Event::Removed {
                 lane: 0,
-                hashes: hashes.clone(),
+                hashes: blocks.iter().map(name).collect(),
             },
             Ev::Clear { .. } => Event::Cleared,
         }
@@ -201,17 +208,12 @@ pub fn fleet(shape: FleetShape) -> Workload {
         let evict = first_chain.len().min(100);
         removals.push(Ev::Remove {
             worker: w,
-            hashes: first_chain
-                .iter()
-                .rev()
-                .take(evict)
-                .map(|b| b.engine)
-                .collect(),
+            blocks: first_chain.iter().rev().take(evict).copied().collect(),
         });
         if w == 1 && shape.prefix > 100 {
             removals.push(Ev::Remove {
                 worker: w,
-                hashes: prefix[100..].iter().map(|b| b.engine).collect(),
+                blocks: prefix[100..].to_vec(),
             });
         }
         if w == 2 {
@@ -304,7 +306,7 @@ pub fn mooncake(path: &Path, workers: u32, sub: u32) -> Result<Workload, String>
                 blocks: piece.to_vec(),
             };
             router
-                .apply(w, seqs[w as usize], KS, &[ev.to_kvix()])
+                .apply(w, seqs[w as usize], KS, &[ev.to_kvix(false)])
                 .map_err(|e| e.to_string())?;
             seqs[w as usize] += 1;
             parent = piece.last().copied();

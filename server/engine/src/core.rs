@@ -18,7 +18,7 @@ use crate::ops::{Cursor, Op, RosterChange, Update};
 use crate::query::Ranker;
 use crate::roster::{AnnounceOutcome, Roster, WorkerEntry};
 use crate::score::Answer;
-use crate::{FeedImage, Holder, Ks, RunImage, MAX_LANES};
+use crate::{FeedImage, Ks, RunImage, MAX_LANES};
 
 /// One executor's roster, home feeds, index and query scratch (see the module docs).
 pub struct Core {
@@ -82,18 +82,13 @@ impl Core {
         Ok(())
     }
 
-    /// Drops what `worker` holds: named by its feed when this is its home, else left to
-    /// the index to find (a scan, only if it holds anything).
+    /// Forgets `worker`'s feed and drops what it holds: each lane swept from the index
+    /// (the runs of the holder sets that hold it; nothing to do for a lane holding none).
     fn drop_all(&mut self, worker: WorkerId, out: &mut Update) {
-        match self.feeds.get_mut(worker as usize).and_then(Option::take) {
-            Some(feed) => feed.drop_all(worker, &mut out.ops),
-            // Only a worker the roster knows can hold anything.
-            None if self.roster.get(worker).is_some() => {
-                for lane in 0..MAX_LANES as u8 {
-                    out.ops.sweep(Holder::new(worker, lane));
-                }
-            }
-            None => {}
+        let fed = self.feeds.get_mut(worker as usize).and_then(Option::take);
+        // Only a worker with a feed or in the roster can hold anything.
+        if fed.is_some() || self.roster.get(worker).is_some() {
+            out.ops.sweep_lanes(worker, MAX_LANES);
         }
     }
 
@@ -277,17 +272,15 @@ impl Core {
                     .index
                     .remove(ks, holder, batch.hashes(at + from, step))
                     .map(drop),
-                Op::Leave { ks, holder, at, .. } => {
-                    self.index
-                        .drop_runs(ks, holder, batch.hashes(at + from, step));
-                    Ok(())
-                }
                 Op::Sweep { holder } => {
-                    // Only when the feed did not know every block (or there is no feed).
-                    if self.index.held_by(holder) > 0 {
-                        self.index.drop_holder(holder);
+                    let (taken, finished) = self.index.sweep(holder, left);
+                    left -= taken.clamp(1, left);
+                    if finished {
+                        cursor.op += 1;
+                    } else {
+                        left = 0;
                     }
-                    Ok(())
+                    continue;
                 }
             };
             if result.is_ok() {

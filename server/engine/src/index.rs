@@ -42,7 +42,13 @@ struct Node {
     next: u32,
     /// Keyspace index, and the `HAS_PARENT` flag.
     ks: u32,
+    /// Neighbours in the list of runs with the same set (`NIL` at either end).
+    set_prev: u32,
+    set_next: u32,
 }
+
+// What docs/design.md says a run costs.
+const _: () = assert!(std::mem::size_of::<Node>() == 56);
 
 impl Node {
     fn end(&self) -> u32 {
@@ -96,6 +102,11 @@ pub struct BlockIndex {
     table: BlockTable,
     sets: SetPool,
     keyspaces: Interner<u64>,
+    /// Per set id, the first run of its list of runs: a holder is dropped by walking the
+    /// lists of the sets holding it, not every run.
+    set_runs: Vec<u32>,
+    /// Runs looked at by sweeps, for tests.
+    swept: u64,
     memberships: u64,
     /// Per packed holder: blocks held, and the run its last insert ended in.
     held: FastMap<u32, Held>,
@@ -266,25 +277,6 @@ impl BlockIndex {
         Ok(removed)
     }
 
-    /// Drops `holder` from every run holding one of the blocks `hashes` name: the blocks
-    /// its feed knows it holds. Costs a lookup per hint and a set change per run, not a
-    /// pass over every run.
-    pub fn drop_runs(&mut self, ks: u64, holder: Holder, hashes: &[u64]) {
-        let (Ok(h), Some(ks)) = (holder.pack(), self.keyspaces.get(&ks)) else {
-            return;
-        };
-        self.prefetch(ks, hashes);
-        for &hash in hashes {
-            if self.held.get(&h).map_or(0, |c| c.blocks) == 0 {
-                break;
-            }
-            if let Some((n, _)) = self.find_held(ks, hash, h) {
-                let (start, len) = (self.node(n).start, self.node(n).hashes.len());
-                self.remove_from(n, start, len, h);
-            }
-        }
-    }
-
     /// Whether `holder` holds block `pos` with chain hash `hash`.
     pub fn holds(&self, ks: u64, holder: Holder, pos: u32, hash: u64) -> bool {
         let (Ok(h), Some(ks)) = (holder.pack(), self.keyspaces.get(&ks)) else {
@@ -294,16 +286,30 @@ impl BlockIndex {
             .is_some_and(|n| self.sets.contains(self.node(n).set, h))
     }
 
-    /// Drops every block membership of one holder. Costs a pass over all runs.
+    /// Drops every block membership of one holder. Costs a pass over the live holder
+    /// sets and the runs of those that hold it, not over every run.
     pub fn drop_holder(&mut self, holder: Holder) {
-        if let Ok(h) = holder.pack() {
-            self.drop_where(|x| x == h);
+        while !self.sweep(holder, u64::MAX).1 {}
+    }
+
+    /// Drops about `budget` blocks' worth of `holder`'s memberships (at least one run);
+    /// returns the blocks it took `holder` off and whether it holds nothing any more.
+    pub fn sweep(&mut self, holder: Holder, budget: u64) -> (u64, bool) {
+        match holder.pack() {
+            Ok(h) if self.held.contains_key(&h) => self.drop_where(|x| x == h, budget),
+            _ => (0, true),
         }
     }
 
-    /// Drops every block membership of every lane of `worker`. Costs a pass over all runs.
+    /// Drops every block membership of every lane of `worker`.
     pub fn drop_worker(&mut self, worker: WorkerId) {
-        self.drop_where(|x| x >> 4 == worker);
+        while !self.drop_where(|x| x >> 4 == worker, u64::MAX).1 {}
+    }
+
+    /// Runs looked at by sweeps so far; for tests.
+    #[doc(hidden)]
+    pub fn swept_runs(&self) -> u64 {
+        self.swept
     }
 
     /// Calls `visit(a, b, holders)` for each stretch `[a, b)` of `chain` (positions from
@@ -473,6 +479,8 @@ impl BlockIndex {
                 set: NIL,
                 next: NIL,
                 ks,
+                set_prev: NIL,
+                set_next: NIL,
             };
             if let Some(b) = before {
                 node.set_parent(b);
@@ -509,53 +517,97 @@ impl BlockIndex {
         if !extend {
             let s = self.sets.singleton(h);
             self.node_mut(dest).set = s;
+            self.enlist(dest);
         }
         self.memberships += k as u64;
         self.count(h, k as i64);
         (dest, k)
     }
 
-    fn drop_where(&mut self, drop: impl Fn(u32) -> bool + Copy) {
-        let mut memo: FastMap<SetId, Option<SetId>> = FastMap::default();
-        let mut changed = Vec::new();
-        for n in 0..self.nodes.len() as u32 {
-            let s = self.node(n).set;
-            if s == NIL || !self.sets.holders(s).iter().any(|x| drop(*x)) {
-                continue;
+    /// Takes the holders `drop` selects off about `budget` blocks' worth of runs (at
+    /// least one), walking only the runs of sets that hold one of them; returns the
+    /// blocks taken and whether none is left.
+    fn drop_where(&mut self, drop: impl Fn(u32) -> bool + Copy, budget: u64) -> (u64, bool) {
+        let hit = self
+            .sets
+            .ids_where(|holders| holders.iter().any(|x| drop(*x)));
+        let mut taken = 0u64;
+        for s in hit {
+            if taken >= budget {
+                return (taken, false);
             }
-            // Sets created here never contain a dropped holder, so a reused id is skipped
-            // by the test above before it could hit a stale memo entry.
-            let next = match memo.get(&s) {
-                Some(&next) => {
-                    if let Some(id) = next {
+            let mut runs = Vec::new();
+            let mut rest = self.set_runs[s as usize];
+            while rest != NIL && taken < budget {
+                runs.push(rest);
+                taken += self.node(rest).len();
+                rest = self.node(rest).set_next;
+            }
+            self.swept += runs.len() as u64;
+            // Every run of `s` becomes a run of the same smaller set.
+            let next = self.sets.without(s, drop);
+            for &n in &runs {
+                match next {
+                    Some(id) => {
                         self.sets.acquire(id);
+                        self.set_set(n, id);
                     }
-                    next
+                    None => self.delete_node(n),
                 }
-                None => {
-                    let next = self.sets.without(s, drop);
-                    memo.insert(s, next);
-                    next
+            }
+            if let Some(id) = next {
+                self.sets.release(id);
+                for n in runs {
+                    if self.node(n).set != NIL {
+                        self.merge_around(n);
+                    }
                 }
-            };
-            match next {
-                Some(id) => {
-                    self.set_set(n, id);
-                    changed.push(n);
-                }
-                None => self.delete_node(n),
+            }
+            if rest != NIL {
+                return (taken, false);
             }
         }
-        for n in changed {
-            if self.node(n).set != NIL {
-                self.merge_around(n);
-            }
+        (taken, true)
+    }
+
+    /// Puts run `m` (just given its set) at the head of its set's list.
+    fn enlist(&mut self, m: u32) {
+        let s = self.node(m).set as usize;
+        if s >= self.set_runs.len() {
+            self.set_runs.resize(s + 1, NIL);
         }
+        let head = std::mem::replace(&mut self.set_runs[s], m);
+        if head != NIL {
+            self.node_mut(head).set_prev = m;
+        }
+        let node = self.node_mut(m);
+        (node.set_prev, node.set_next) = (NIL, head);
+    }
+
+    /// Takes run `m` out of its set's list.
+    fn delist(&mut self, m: u32) {
+        let node = self.node(m);
+        let (s, prev, next) = (node.set as usize, node.set_prev, node.set_next);
+        match prev {
+            NIL => self.set_runs[s] = next,
+            p => self.node_mut(p).set_next = next,
+        }
+        if next != NIL {
+            self.node_mut(next).set_prev = prev;
+        }
+    }
+
+    /// Frees run `m`'s set (delisting it); returns the set.
+    fn unset(&mut self, m: u32) -> SetId {
+        self.delist(m);
+        std::mem::replace(&mut self.node_mut(m).set, NIL)
     }
 
     /// Replaces run `m`'s set by `s` (already acquired), keeping the counts.
     fn set_set(&mut self, m: u32, s: SetId) {
-        let old = std::mem::replace(&mut self.node_mut(m).set, s);
+        let old = self.unset(m);
+        self.node_mut(m).set = s;
+        self.enlist(m);
         let len = self.node(m).len() as i64;
         let (a, b) = (self.sets.holders(old), self.sets.holders(s));
         let mut deltas: SmallVec<[(u32, i64); 4]> = SmallVec::new();
@@ -622,6 +674,8 @@ impl BlockIndex {
                 set,
                 next: node.next,
                 ks,
+                set_prev: NIL,
+                set_next: NIL,
             };
             new.set_parent(node.hashes[off - 1]);
             let id = self.alloc(new);
@@ -638,6 +692,8 @@ impl BlockIndex {
                 set,
                 next: n,
                 ks: node.ks,
+                set_prev: NIL,
+                set_next: NIL,
             };
             let id = self.alloc(new);
             let node = self.node_mut(n);
@@ -746,7 +802,7 @@ impl BlockIndex {
             let pos = g_start + i as u32;
             self.table.move_slot(block_hash(ks, h), pos, gone, keep);
         }
-        let s = std::mem::replace(&mut self.node_mut(gone).set, NIL);
+        let s = self.unset(gone);
         self.sets.release(s);
         self.free_node(gone);
         if keep == b {
@@ -774,7 +830,7 @@ impl BlockIndex {
         let (start, end) = (self.node(m).start, self.node(m).end());
         self.unmap(m, start, end);
         let len = self.node(m).len() as i64;
-        let set = std::mem::replace(&mut self.node_mut(m).set, NIL);
+        let set = self.unset(m);
         for i in 0..self.sets.len(set) {
             let h = self.sets.holders(set)[i];
             self.count(h, -len);
@@ -792,9 +848,11 @@ impl BlockIndex {
         self.free.push(id);
     }
 
+    /// Stores a new run, in its set's list when it has a set.
     fn alloc(&mut self, node: Node) -> u32 {
         self.keyspaces.acquire(node.ksi());
-        match self.free.pop() {
+        let listed = node.set != NIL;
+        let id = match self.free.pop() {
             Some(id) => {
                 self.nodes[id as usize] = node;
                 id
@@ -803,7 +861,11 @@ impl BlockIndex {
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as u32
             }
+        };
+        if listed {
+            self.enlist(id);
         }
+        id
     }
 
     /// Makes room for `more` slots (see [`block_table`]).
@@ -915,6 +977,7 @@ impl BlockIndex {
             }
         }
         self.table.check(&self.nodes)?;
+        self.check_set_lists()?;
         if blocks != self.table.len() {
             return Err(format!("{} slots for {blocks} blocks", self.table.len()));
         }
@@ -930,6 +993,31 @@ impl BlockIndex {
             return Err(format!(
                 "per-holder counts {counts:?} but runs hold {held:?}"
             ));
+        }
+        Ok(())
+    }
+}
+
+impl BlockIndex {
+    /// Each live run is in its set's list once, and the lists hold nothing else.
+    fn check_set_lists(&self) -> Result<(), String> {
+        let mut listed = 0usize;
+        for (s, &head) in self.set_runs.iter().enumerate() {
+            let (mut n, mut prev) = (head, NIL);
+            while n != NIL {
+                let node = self.node(n);
+                if node.set as usize != s || node.set_prev != prev {
+                    return Err(format!("run {n} is misplaced in the list of set {s}"));
+                }
+                listed += 1;
+                if listed > self.nodes.len() {
+                    return Err(format!("the list of set {s} loops"));
+                }
+                (prev, n) = (n, node.set_next);
+            }
+        }
+        if listed != self.runs() {
+            return Err(format!("{listed} runs listed of {}", self.runs()));
         }
         Ok(())
     }
@@ -1091,7 +1179,7 @@ mod tests {
     }
 
     #[test]
-    fn middle_removal_drop_by_hints_and_bad_input() {
+    fn middle_removal_sweep_and_bad_input() {
         let mut ix = BlockIndex::new();
         let chain: Vec<u64> = (0..9).map(|i| 77 + i).collect();
         ix.insert(3, A, 0, None, &chain).unwrap();
@@ -1104,8 +1192,14 @@ mod tests {
         );
         ix.insert(3, A, 3, None, &chain[3..6]).unwrap();
         ix.check_invariants().unwrap();
-        // One hint per run the holder is in is enough to drop it everywhere.
-        ix.drop_runs(3, A, &[chain[0], chain[3], chain[8]]);
+        // A sweep takes the holder off every run it is in.
+        let before = ix.swept_runs();
+        assert_eq!(ix.sweep(A, u64::MAX), (9, true));
+        assert_eq!(
+            ix.swept_runs() - before,
+            3,
+            "A's runs: [0, 2), [2, 7) and [7, 9)"
+        );
         ix.check_invariants().unwrap();
         assert_eq!(ix.held_by(A), 0);
         assert_eq!(cov(&ix, 3, &chain), vec![(2, 0, vec![(2, 7)])]);
@@ -1114,6 +1208,35 @@ mod tests {
             .is_err());
         assert!(ix.insert(3, Holder::new(1, 16), 0, None, &chain).is_err());
         assert!(ix.insert(3, A, u32::MAX - 2, None, &chain).is_err());
+    }
+
+    #[test]
+    fn a_sweep_walks_only_the_runs_of_the_sets_holding_its_holder() {
+        let mut ix = BlockIndex::new();
+        let prefix: Vec<u64> = (0..8).map(|i| 1 << 40 | i).collect();
+        for w in 0..200u32 {
+            for c in 0..5u64 {
+                let tail: Vec<u64> = (0..6).map(|i| (w as u64) << 20 | c << 8 | i).collect();
+                ix.insert(3, Holder::new(w, 0), 0, None, &prefix).unwrap();
+                ix.insert(3, Holder::new(w, 0), 8, Some(prefix[7]), &tail)
+                    .unwrap();
+            }
+        }
+        let runs = ix.runs();
+        assert_eq!(runs, 1 + 200 * 5);
+        let before = ix.swept_runs();
+        ix.drop_holder(Holder::new(7, 0));
+        // Its own five tails and the shared prefix, not the other 995 runs.
+        assert_eq!(ix.swept_runs() - before, 6);
+        assert_eq!((ix.runs(), ix.held_by(Holder::new(7, 0))), (runs - 5, 0));
+        ix.check_invariants().unwrap();
+        // In slices: at least one run a call, never more than the budget past one run.
+        let mut calls = 0;
+        while !ix.sweep(Holder::new(8, 0), 1).1 {
+            calls += 1;
+        }
+        assert_eq!((calls, ix.held_by(Holder::new(8, 0))), (5, 0));
+        ix.check_invariants().unwrap();
     }
 
     #[test]

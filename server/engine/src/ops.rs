@@ -28,16 +28,8 @@ pub enum Op {
         at: u32,
         len: u32,
     },
-    /// `holder` leaves every run holding one of the blocks `hashes[at..at + len]` name
-    /// (the blocks its feed knew of, when dropping it).
-    Leave {
-        ks: u64,
-        holder: Holder,
-        at: u32,
-        len: u32,
-    },
-    /// Whatever `holder` still holds is dropped (a scan of every run, only when there is
-    /// anything: after its `Leave`s, normally nothing).
+    /// Whatever `holder` holds is dropped (the runs of the holder sets holding it are
+    /// walked; applied in slices like the others).
     Sweep { holder: Holder },
 }
 
@@ -126,23 +118,12 @@ impl OpBatch {
         });
     }
 
-    /// Appends a `Leave` naming the blocks `hashes` yields.
-    pub(crate) fn leave(&mut self, ks: u64, holder: Holder, hashes: impl IntoIterator<Item = u64>) {
-        let at = self.hashes.len() as u32;
-        self.hashes.extend(hashes);
-        let len = self.hashes.len() as u32 - at;
-        if len > 0 {
-            self.ops.push(Op::Leave {
-                ks,
-                holder,
-                at,
-                len,
-            });
-        }
-    }
-
-    pub(crate) fn sweep(&mut self, holder: Holder) {
-        self.ops.push(Op::Sweep { holder });
+    /// Sweeps lanes `0..lanes` of `worker`.
+    pub(crate) fn sweep_lanes(&mut self, worker: WorkerId, lanes: usize) {
+        let lanes = lanes.min(crate::MAX_LANES) as u8;
+        self.ops.extend((0..lanes).map(|lane| Op::Sweep {
+            holder: Holder::new(worker, lane),
+        }));
     }
 }
 
@@ -150,7 +131,7 @@ impl Op {
     /// Blocks it names.
     pub fn len(&self) -> u32 {
         match *self {
-            Op::Insert { len, .. } | Op::Remove { len, .. } | Op::Leave { len, .. } => len,
+            Op::Insert { len, .. } | Op::Remove { len, .. } => len,
             Op::Sweep { .. } => 0,
         }
     }
@@ -229,10 +210,14 @@ mod tests {
         assert_eq!(b.hashes(0, 3), &[30, 40, 50]);
         b.insert(7, h, 0, None, &[1, 2]);
         b.insert(7, h, 0, None, &[]);
-        b.leave(7, h, [1]);
-        b.leave(7, h, []);
-        b.sweep(h);
+        b.sweep_lanes(1, 2);
         assert_eq!(b.ops().len(), 6);
-        assert_eq!(b.blocks(), 3 + 1 + 1 + 2 + 1);
+        assert_eq!(
+            b.ops()[5],
+            Op::Sweep {
+                holder: Holder::new(1, 1)
+            }
+        );
+        assert_eq!(b.blocks(), 3 + 1 + 1 + 2);
     }
 }

@@ -121,6 +121,13 @@ impl SetPool {
         id
     }
 
+    /// Ids of the live sets whose holders `pick` selects.
+    pub(crate) fn ids_where(&self, pick: impl Fn(&[u32]) -> bool) -> Vec<SetId> {
+        (0..self.slots.len() as SetId)
+            .filter(|&id| self.slots[id as usize].refs > 0 && pick(self.holders(id)))
+            .collect()
+    }
+
     /// Live sets.
     #[cfg(test)]
     pub(crate) fn live(&self) -> usize {

@@ -105,14 +105,14 @@ impl Reference {
     }
 
     /// None: refused as a whole (any invalid event refuses the batch, and its seq is not
-    /// taken). Some((status, unknown removals)).
+    /// taken). Some((status, block events: blocks stored, or named by removals)).
     fn apply(
         &mut self,
         w: WorkerId,
         seq: u64,
         ks: Ks,
         events: &[Event],
-    ) -> Option<(ApplyStatus, u32)> {
+    ) -> Option<(ApplyStatus, u64)> {
         let worker = self.workers.get_mut(&w)?;
         if worker.feed != Feed::Events
             || (ks.kind == kvix_wire::ChunkKind::Bytes && !plain(&worker.lanes))
@@ -140,7 +140,7 @@ impl Reference {
             _ => ApplyStatus::Applied,
         };
         worker.seq = Some(seq);
-        let mut unknown = 0;
+        let mut named = 0;
         for e in events {
             match e {
                 Event::Stored {
@@ -152,12 +152,9 @@ impl Reference {
                 } => {
                     let k = k_of(&worker.lanes[*lane as usize], ks) as usize;
                     for (i, &h) in chain.iter().enumerate() {
-                        let pos = start + i as u32;
-                        self.held.insert((w, *lane, ks.seed, pos, h));
-                        if engine.is_empty() {
-                            worker.names.insert((*lane, h), (ks.seed, pos, vec![h]));
-                        }
+                        self.held.insert((w, *lane, ks.seed, start + i as u32, h));
                     }
+                    named += chain.len() as u64;
                     for (j, &e) in engine.iter().enumerate() {
                         let group = chain[j * k..((j + 1) * k).min(chain.len())].to_vec();
                         worker
@@ -169,11 +166,17 @@ impl Reference {
                     for h in hashes {
                         match worker.names.remove(&(*lane, *h)) {
                             Some((kss, pos, group)) => {
+                                named += group.len() as u64;
                                 for (i, g) in group.iter().enumerate() {
                                     self.held.remove(&(w, *lane, kss, pos + i as u32, *g));
                                 }
                             }
-                            None => unknown += 1,
+                            // Not an engine hash: a chain hash in the batch's keyspace.
+                            None => {
+                                named += 1;
+                                self.held
+                                    .retain(|m| (m.0, m.1, m.2, m.4) != (w, *lane, ks.seed, *h));
+                            }
                         }
                     }
                 }
@@ -183,7 +186,7 @@ impl Reference {
                 }
             }
         }
-        Some((status, unknown))
+        Some((status, named))
     }
 
     fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> bool {
@@ -753,7 +756,7 @@ impl Harness {
             let got = s
                 .apply(w, seq, ks, &events)
                 .ok()
-                .map(|r| (r.status, r.unknown_removals));
+                .map(|r| (r.status, r.block_events));
             assert_eq!(got, want, "apply {events:?}");
         }
     }

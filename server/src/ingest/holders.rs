@@ -191,7 +191,7 @@ pub fn apply(ex: &Executor, job: IngestJob, u: &mut Update) {
                 kind: ChunkKind::Tokens,
             };
             match core.ingest(worker, ks, &g.events, u) {
-                Ok(report) => METRICS.block_events(report.block_events, report.unknown_removals),
+                Ok(report) => METRICS.block_events(report.block_events),
                 Err(e) => {
                     METRICS
                         .refused

@@ -485,10 +485,8 @@ impl Metrics {
         self.malformed.fetch_add(t.malformed, Relaxed);
     }
 
-    pub fn block_events(&self, n: u64, unknown_removals: u32) {
+    pub fn block_events(&self, n: u64) {
         self.block_events.fetch_add(n, Relaxed);
-        self.unknown_removals
-            .fetch_add(u64::from(unknown_removals), Relaxed);
     }
 }
 

@@ -386,7 +386,9 @@ impl Translator {
                 // extend the parent's run (decode streams store one block at a time).
                 parent: (boundary > 0).then_some(before),
                 chain: hashes,
-                engine: names,
+                // A lane block of one keyspace block is removed by its chain hash (this
+                // map keeps it), so the feed needs no second map of engine hashes.
+                engine: if l == b { Vec::new() } else { names },
             },
         )))
     }
@@ -399,7 +401,9 @@ impl Translator {
         out: &mut Vec<Group>,
         counts: &mut Counts,
     ) -> Result<(), Skip> {
-        let (lane, _) = self.lane(rm.group_idx)?;
+        let (lane, spec) = self.lane(rm.group_idx)?;
+        // Named as it was stored: by chain hash where a lane block is one keyspace block.
+        let by_chain = spec.block_tokens == self.block;
         let map = &mut self.maps[lane as usize];
         let bit = rm.medium.bit();
         let mut gone: Option<(u32, Vec<u64>)> = None;
@@ -415,13 +419,14 @@ impl Translator {
                     counts.removed[medium_index(rm.medium)] += 1;
                     if e.media == 0 {
                         let (ks, named) = (e.ks, e.named);
+                        let name = if by_chain { e.chain } else { h };
                         map.remove(&h);
                         self.keyspaces.release(ks);
                         if named {
                             if gone.as_ref().is_some_and(|g| g.0 != ks) {
                                 flush(&mut gone, out);
                             }
-                            gone.get_or_insert_with(|| (ks, Vec::new())).1.push(h);
+                            gone.get_or_insert_with(|| (ks, Vec::new())).1.push(name);
                         }
                     }
                 }
@@ -897,12 +902,10 @@ mod tests {
             parent = Some(1000 + i as u64);
         }
         let want = token_chain(ks("").seed(KB), KB, &tokens);
+        // A lane block of one keyspace block is named by its chain hash alone.
         assert_eq!(
             all,
-            vec![
-                (0, vec![want[0]], vec![1015]),
-                (1, vec![want[1]], vec![1031])
-            ]
+            vec![(0, vec![want[0]], vec![]), (1, vec![want[1]], vec![])]
         );
         // A partial last page of 5 tokens, then its continuation, is the same chain.
         let mut t = Translator::new(KB, "m", "", &[Lane::full(16)]);
@@ -923,8 +926,9 @@ mod tests {
                 EngineEvent::Stored(rest),
             ],
         );
-        assert_eq!(stored_of(&out), vec![(0, want.clone(), vec![1, 2])]);
-        // Removing a page that completed nothing names nothing; its completing page does.
+        assert_eq!(stored_of(&out), vec![(0, want.clone(), vec![])]);
+        // Removing a page that completed nothing names nothing; removing the page that
+        // completed a block names that block's chain hash.
         let (out, _) = run(&mut t, vec![gone(&[4]), gone(&[3])]);
         assert!(out.is_empty());
         let (out, _) = run(&mut t, vec![gone(&[2])]);
@@ -932,7 +936,7 @@ mod tests {
             out[0].events,
             vec![Event::Removed {
                 lane: 0,
-                hashes: vec![2]
+                hashes: vec![want[1]]
             }]
         );
     }

@@ -68,10 +68,9 @@ pub struct ApplyReport {
     pub status: ApplyStatus,
     /// Events applied.
     pub events: u32,
-    /// Keyspace blocks stored or removed.
+    /// Keyspace blocks stored, or named by removals (a removal of a block the lane does
+    /// not hold changes nothing).
     pub block_events: u64,
-    /// Removals naming a hash this feed never saw stored (or already removed).
-    pub unknown_removals: u32,
 }
 
 impl ApplyReport {
@@ -80,14 +79,14 @@ impl ApplyReport {
             status,
             events: 0,
             block_events: 0,
-            unknown_removals: 0,
         }
     }
 }
 
-/// The names one lane stored in one keyspace: engine hash (or chain hash, when the store
-/// carried none) → the chain hashes of the blocks it names. 16 bytes per name that names
-/// one keyspace block, the common case (the feed keeps one per stored engine block).
+/// The engine hashes one lane stored in one keyspace → the chain hashes of the blocks
+/// each names. 16 bytes per name that names one keyspace block, the common case (one
+/// per engine block stored with its engine hash; stores without engine hashes are
+/// removed by chain hash and need no name).
 ///
 /// Names of one block are first appended to `recent` and put into their table in bulk
 /// ([`Names::settle`]) once there are [`RECENT`] of them or before anything looks a name
@@ -175,16 +174,6 @@ impl Names {
             }
             None => false,
         }
-    }
-
-    /// Every block named, as chain hashes; a name stored again may add the block it named
-    /// before (until the names settle).
-    fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.one
-            .iter()
-            .map(|e| e.1)
-            .chain(self.many.values().flat_map(|g| g.iter().copied()))
-            .chain(self.recent.iter().map(|e| e.1))
     }
 
     /// Every name and the chain hashes it names, as if settled.
@@ -335,17 +324,6 @@ impl EventFeed {
         report
     }
 
-    /// Drops everything the worker holds, lane by lane, naming every block it knows.
-    pub fn drop_all(&self, worker: WorkerId, out: &mut OpBatch) {
-        for (lane, names) in self.lanes.iter().enumerate() {
-            let holder = Holder::new(worker, lane as u8);
-            for n in &names.list {
-                out.leave(n.ks, holder, n.blocks());
-            }
-            out.sweep(holder);
-        }
-    }
-
     /// The names of `lane` in keyspace `ks`, created when new.
     fn names_in(&mut self, lane: u8, ks: u64) -> &mut Names {
         self.lanes[lane as usize].of(ks)
@@ -423,13 +401,10 @@ impl EventFeed {
                 chain,
                 engine,
             } => {
-                let names = self.names_in(lane, ks);
-                if engine.is_empty() {
-                    for &h in chain {
-                        names.set(h, &[h]);
-                    }
-                } else {
-                    // Engine block j covers the keyspace blocks [j·k, (j+1)·k) of the store.
+                // Engine block j covers the keyspace blocks [j·k, (j+1)·k) of the store.
+                // Without engine hashes, removals name the chain hashes themselves.
+                if !engine.is_empty() {
+                    let names = self.names_in(lane, ks);
                     for (&e, group) in engine.iter().zip(chain.chunks(k)) {
                         names.set(e, group);
                     }
@@ -466,7 +441,12 @@ impl EventFeed {
                             report.block_events += gone.len() as u64;
                             self.touched.push(i);
                         }
-                        None => report.unknown_removals += 1,
+                        // Not an engine hash it stored: the chain hash of a block of
+                        // the batch's keyspace (a store that named no engine hashes).
+                        None => {
+                            out.remove(ks, holder, &[h]);
+                            report.block_events += 1;
+                        }
                     }
                 }
                 names.forget_empty(&mut self.touched);
@@ -474,7 +454,7 @@ impl EventFeed {
                 self.scratch = gone;
             }
             EventRef::Cleared => {
-                self.drop_all(worker, out);
+                out.sweep_lanes(worker, self.lanes.len());
                 let lanes = self.lanes.len();
                 *self = EventFeed {
                     seq: self.seq,
@@ -574,21 +554,22 @@ mod tests {
         ));
         let mut out = OpBatch::new();
         let r = f.apply(4, 0, 77, &[1, 2], &events, &mut out);
-        assert_eq!((r.events, r.unknown_removals, r.block_events), (2, 1, 8));
+        assert_eq!((r.events, r.block_events), (2, 9));
         let h = Holder::new(4, 1);
-        // 902 (block 7) and 901 (blocks 5, 6) become one removal, in the order named.
+        // 902 (block 7), 777 (no engine hash: taken as a chain hash) and 901 (blocks 5,
+        // 6) become one removal, in the order named.
         assert_eq!(
             out.ops()[1],
             Op::Remove {
                 ks: 77,
                 holder: h,
                 at: 5,
-                len: 3
+                len: 4
             }
         );
-        assert_eq!(out.hashes(5, 3), &[14, 12, 13]);
+        assert_eq!(out.hashes(5, 4), &[14, 777, 12, 13]);
         assert_eq!(f.names(), 1);
-        // A clear drops both lanes, naming the blocks still known.
+        // A clear sweeps both lanes.
         out.clear();
         f.apply(4, 1, 77, &[1, 2], &[Event::Cleared], &mut out);
         assert_eq!(
@@ -597,16 +578,9 @@ mod tests {
                 Op::Sweep {
                     holder: Holder::new(4, 0)
                 },
-                Op::Leave {
-                    ks: 77,
-                    holder: h,
-                    at: 0,
-                    len: 2
-                },
                 Op::Sweep { holder: h },
             ]
         );
-        assert_eq!(out.hashes(0, 2), &[10, 11]);
         assert_eq!(f.names(), 0);
     }
 
@@ -619,14 +593,15 @@ mod tests {
             f.apply(4, seq, ks, &[1], &events, &mut out);
         }
         assert_eq!(f.lanes[0].list.len(), 3);
-        // Batch keyspace 72 removing a name of keyspace 70, one of 72 and an unknown one.
+        // Batch keyspace 72 removing a name of keyspace 70, one of 72 and one no engine
+        // hash (a chain hash of keyspace 72).
         out.clear();
         let gone = [Event::Removed {
             lane: 0,
             hashes: vec![70, 172, 5],
         }];
         let r = f.apply(4, 3, 72, &[1], &gone, &mut out);
-        assert_eq!((r.block_events, r.unknown_removals), (2, 1));
+        assert_eq!(r.block_events, 3);
         let removed: Vec<(u64, Vec<u64>)> = out
             .ops()
             .iter()
@@ -635,7 +610,7 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(removed, vec![(70, vec![700]), (72, vec![721])]);
+        assert_eq!(removed, vec![(70, vec![700]), (72, vec![721, 5])]);
         // Emptying keyspace 71 leaves the lane with the two that still name blocks.
         let gone = [Event::Removed {
             lane: 0,
@@ -685,10 +660,25 @@ mod tests {
             }];
             let r = f.apply(4, seq, names[0] % 1000, &[1], &gone, &mut out);
             seq += 1;
-            assert_eq!(
-                (r.block_events, r.unknown_removals),
-                (names.len() as u64, 0)
-            );
+            assert_eq!(r.block_events, names.len() as u64);
+            let mut got: Vec<u64> = (out.ops().iter())
+                .flat_map(|op| match *op {
+                    Op::Remove { at, len, .. } => out.hashes(at, len).to_vec(),
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            let mut want: Vec<u64> = (names.iter())
+                .map(|&n| {
+                    if n < 1000 {
+                        n * 10
+                    } else {
+                        (n - 1000) * 10 + 1
+                    }
+                })
+                .collect();
+            got.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(got, want, "every name is found in its own keyspace");
             let lane = &f.lanes[0];
             held.retain(|ks| lane.list.iter().any(|n| n.ks == *ks));
             assert_eq!(
@@ -709,8 +699,7 @@ mod tests {
     /// the chain hashes its removals name, in order.
     fn removed(f: &mut EventFeed, seq: u64, events: &[Event]) -> Vec<u64> {
         let mut out = OpBatch::new();
-        let r = f.apply(4, seq, 77, &[1], events, &mut out);
-        assert_eq!(r.unknown_removals, 0);
+        f.apply(4, seq, 77, &[1], events, &mut out);
         out.ops()
             .iter()
             .filter_map(|op| match *op {

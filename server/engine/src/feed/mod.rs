@@ -8,9 +8,7 @@ mod placement;
 pub use events::{ApplyReport, EventFeed, Sequencer};
 pub use placement::{PlacementFeed, Placing};
 
-use kvix_wire::{ArchivedEvent, Event, Feed, WorkerId};
-
-use crate::ops::OpBatch;
+use kvix_wire::{ArchivedEvent, Event, Feed};
 
 /// One engine event, borrowed from a native [`Event`] or in place from a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,14 +106,6 @@ impl FeedState {
         match self {
             FeedState::Events(_) => "events",
             FeedState::Placements(_) => "placements",
-        }
-    }
-
-    /// Drops everything `worker` holds: one drop per lane, with the blocks the feed knows.
-    pub fn drop_all(&self, worker: WorkerId, out: &mut OpBatch) {
-        match self {
-            FeedState::Events(f) => f.drop_all(worker, out),
-            FeedState::Placements(f) => f.drop_all(worker, out),
         }
     }
 

@@ -171,20 +171,6 @@ impl PlacementFeed {
         false
     }
 
-    /// Drops everything placed, naming every block.
-    pub fn drop_all(&self, worker: WorkerId, out: &mut OpBatch) {
-        let holder = Holder::new(worker, 0);
-        let mut placed: Vec<(u32, u64)> = (self.map.iter())
-            .map(|&s| (self.slots[s as usize].ks, self.slots[s as usize].hash))
-            .collect();
-        placed.sort_unstable();
-        for one in placed.chunk_by(|a, b| a.0 == b.0) {
-            let ks = *self.keyspaces.key(one[0].0);
-            out.leave(ks, holder, one.iter().map(|p| p.1));
-        }
-        out.sweep(holder);
-    }
-
     /// The slot of block (`ksi`, `pos`, `hash`), created (unlinked) when new.
     fn slot_of(&mut self, ksi: u32, pos: u32, hash: u64) -> u32 {
         let slots = &self.slots;
@@ -364,9 +350,6 @@ mod tests {
         assert!(matches!(out.ops()[0], Op::Insert { len: 6, .. }));
         assert_eq!(cuts(&out), vec![3, 2, 1]);
         assert_eq!(f.len(), 6);
-        out.clear();
-        f.drop_all(0, &mut out);
-        assert_eq!((out.blocks(), out.ops().len()), (6, 2));
     }
 
     #[test]
