@@ -8,6 +8,7 @@
 //!         [--no-trace] [--trace PATH]
 
 mod dynamo_side;
+mod ingest_side;
 mod kvix_side;
 mod workload;
 
@@ -68,7 +69,7 @@ fn args() -> Result<Args, String> {
             "--only" => {
                 a.only = Some(
                     it.next()
-                        .ok_or("--only takes kvix, kvix-named, index or dynamo")?,
+                        .ok_or("--only takes kvix, kvix-named, kvix-ingest, index or dynamo")?,
                 )
             }
             "--trace" => a.trace = Some(it.next().ok_or("--trace takes a path")?.into()),
@@ -83,7 +84,8 @@ fn args() -> Result<Args, String> {
                      --no-trace     skip the trace workload\n\
                      --only SIDE    only load the 32-block fleet into one side, three times (for a\n\
                                     profiler): kvix (events as the ingest sends them), kvix-named\n\
-                                    (blocks named by engine hash), index (the bare index) or dynamo"
+                                    (blocks named by engine hash), kvix-ingest (vLLM batches through\n\
+                                    the server's translator), index (the bare index) or dynamo"
                 );
                 std::process::exit(0);
             }
@@ -104,6 +106,8 @@ struct Pair {
     load: (Duration, Duration),
     /// Median load time of kvix fed engine hashes (a client's feed, not the ingest's).
     named: Duration,
+    /// Median load time of kvix fed vLLM's batches through the server's translator.
+    ingest: Duration,
     /// Per round, Dynamo's load time over kvix's: both sides timed back to back, so a
     /// slow spell of the machine weighs on both alike.
     paired: Vec<f64>,
@@ -142,7 +146,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// the kernel faulting fresh pages in).
 fn load(w: &Workload, rounds: usize) -> Pair {
     let stored: u64 = w.load.iter().map(|e| e.blocks()).sum();
-    let (mut kt, mut dt, mut nt) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut kt, mut dt, mut nt, mut it) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let batches = ingest_side::prepare(&w.load);
     let mut first = None;
     for r in 0..rounds {
         let (k, d) = if r % 2 == 0 {
@@ -153,6 +158,13 @@ fn load(w: &Workload, rounds: usize) -> Pair {
             (load_kvix(w, false), d)
         };
         nt.push(load_kvix(w, true).1);
+        let (t, engine) = ingest_side::apply(w.workers, &batches);
+        it.push(t);
+        assert_eq!(
+            engine.stats().blocks,
+            k.0.engine.stats().blocks,
+            "the ingest path stores the same tree"
+        );
         kt.push(k.1);
         dt.push(d.1);
         if first.is_none() {
@@ -176,6 +188,7 @@ fn load(w: &Workload, rounds: usize) -> Pair {
             .collect(),
         load: (median(kt), median(dt)),
         named: median(nt),
+        ingest: median(it),
         memory: (kvix_bytes, index_bytes, dynamo_bytes),
     }
 }
@@ -286,6 +299,12 @@ fn report_load(p: &Pair) {
         d.as_secs_f64() / p.named.as_secs_f64()
     );
     println!(
+        "| the same, kvix fed vLLM's batches through its ingest's translator (token rehash included) | {:.2} | {:.2} | {:.2}x faster |",
+        rate(p.stored, p.ingest),
+        rate(p.stored, d),
+        d.as_secs_f64() / p.ingest.as_secs_f64()
+    );
+    println!(
         "| longest apply of one event, ms (kvix; an executor answers nothing meanwhile) | {:.2} | | |",
         p.kvix.longest.as_secs_f64() * 1e3
     );
@@ -377,6 +396,7 @@ fn main() {
                     println!("kvix: longest apply of one event {:?}", k.longest);
                     t
                 }
+                "kvix-ingest" => ingest_side::apply(w.workers, &ingest_side::prepare(&w.load)).0,
                 "index" => {
                     let t = std::time::Instant::now();
                     kvix_side::index_only(&w, counting::live);
@@ -389,7 +409,7 @@ fn main() {
                 }
                 other => {
                     eprintln!(
-                        "kvix-peer-bench: --only {other:?}: kvix, kvix-named, index or dynamo"
+                        "kvix-peer-bench: --only {other:?}: kvix, kvix-named, kvix-ingest, index or dynamo"
                     );
                     std::process::exit(2);
                 }

@@ -35,11 +35,12 @@ pub use error::{EngineError, EventError, IndexError, RosterError};
 pub use feed::{
     ApplyReport, EventFeed, EventRef, EventView, FeedState, PlacementFeed, Placing, Sequencer,
 };
+#[doc(hidden)]
+pub use hashing::FastMap;
 pub use image::{
     EngineImage, EventFeedImage, FeedImage, NameImage, PlacedImage, PlacementFeedImage, RunImage,
     WorkerImage,
 };
-#[doc(hidden)]
 pub use index::slow_rebuilds;
 pub use index::BlockIndex;
 pub use interner::Interner;

@@ -25,7 +25,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::payload::{Batch, EngineEvent, Medium, Removed, Stored};
 use super::pending::{self, Pending};
-use kvix_engine::Interner;
+use kvix_engine::{FastMap, Interner};
 
 /// Why an event was skipped (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +136,8 @@ pub struct Translator {
     keyspaces: Interner<Keyspace>,
     /// Chain seed of each keyspace index.
     seeds: Vec<u64>,
-    maps: Vec<HashMap<u64, Known>>,
+    /// Per lane: engine hash → what it names (engine hashes are hashes already).
+    maps: Vec<FastMap<u64, Known>>,
     /// Keyspaces of the last batch's groups, kept until the next one.
     grouped: Vec<u32>,
 }
@@ -152,14 +153,14 @@ impl Translator {
             lanes: lanes.to_vec(),
             keyspaces: Interner::default(),
             seeds: Vec::new(),
-            maps: lanes.iter().map(|_| HashMap::new()).collect(),
+            maps: lanes.iter().map(|_| FastMap::default()).collect(),
             grouped: Vec::new(),
         }
     }
 
     /// Engine blocks tracked, over all lanes.
     pub fn tracked(&self) -> usize {
-        self.maps.iter().map(HashMap::len).sum()
+        self.maps.iter().map(FastMap::len).sum()
     }
 
     /// Forgets every block (the engine restarted or cleared).

@@ -1,0 +1,104 @@
+//! kvix fed through its own ingest: each store as vLLM publishes it (token ids, engine
+//! hashes, the parent's engine hash), turned into kvix events by the server's
+//! translator (`kvix_server::ingest::translate`: token rehash, the engine-hash map) and
+//! applied by the engine, on one thread, as on a worker's home executor. Dynamo's side
+//! is handed its per-block token hashes ready-made (its publisher computes them on the
+//! worker), so this figure charges kvix for hashing that Dynamo's does not include.
+
+use std::time::{Duration, Instant};
+
+use kvix_engine::{Engine, Ks};
+use kvix_server::ingest::payload::{Batch, EngineEvent, Medium, Stored};
+use kvix_server::ingest::translate::{Counts, Translator};
+use kvix_wire::{ChunkKind, Feed, Lane};
+
+use crate::workload::{splitmix, Block, Ev, TOKEN_BLOCK};
+
+/// One engine batch per store, with its worker; built ahead of time (not timed).
+pub type Prepared = Vec<(u32, Batch)>;
+
+/// The tokens of a block: a function of its own-token hash, as Dynamo's tree is keyed,
+/// so both sides see the same tree.
+fn tokens(b: &Block, out: &mut Vec<u32>) {
+    out.extend((0..TOKEN_BLOCK as u64).map(|i| splitmix(b.local ^ i) as u32));
+}
+
+/// The load's stores as vLLM batches (removals and clears are not part of a load).
+pub fn prepare(events: &[Ev]) -> Prepared {
+    let mut out = Vec::new();
+    for e in events {
+        if let Ev::Store {
+            worker,
+            parent,
+            blocks,
+            ..
+        } = e
+        {
+            let mut token_ids = Vec::with_capacity(blocks.len() * TOKEN_BLOCK as usize);
+            for b in blocks {
+                tokens(b, &mut token_ids);
+            }
+            let stored = Stored {
+                block_hashes: blocks.iter().map(|b| b.engine).collect(),
+                parent: parent.map(|p| p.engine),
+                token_ids,
+                block_size: TOKEN_BLOCK,
+                lora_id: None,
+                medium: Medium::Gpu,
+                lora_name: None,
+                extras: Vec::new(),
+                cache_salt: None,
+                group_idx: 0,
+                spec_kind: None,
+                sliding_window: None,
+            };
+            let batch = Batch {
+                ts: 0.0,
+                events: vec![EngineEvent::Stored(stored)],
+                dp_rank: 0,
+            };
+            out.push((*worker, batch));
+        }
+    }
+    out
+}
+
+/// Translates and applies every batch; the time taken and the engine it filled.
+pub fn apply(workers: u32, batches: &Prepared) -> (Duration, Engine) {
+    let lanes = [Lane::full(TOKEN_BLOCK)];
+    let mut engine = Engine::new(TOKEN_BLOCK);
+    for w in 0..workers {
+        engine
+            .announce(&format!("w{w}"), &lanes, Feed::Events)
+            .expect("a plain worker announces");
+    }
+    let mut translators: Vec<Translator> = (0..workers)
+        .map(|_| Translator::new(TOKEN_BLOCK, "model", "", &lanes))
+        .collect();
+    let mut seqs = vec![0u64; workers as usize];
+    let (mut groups, mut counts) = (Vec::new(), Counts::default());
+    let t = Instant::now();
+    for (w, batch) in batches {
+        let tr = &mut translators[*w as usize];
+        groups.clear();
+        tr.apply(batch, &mut groups, &mut counts);
+        for g in &groups {
+            let ks = Ks {
+                seed: tr.seed(g.ks),
+                kind: ChunkKind::Tokens,
+            };
+            let seq = &mut seqs[*w as usize];
+            engine
+                .apply(*w, *seq, ks, &g.events)
+                .expect("translated events apply");
+            *seq += 1;
+        }
+    }
+    let took = t.elapsed();
+    assert_eq!(
+        counts.skipped.iter().sum::<u64>(),
+        0,
+        "the translator took every store"
+    );
+    (took, engine)
+}
