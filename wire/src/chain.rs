@@ -21,7 +21,8 @@ pub fn chain_tokens(seed: u64, block: u32, tokens: &[u32], out: &mut Vec<u64>) {
     }
     out.reserve(tokens.len() / block);
     let mut prev = seed;
-    let mut scratch = Vec::with_capacity(block * 4);
+    // Called once per block by the ingest: no allocation unless there is a block.
+    let mut scratch = Vec::new();
     for chunk in tokens.chunks_exact(block) {
         prev = xxh3_64_with_seed(token_bytes(chunk, &mut scratch), prev);
         out.push(prev);
@@ -153,8 +154,12 @@ pub fn token_chain_with_extras(
     out
 }
 
-/// Tokens as the u32 little-endian bytes the hash is defined over.
+/// Tokens as the u32 little-endian bytes the hash is defined over: the tokens' own
+/// memory on a little-endian machine, else converted into `scratch`.
 fn token_bytes<'a>(tokens: &'a [u32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
+    if cfg!(target_endian = "little") {
+        return zerocopy::IntoBytes::as_bytes(tokens);
+    }
     scratch.clear();
     for t in tokens {
         scratch.extend_from_slice(&t.to_le_bytes());

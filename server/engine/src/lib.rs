@@ -21,6 +21,7 @@ mod hashing;
 pub mod image;
 pub mod index;
 mod interner;
+mod keymap;
 pub mod ops;
 pub mod query;
 pub mod roster;
@@ -44,6 +45,7 @@ pub use image::{
 pub use index::slow_rebuilds;
 pub use index::BlockIndex;
 pub use interner::Interner;
+pub use keymap::KeyMap;
 pub use ops::{Cursor, Op, OpBatch, RosterChange, Update};
 pub use query::Ranker;
 pub use roster::{AnnounceOutcome, Class, Registry, Roster, WorkerEntry};

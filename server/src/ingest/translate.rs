@@ -25,7 +25,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::payload::{Batch, EngineEvent, Medium, Removed, Stored};
 use super::pending::{self, Pending};
-use kvix_engine::{FastMap, Interner};
+use kvix_engine::{Interner, KeyMap};
 
 /// Why an event was skipped (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ fn medium_index(m: Medium) -> usize {
 
 /// What the map remembers of one engine block: [`Entry`], with its pending tokens a
 /// view shared with the other pages of its lane block.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Known {
     ks: u32,
     chain: u64,
@@ -124,6 +124,9 @@ pub struct Group {
     pub events: Vec<Event>,
 }
 
+/// How far ahead of the block it is at a store or removal loads map entries.
+const PREFETCH: usize = 64;
+
 /// The engine-hash map of one holder.
 #[derive(Debug)]
 pub struct Translator {
@@ -136,8 +139,8 @@ pub struct Translator {
     keyspaces: Interner<Keyspace>,
     /// Chain seed of each keyspace index.
     seeds: Vec<u64>,
-    /// Per lane: engine hash → what it names (engine hashes are hashes already).
-    maps: Vec<FastMap<u64, Known>>,
+    /// Per lane: engine hash → what it names.
+    maps: Vec<KeyMap<Known>>,
     /// Keyspaces of the last batch's groups, kept until the next one.
     grouped: Vec<u32>,
 }
@@ -153,20 +156,20 @@ impl Translator {
             lanes: lanes.to_vec(),
             keyspaces: Interner::default(),
             seeds: Vec::new(),
-            maps: lanes.iter().map(|_| FastMap::default()).collect(),
+            maps: lanes.iter().map(|_| KeyMap::default()).collect(),
             grouped: Vec::new(),
         }
     }
 
     /// Engine blocks tracked, over all lanes.
     pub fn tracked(&self) -> usize {
-        self.maps.iter().map(FastMap::len).sum()
+        self.maps.iter().map(KeyMap::len).sum()
     }
 
     /// Forgets every block (the engine restarted or cleared).
     pub fn reset(&mut self) {
         for m in &mut self.maps {
-            for e in std::mem::take(m).values() {
+            for (_, e) in std::mem::take(m).iter() {
                 self.keyspaces.release(e.ks);
             }
         }
@@ -312,7 +315,7 @@ impl Translator {
             }
             Some(parent) => {
                 let e = self.maps[lane as usize]
-                    .get(&parent)
+                    .get(parent)
                     .ok_or(Skip::UnknownParent)?;
                 (e.ks, e.chain, e.end, e.pending.clone())
             }
@@ -328,12 +331,21 @@ impl Translator {
         let mut hashes: Vec<u64> = Vec::with_capacity(n * p / b + 1);
         let mut names = Vec::new();
         let bit = st.medium.bit();
+        // Every block's map entry is loaded at once, not one miss after another.
+        let map = &mut self.maps[lane as usize];
+        map.reserve(n);
+        for &h in st.block_hashes.iter().take(PREFETCH) {
+            map.prefetch(h);
+        }
         for (j, (&h, tokens)) in st
             .block_hashes
             .iter()
             .zip(st.token_ids.chunks_exact(p))
             .enumerate()
         {
+            if let Some(&ahead) = st.block_hashes.get(j + PREFETCH) {
+                self.maps[lane as usize].prefetch(ahead);
+            }
             end += p as u64;
             // A page is at most a lane block, so it completes at most one.
             let named = pending.len() + p >= l;
@@ -351,7 +363,7 @@ impl Translator {
             } else {
                 pending.push(tokens);
             }
-            let e = self.maps[lane as usize].entry(h).or_insert_with(|| {
+            let e = self.maps[lane as usize].get_or_insert_with(h, || {
                 self.keyspaces.acquire(ks);
                 Known {
                     ks,
@@ -413,15 +425,18 @@ impl Translator {
                 push(out, ks, Event::Removed { lane, hashes });
             }
         };
+        for &h in rm.block_hashes.iter().take(PREFETCH) {
+            map.prefetch(h);
+        }
         for &h in &rm.block_hashes {
-            match map.get_mut(&h) {
+            match map.get_mut(h) {
                 Some(e) if e.media & bit != 0 => {
                     e.media &= !bit;
                     counts.removed[medium_index(rm.medium)] += 1;
                     if e.media == 0 {
                         let (ks, named) = (e.ks, e.named);
                         let name = if by_chain { e.chain } else { h };
-                        map.remove(&h);
+                        map.remove(h);
                         self.keyspaces.release(ks);
                         if named {
                             if gone.as_ref().is_some_and(|g| g.0 != ks) {
@@ -435,9 +450,6 @@ impl Translator {
             }
         }
         flush(&mut gone, out);
-        if map.len() < map.capacity() / 4 {
-            map.shrink_to(map.len() * 2);
-        }
         Ok(())
     }
 
@@ -457,7 +469,7 @@ impl Translator {
                         named: e.named,
                         pending: e.pending.to_vec(),
                     };
-                    m.iter().map(|(h, e)| (*h, entry(e))).collect()
+                    m.iter().map(|(h, e)| (h, entry(e))).collect()
                 })
                 .collect(),
         }
@@ -515,7 +527,7 @@ impl Translator {
                     (*h, known)
                 })
                 .collect();
-            for e in map.values() {
+            for (_, e) in map.iter() {
                 self.keyspaces.acquire(e.ks);
             }
         }
@@ -965,17 +977,17 @@ mod tests {
                 "page {i}"
             );
         }
-        let first = t.maps[0][&100].pending.clone();
-        assert!(t.maps[0].values().all(|k| k.pending.shares(&first)));
+        let first = t.maps[0].get(100).unwrap().pending.clone();
+        assert!(t.maps[0].iter().all(|(_, k)| k.pending.shares(&first)));
         assert_eq!(
-            t.maps[0][&(100 + 500)].pending.to_vec(),
+            t.maps[0].get(100 + 500).unwrap().pending.to_vec(),
             (0..501).collect::<Vec<_>>()
         );
         // Restored, they share again, and the last page completes the same lane block.
         let mut back = Translator::new(KB, "m", "", &lanes);
         assert!(back.import(&t.export()));
-        let first = back.maps[0][&100].pending.clone();
-        assert!(back.maps[0].values().all(|k| k.pending.shares(&first)));
+        let first = back.maps[0].get(100).unwrap().pending.clone();
+        assert!(back.maps[0].iter().all(|(_, k)| k.pending.shares(&first)));
         let whole = token_chain(ks("").seed(KB), KB, &(0..L).collect::<Vec<_>>());
         for tr in [&mut t, &mut back] {
             let (out, _) = run(tr, vec![page(L - 1)]);
