@@ -63,8 +63,17 @@ pub fn prepare(events: &[Ev]) -> Prepared {
     out
 }
 
-/// Translates and applies every batch; the time taken and the engine it filled.
-pub fn apply(workers: u32, batches: &Prepared) -> (Duration, Engine) {
+/// What one load through the ingest took.
+pub struct Loaded {
+    pub took: Duration,
+    pub engine: Engine,
+    /// Heap bytes of the translators and the engine together.
+    pub bytes: usize,
+}
+
+/// Translates and applies every batch, `live` counting heap bytes.
+pub fn apply(workers: u32, batches: &Prepared, live: impl Fn() -> usize) -> Loaded {
+    let before = live();
     let lanes = [Lane::full(TOKEN_BLOCK)];
     let mut engine = Engine::new(TOKEN_BLOCK);
     for w in 0..workers {
@@ -100,5 +109,12 @@ pub fn apply(workers: u32, batches: &Prepared) -> (Duration, Engine) {
         0,
         "the translator took every store"
     );
-    (took, engine)
+    drop(groups);
+    let bytes = live() - before;
+    drop(translators);
+    Loaded {
+        took,
+        engine,
+        bytes,
+    }
 }

@@ -108,6 +108,8 @@ struct Pair {
     named: Duration,
     /// Median load time of kvix fed vLLM's batches through the server's translator.
     ingest: Duration,
+    /// Heap bytes of that path: the translators' engine-hash maps and the engine.
+    ingest_bytes: usize,
     /// Per round, Dynamo's load time over kvix's: both sides timed back to back, so a
     /// slow spell of the machine weighs on both alike.
     paired: Vec<f64>,
@@ -148,7 +150,7 @@ fn load(w: &Workload, rounds: usize) -> Pair {
     let stored: u64 = w.load.iter().map(|e| e.blocks()).sum();
     let (mut kt, mut dt, mut nt, mut it) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let batches = ingest_side::prepare(&w.load);
-    let mut first = None;
+    let (mut first, mut ingest_bytes) = (None, None);
     for r in 0..rounds {
         let (k, d) = if r % 2 == 0 {
             let k = load_kvix(w, false);
@@ -158,10 +160,11 @@ fn load(w: &Workload, rounds: usize) -> Pair {
             (load_kvix(w, false), d)
         };
         nt.push(load_kvix(w, true).1);
-        let (t, engine) = ingest_side::apply(w.workers, &batches);
-        it.push(t);
+        let ingested = ingest_side::apply(w.workers, &batches, counting::live);
+        it.push(ingested.took);
+        ingest_bytes.get_or_insert(ingested.bytes);
         assert_eq!(
-            engine.stats().blocks,
+            ingested.engine.stats().blocks,
             k.0.engine.stats().blocks,
             "the ingest path stores the same tree"
         );
@@ -189,6 +192,7 @@ fn load(w: &Workload, rounds: usize) -> Pair {
         load: (median(kt), median(dt)),
         named: median(nt),
         ingest: median(it),
+        ingest_bytes: ingest_bytes.expect("at least one round"),
         memory: (kvix_bytes, index_bytes, dynamo_bytes),
     }
 }
@@ -320,6 +324,12 @@ fn report_load(p: &Pair) {
         per(dm),
         im as f64 / dm as f64
     );
+    println!(
+        "| heap B / distinct block: kvix ingest translators + engine vs tree + lookups | {:.1} | {:.1} | {:.2} |",
+        per(p.ingest_bytes),
+        per(dm),
+        p.ingest_bytes as f64 / dm as f64
+    );
 }
 
 fn report_queries(p: &Pair, w: &Workload, t: &mut [Timed]) {
@@ -396,7 +406,10 @@ fn main() {
                     println!("kvix: longest apply of one event {:?}", k.longest);
                     t
                 }
-                "kvix-ingest" => ingest_side::apply(w.workers, &ingest_side::prepare(&w.load)).0,
+                "kvix-ingest" => {
+                    ingest_side::apply(w.workers, &ingest_side::prepare(&w.load), counting::live)
+                        .took
+                }
                 "index" => {
                     let t = std::time::Instant::now();
                     kvix_side::index_only(&w, counting::live);
