@@ -777,6 +777,39 @@ mod tests {
     }
 
     #[test]
+    fn one_block_lanes_name_blocks_by_chain_hash_each_under_its_own_keyspace() {
+        // vLLM's shape: 16-token blocks, one keyspace block each.
+        let mut t = Translator::new(KB, "m", "", &[Lane::full(16)]);
+        let mut a = st(&[1, 2], None, 0..32);
+        a.block_size = 16;
+        a.cache_salt = Some("a".into());
+        let mut b = st(&[3], None, 100..116);
+        b.block_size = 16;
+        let (out, _) = run(&mut t, vec![EngineEvent::Stored(a), EngineEvent::Stored(b)]);
+        let chain_a = token_chain(ks("a").seed(KB), KB, &(0..32).collect::<Vec<_>>());
+        let chain_b = token_chain(ks("").seed(KB), KB, &(100..116).collect::<Vec<_>>());
+        // (start, chain, engine hashes): none are sent.
+        assert_eq!(
+            stored_of(&out),
+            vec![(0, chain_a.clone(), vec![]), (0, chain_b.clone(), vec![])]
+        );
+        // One removal naming blocks of both keyspaces: each under the keyspace that
+        // stored it, by its chain hash.
+        let (out, _) = run(&mut t, vec![gone(&[3, 2])]);
+        let removed: Vec<(u64, Vec<Event>)> = (out.iter())
+            .map(|g| (t.seed(g.ks), g.events.clone()))
+            .collect();
+        let rm = |hashes: Vec<u64>| vec![Event::Removed { lane: 0, hashes }];
+        assert_eq!(
+            removed,
+            vec![
+                (ks("").seed(KB), rm(vec![chain_b[0]])),
+                (ks("a").seed(KB), rm(vec![chain_a[1]]))
+            ]
+        );
+    }
+
+    #[test]
     fn a_salt_per_request_keeps_as_many_keyspaces_as_hold_blocks() {
         let mut t = Translator::new(KB, "m", "", &[Lane::full(32)]);
         for r in 0..1000u64 {

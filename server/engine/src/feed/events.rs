@@ -585,6 +585,39 @@ mod tests {
     }
 
     #[test]
+    fn a_store_without_engine_hashes_keeps_no_names_and_is_removed_by_chain_hash() {
+        let mut f = EventFeed::new(1);
+        let mut out = OpBatch::new();
+        let chain: Vec<u64> = (10..42).collect();
+        f.apply(
+            4,
+            0,
+            77,
+            &[1],
+            &[stored(0, 0, chain.clone(), vec![])],
+            &mut out,
+        );
+        assert_eq!((f.names(), f.bytes()), (0, 0), "nothing per block");
+        out.clear();
+        let gone = [Event::Removed {
+            lane: 0,
+            hashes: vec![41, 40],
+        }];
+        let r = f.apply(4, 1, 77, &[1], &gone, &mut out);
+        assert_eq!(r.block_events, 2);
+        assert_eq!(
+            out.ops(),
+            &[Op::Remove {
+                ks: 77,
+                holder: Holder::new(4, 0),
+                at: 0,
+                len: 2
+            }]
+        );
+        assert_eq!(out.hashes(0, 2), &[41, 40]);
+    }
+
+    #[test]
     fn a_removal_finds_names_in_any_keyspace_and_an_emptied_keyspace_is_forgotten() {
         let mut f = EventFeed::new(1);
         let mut out = OpBatch::new();
