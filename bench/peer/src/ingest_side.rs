@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use kvix_engine::{Engine, Ks};
-use kvix_server::ingest::payload::{Batch, EngineEvent, Medium, Stored};
+use kvix_server::ingest::payload::{Batch, EngineEvent, Stored};
 use kvix_server::ingest::translate::{Counts, Translator};
 use kvix_wire::{ChunkKind, Feed, Lane};
 
@@ -38,20 +38,12 @@ pub fn prepare(events: &[Ev]) -> Prepared {
             for b in blocks {
                 tokens(b, &mut token_ids);
             }
-            let stored = Stored {
-                block_hashes: blocks.iter().map(|b| b.engine).collect(),
-                parent: parent.map(|p| p.engine),
+            let stored = Stored::plain(
+                blocks.iter().map(|b| b.engine).collect(),
+                parent.map(|p| p.engine),
                 token_ids,
-                block_size: TOKEN_BLOCK,
-                lora_id: None,
-                medium: Medium::Gpu,
-                lora_name: None,
-                extras: Vec::new(),
-                cache_salt: None,
-                group_idx: 0,
-                spec_kind: None,
-                sliding_window: None,
-            };
+                TOKEN_BLOCK,
+            );
             let batch = Batch {
                 ts: 0.0,
                 events: vec![EngineEvent::Stored(stored)],

@@ -98,6 +98,32 @@ pub struct Stored {
     pub sliding_window: Option<u32>,
 }
 
+impl Stored {
+    /// A GPU store of group 0 with no LoRA, salt, extra keys or lane kind: what an engine
+    /// without those features sends.
+    pub fn plain(
+        block_hashes: Vec<u64>,
+        parent: Option<u64>,
+        token_ids: Vec<u32>,
+        block_size: u32,
+    ) -> Self {
+        Stored {
+            block_hashes,
+            parent,
+            token_ids,
+            block_size,
+            lora_id: None,
+            medium: Medium::Gpu,
+            lora_name: None,
+            extras: Vec::new(),
+            cache_salt: None,
+            group_idx: 0,
+            spec_kind: None,
+            sliding_window: None,
+        }
+    }
+}
+
 /// `BlockRemoved`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Removed {

@@ -581,20 +581,7 @@ mod tests {
     const KB: u32 = 16;
 
     fn st(hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>) -> Stored {
-        Stored {
-            block_hashes: hashes.to_vec(),
-            parent,
-            token_ids: tokens.collect(),
-            block_size: 32,
-            lora_id: None,
-            medium: Medium::Gpu,
-            lora_name: None,
-            extras: Vec::new(),
-            cache_salt: None,
-            group_idx: 0,
-            spec_kind: None,
-            sliding_window: None,
-        }
+        Stored::plain(hashes.to_vec(), parent, tokens.collect(), 32)
     }
 
     fn batch(events: Vec<EngineEvent>) -> Batch {
