@@ -537,7 +537,7 @@ impl BlockIndex {
                 return (taken, false);
             }
             let mut runs = Vec::new();
-            let mut rest = self.set_runs[s as usize];
+            let mut rest = self.set_runs.get(s as usize).copied().unwrap_or(NIL);
             while rest != NIL && taken < budget {
                 runs.push(rest);
                 taken += self.node(rest).len();
