@@ -28,6 +28,22 @@ use workload::{FleetShape, Workload};
 #[global_allocator]
 static ALLOC: counting::Counting = counting::Counting;
 
+const HELP: &str = r#"kvix-peer-bench: kvix-engine vs dynamo-kv-router 1.6.1, same workload, same answers
+
+  --quick        a tenth of the fleet (for a smoke run)
+  --reps N       timed queries per prompt and side (default 3000)
+  --rounds N     loads per side and workload, alternating which goes first;
+                 the median time is reported (default 3)
+  --trace PATH   the Mooncake trace (default: shared/data/mooncake_synthetic_trace.jsonl)
+  --no-trace     skip the trace workload
+  --only SIDE    only load the 32-block fleet into one side, three times (for a
+                 profiler): kvix (events as the ingest sends them), kvix-named
+                 (blocks named by engine hash), kvix-ingest (vLLM batches through
+                 the server's translator), index (the bare index) or dynamo;
+                 KVIX_PEER_WORKLOAD=decode loads the 1-block fleet instead,
+                 KVIX_PEER_WORKLOAD=mooncake the trace
+"#;
+
 struct Args {
     reps: usize,
     rounds: usize,
@@ -74,19 +90,7 @@ fn args() -> Result<Args, String> {
             }
             "--trace" => a.trace = Some(it.next().ok_or("--trace takes a path")?.into()),
             "-h" | "--help" => {
-                println!(
-                    "kvix-peer-bench: kvix-engine vs dynamo-kv-router 1.6.1, same workload, same answers\n\n\
-                     --quick        a tenth of the fleet (for a smoke run)\n\
-                     --reps N       timed queries per prompt and side (default 3000)\n\
-                     --rounds N     loads per side and workload, alternating which goes first;\n\
-                                    the median time is reported (default 3)\n\
-                     --trace PATH   the Mooncake trace (default: shared/data/mooncake_synthetic_trace.jsonl)\n\
-                     --no-trace     skip the trace workload\n\
-                     --only SIDE    only load the 32-block fleet into one side, three times (for a\n\
-                                    profiler): kvix (events as the ingest sends them), kvix-named\n\
-                                    (blocks named by engine hash), kvix-ingest (vLLM batches through\n\
-                                    the server's translator), index (the bare index) or dynamo"
-                );
+                print!("{HELP}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?} (see --help)")),
@@ -396,6 +400,10 @@ fn main() {
         let w = match std::env::var("KVIX_PEER_WORKLOAD").as_deref() {
             Ok("mooncake") => workload::mooncake(args.trace.as_deref().expect("a trace"), 16, 32)
                 .expect("the trace loads"),
+            Ok("decode") => workload::fleet(FleetShape {
+                per_event: 1,
+                ..shape
+            }),
             _ => workload::fleet(shape),
         };
         for _ in 0..3 {
