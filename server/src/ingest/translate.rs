@@ -220,6 +220,13 @@ impl Translator {
         i
     }
 
+    /// Whether lane `spec`'s blocks go out named by their chain hash (a lane block of one
+    /// keyspace block: a removal names the chain hash this map keeps, so the feed needs
+    /// no second map of engine hashes) rather than by engine hash.
+    fn by_chain(&self, spec: &Lane) -> bool {
+        spec.block_tokens == self.block
+    }
+
     /// The keyspace clears are filed under (any of the holder's would do).
     fn base(&mut self) -> u32 {
         self.intern(None, None, None)
@@ -329,6 +336,7 @@ impl Translator {
         }
         let before = chain;
         let mut hashes: Vec<u64> = Vec::with_capacity(n * p / b + 1);
+        let by_name = !self.by_chain(&spec);
         let mut names = Vec::new();
         let bit = st.medium.bit();
         // Every block's map entry is loaded at once, not one miss after another.
@@ -359,7 +367,9 @@ impl Translator {
                     pending.with(|t| lane_block(chain, self.block, t, keys, &mut hashes))
                 };
                 pending = Pending::from_tokens(&tokens[take..]);
-                names.push(h);
+                if by_name {
+                    names.push(h);
+                }
             } else {
                 pending.push(tokens);
             }
@@ -399,9 +409,7 @@ impl Translator {
                 // extend the parent's run (decode streams store one block at a time).
                 parent: (boundary > 0).then_some(before),
                 chain: hashes,
-                // A lane block of one keyspace block is removed by its chain hash (this
-                // map keeps it), so the feed needs no second map of engine hashes.
-                engine: if l == b { Vec::new() } else { names },
+                engine: names,
             },
         )))
     }
@@ -415,8 +423,7 @@ impl Translator {
         counts: &mut Counts,
     ) -> Result<(), Skip> {
         let (lane, spec) = self.lane(rm.group_idx)?;
-        // Named as it was stored: by chain hash where a lane block is one keyspace block.
-        let by_chain = spec.block_tokens == self.block;
+        let by_chain = self.by_chain(&spec);
         let map = &mut self.maps[lane as usize];
         let bit = rm.medium.bit();
         let mut gone: Option<(u32, Vec<u64>)> = None;
