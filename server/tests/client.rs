@@ -284,7 +284,7 @@ const RESTARTING: u8 = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_load_fails_open_then_reconnects_and_reannounces_to_a_fresh_server() {
-    let first = Server::start(&["--cores", "1"]);
+    let first = Server::start_restartable(&["--cores", "1"]);
     let at = first.addr;
     let c = Client::connect(config(tcp(&first))).await.unwrap();
     let hybrid = vec![

@@ -51,14 +51,7 @@ pub fn available(test: &str) -> Option<()> {
     }
 }
 
-/// A loopback port nobody listens on right now (someone may by the time it is bound).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use super::free_port;
 
 /// The tcp ports of a publisher's events and replay sockets; data parallel rank `r`
 /// binds each plus `r`, as every release does.

@@ -19,6 +19,27 @@ pub struct Server {
     pub stdout_lines: Vec<String>,
 }
 
+/// A loopback port nobody listens on now, below the kernel's ephemeral port range (the
+/// ports it hands out for port 0): a server or publisher killed and started again on it
+/// cannot lose it meanwhile to another test's socket bound to port 0. Successive calls
+/// try successive ports from a place that depends on the process id, so that threads
+/// and test binaries running at once do not pick the same one.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    const FROM: u32 = 10_000;
+    let span = low.saturating_sub(FROM).max(1);
+    let base = std::process::id().wrapping_mul(7919);
+    (0..span)
+        .map(|_| FROM + base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span)
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok())
+        .expect("a free loopback port below the ephemeral range") as u16
+}
+
 /// The server binary listening on TCP `listen`, without a Unix socket, with metrics on an
 /// ephemeral port.
 fn listening_on(listen: &str) -> Command {
@@ -38,6 +59,13 @@ impl Server {
 
     pub fn spawn(cmd: Command) -> Server {
         Self::try_spawn(cmd).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts the binary with `args` on a port a later [`Server::start_on`] can come
+    /// back to once it is killed: one below the kernel's ephemeral range, which no other
+    /// test's server (bound to port 0) can be given while this one is down.
+    pub fn start_restartable(args: &[&str]) -> Server {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], free_port())), args)
     }
 
     /// Starts the binary with `args` listening on TCP `listen` (a fixed port, to come
