@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use kvix_engine::{Engine, Ks};
 use kvix_server::ingest::payload::{Batch, EngineEvent, Stored};
 use kvix_server::ingest::translate::{Counts, Translator};
-use kvix_wire::{ChunkKind, Feed, Lane};
+use kvix_wire::{ChunkKind, Lane};
 
-use crate::workload::{splitmix, Block, Ev, TOKEN_BLOCK};
+use crate::workload::{self, splitmix, Block, Ev, TOKEN_BLOCK};
 
 /// One engine batch per store, with its worker; built ahead of time (not timed).
 pub type Prepared = Vec<(u32, Batch)>;
@@ -67,12 +67,7 @@ pub struct Loaded {
 pub fn apply(workers: u32, batches: &Prepared, live: impl Fn() -> usize) -> Loaded {
     let before = live();
     let lanes = [Lane::full(TOKEN_BLOCK)];
-    let mut engine = Engine::new(TOKEN_BLOCK);
-    for w in 0..workers {
-        engine
-            .announce(&format!("w{w}"), &lanes, Feed::Events)
-            .expect("a plain worker announces");
-    }
+    let mut engine = workload::fleet_engine(workers);
     let mut translators: Vec<Translator> = (0..workers)
         .map(|_| Translator::new(TOKEN_BLOCK, "model", "", &lanes))
         .collect();

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use kvix_engine::{Answer, Engine, Holder};
-use kvix_wire::{Event, Feed, Lane};
+use kvix_wire::Event;
 
-use crate::workload::{Ev, Query, Workload, KS, TOKEN_BLOCK};
+use crate::workload::{self, Ev, Query, Workload, KS};
 
 pub struct Kvix {
     pub engine: Engine,
@@ -31,15 +31,8 @@ pub fn prepare(events: &[Ev], named: bool) -> Prepared {
 
 impl Kvix {
     pub fn new(workers: u32) -> Self {
-        let mut engine = Engine::new(TOKEN_BLOCK);
-        for w in 0..workers {
-            let (id, _) = engine
-                .announce(&format!("w{w}"), &[Lane::full(TOKEN_BLOCK)], Feed::Events)
-                .expect("a plain worker announces");
-            assert_eq!(id, w);
-        }
         Kvix {
-            engine,
+            engine: workload::fleet_engine(workers),
             seqs: vec![0; workers as usize],
             answer: Answer::default(),
             longest: Duration::ZERO,

@@ -112,6 +112,18 @@ pub fn splitmix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// An engine with `workers` plain event-fed workers, `w0`.., whose ids are 0.. in order.
+pub fn fleet_engine(workers: u32) -> Engine {
+    let mut engine = Engine::new(TOKEN_BLOCK);
+    for w in 0..workers {
+        let (id, _) = engine
+            .announce(&format!("w{w}"), &[Lane::full(TOKEN_BLOCK)], Feed::Events)
+            .expect("a plain worker announces");
+        assert_eq!(id, w);
+    }
+    engine
+}
+
 /// Extends a chain whose last chain hash is `prev` by blocks with these local hashes.
 fn chain_on(prev: u64, locals: impl Iterator<Item = u64>) -> Vec<Block> {
     let mut prev = prev;
@@ -281,12 +293,7 @@ pub fn mooncake(path: &Path, workers: u32, sub: u32) -> Result<Workload, String>
             .flat_map(|id| (0..sub as u64).map(move |s| splitmix(id << 6 | s)));
         requests.push(chain_on(0x7ACE, locals));
     }
-    let mut router = Engine::new(TOKEN_BLOCK);
-    for w in 0..workers {
-        router
-            .announce(&format!("w{w}"), &[Lane::full(TOKEN_BLOCK)], Feed::Events)
-            .map_err(|e| e.to_string())?;
-    }
+    let mut router = fleet_engine(workers);
     let mut load = Vec::new();
     let mut seqs = vec![0u64; workers as usize];
     for (i, blocks) in requests.iter().enumerate() {
