@@ -92,8 +92,8 @@ impl<T: Default> KeyMap<T> {
         self.free.push(i as u32);
         if self.at.len() == 0 {
             *self = KeyMap::default();
-        } else if self.at.shrunk().is_some() {
-            self.compact();
+        } else if let Some(capacity) = self.at.shrunk() {
+            self.compact(capacity);
         }
         Some(value)
     }
@@ -103,10 +103,11 @@ impl<T: Default> KeyMap<T> {
         self.at.iter().map(|&(k, i)| (k, &self.slab[i as usize]))
     }
 
-    /// Rebuilds the table at a size fit for its entries and the slab without its holes.
-    fn compact(&mut self) {
+    /// Rebuilds the table at `capacity` (the table's own shrink rule) and the slab
+    /// without its holes.
+    fn compact(&mut self, capacity: usize) {
         let mut slab = Vec::with_capacity(self.at.len());
-        let mut at = Table::with_capacity(self.at.len() * 2);
+        let mut at = Table::with_capacity(capacity);
         for &(k, i) in self.at.iter() {
             at.insert_new(fmix(k), (k, slab.len() as u64));
             slab.push(std::mem::take(&mut self.slab[i as usize]));
