@@ -63,8 +63,18 @@ pub struct Loaded {
     pub bytes: usize,
 }
 
-/// Translates and applies every batch, `live` counting heap bytes.
-pub fn apply(workers: u32, batches: &Prepared, live: impl Fn() -> usize) -> Loaded {
+/// Which part of the ingest path a load runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// The translator, then the engine: what the server does.
+    Whole,
+    /// The translator alone (its events dropped): for profiling its share.
+    TranslatorOnly,
+}
+
+/// Translates every batch and, for [`Path::Whole`], applies its events; `live` counts
+/// heap bytes.
+pub fn apply(workers: u32, batches: &Prepared, path: Path, live: impl Fn() -> usize) -> Loaded {
     let before = live();
     let lanes = [Lane::full(TOKEN_BLOCK)];
     let mut engine = workload::fleet_engine(workers);
@@ -78,6 +88,9 @@ pub fn apply(workers: u32, batches: &Prepared, live: impl Fn() -> usize) -> Load
         let tr = &mut translators[*w as usize];
         groups.clear();
         tr.apply(batch, &mut groups, &mut counts);
+        if path == Path::TranslatorOnly {
+            continue;
+        }
         for g in &groups {
             let ks = Ks {
                 seed: tr.seed(g.ks),

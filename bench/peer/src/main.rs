@@ -39,7 +39,8 @@ const HELP: &str = r#"kvix-peer-bench: kvix-engine vs dynamo-kv-router 1.6.1, sa
   --only SIDE    only load the 32-block fleet into one side, three times (for a
                  profiler): kvix (events as the ingest sends them), kvix-named
                  (blocks named by engine hash), kvix-ingest (vLLM batches through
-                 the server's translator), index (the bare index) or dynamo;
+                 the server's translator, then the engine), kvix-translate (the
+                 translator alone), index (the bare index) or dynamo;
                  KVIX_PEER_WORKLOAD=decode loads the 1-block fleet instead,
                  KVIX_PEER_WORKLOAD=mooncake the trace
 "#;
@@ -83,10 +84,9 @@ fn args() -> Result<Args, String> {
             }
             "--no-trace" => a.trace = None,
             "--only" => {
-                a.only = Some(
-                    it.next()
-                        .ok_or("--only takes kvix, kvix-named, kvix-ingest, index or dynamo")?,
-                )
+                a.only = Some(it.next().ok_or(
+                    "--only takes kvix, kvix-named, kvix-ingest, kvix-translate, index or dynamo",
+                )?)
             }
             "--trace" => a.trace = Some(it.next().ok_or("--trace takes a path")?.into()),
             "-h" | "--help" => {
@@ -164,7 +164,12 @@ fn load(w: &Workload, rounds: usize) -> Pair {
             (load_kvix(w, false), d)
         };
         nt.push(load_kvix(w, true).1);
-        let ingested = ingest_side::apply(w.workers, &batches, counting::live);
+        let ingested = ingest_side::apply(
+            w.workers,
+            &batches,
+            ingest_side::Path::Whole,
+            counting::live,
+        );
         it.push(ingested.took);
         ingest_bytes.get_or_insert(ingested.bytes);
         assert_eq!(
@@ -414,9 +419,13 @@ fn main() {
                     println!("kvix: longest apply of one event {:?}", k.longest);
                     t
                 }
-                "kvix-ingest" => {
-                    ingest_side::apply(w.workers, &ingest_side::prepare(&w.load), counting::live)
-                        .took
+                "kvix-ingest" | "kvix-translate" => {
+                    let path = match side.as_str() {
+                        "kvix-ingest" => ingest_side::Path::Whole,
+                        _ => ingest_side::Path::TranslatorOnly,
+                    };
+                    let batches = ingest_side::prepare(&w.load);
+                    ingest_side::apply(w.workers, &batches, path, counting::live).took
                 }
                 "index" => {
                     let t = std::time::Instant::now();
@@ -430,7 +439,7 @@ fn main() {
                 }
                 other => {
                     eprintln!(
-                        "kvix-peer-bench: --only {other:?}: kvix, kvix-named, kvix-ingest, index or dynamo"
+                        "kvix-peer-bench: --only {other:?}: kvix, kvix-named, kvix-ingest, kvix-translate, index or dynamo"
                     );
                     std::process::exit(2);
                 }
