@@ -528,6 +528,30 @@ fn data_parallel_ranks_are_their_own_holders_and_streams() {
     }
 }
 
+/// Ports for data parallel ranks come back free and side by side from one thread alone,
+/// whatever it took before: they were once walked in pairs one apart, which never made
+/// two ranges two apart, so the choice spun for ever unless another thread happened to
+/// take a port in between (CI hung here once the other tests had finished).
+#[test]
+fn ports_for_ranks_are_chosen_free_and_apart_by_one_thread_alone() {
+    let mut taken = Vec::new();
+    for shift in 0..4 {
+        (0..shift).for_each(|_| {
+            free_port();
+        });
+        let ports = Ports::choose(2);
+        assert_eq!(ports.replay, ports.publish + 2, "{ports:?}");
+        for port in ports.publish..ports.replay + 2 {
+            assert!(!taken.contains(&port), "{port} chosen twice");
+            assert!(
+                std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+                "{port} is not free"
+            );
+            taken.push(port);
+        }
+    }
+}
+
 #[test]
 fn ipc_endpoints_work_for_every_release() {
     if available("ipc_endpoints").is_none() {

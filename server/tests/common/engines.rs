@@ -5,7 +5,6 @@
 //! machine without python3 skips (printing why), except under CI=true, where it fails.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::OnceLock;
@@ -105,16 +104,13 @@ impl Ports {
         )
     }
 
-    /// Two ports (and each plus 1..ranks) free now, their ranges apart.
-    fn choose(ranks: u16) -> Ports {
-        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
-        loop {
-            let (publish, replay) = (free_port(), free_port());
-            let ranges_apart = publish.abs_diff(replay) >= ranks;
-            let fits = publish.checked_add(ranks).is_some() && replay.checked_add(ranks).is_some();
-            if ranges_apart && fits && (1..ranks).all(|r| free(publish + r) && free(replay + r)) {
-                return Ports { publish, replay };
-            }
+    /// Ports free now for `ranks` ranks: the events ports first, then the replay ports,
+    /// each range `ranks` long, side by side.
+    pub fn choose(ranks: u16) -> Ports {
+        let publish = super::free_ports(2 * ranks);
+        Ports {
+            publish,
+            replay: publish + ranks,
         }
     }
 
