@@ -159,7 +159,6 @@ impl Server {
                 addr = Some(rest.split_whitespace().next().unwrap().parse().unwrap());
             }
             unix |= line.contains("listening on unix://");
-            unix |= line.contains("listening on unix://");
             if let Some(rest) = line.split("metrics on http://").nth(1) {
                 metrics = Some(rest.trim().trim_end_matches("/metrics").parse().unwrap());
             }
