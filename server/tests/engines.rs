@@ -718,6 +718,99 @@ fn an_engine_announced_at_a_new_endpoint_without_replay_drops_the_old_process_bl
     new.stop();
 }
 
+/// A socket of ours bound to a free loopback port, and its endpoint.
+fn bound(ctx: &zmq::Context, kind: zmq::SocketType) -> (zmq::Socket, String) {
+    let s = ctx.socket(kind).unwrap();
+    s.set_linger(0).unwrap();
+    s.bind("tcp://127.0.0.1:*").unwrap();
+    let ep = s.get_last_endpoint().unwrap().unwrap();
+    (s, ep)
+}
+
+/// The payload of batch `seq` of a publisher of ours: `[ts, [["AllBlocksCleared"]], 0]`.
+fn cleared_batch(seq: u64) -> Vec<u8> {
+    let ev = rmpv::Value::Array(vec!["AllBlocksCleared".into()]);
+    let v = rmpv::Value::Array(vec![
+        rmpv::Value::F64(1.0 + seq as f64),
+        rmpv::Value::Array(vec![ev]),
+        0.into(),
+    ]);
+    let mut payload = Vec::new();
+    rmpv::encode::write_value(&mut payload, &v).unwrap();
+    payload
+}
+
+/// A replay in flight holds up only its own stream. One ingest thread serves a real
+/// engine's worker and worker "slow", whose replay endpoint (ours) answers one batch at
+/// a time and does not finish while the engine's next store waits to be seen. A replay
+/// used to run on the ingest thread itself: every other source there waited until it
+/// ended (up to a minute), and this store was never seen while the replay went on.
+#[test]
+fn a_replay_in_flight_holds_up_only_its_own_stream() {
+    if available("a_replay_in_flight").is_none() {
+        return;
+    }
+    let rel = Rel(RELEASES[0]);
+    let server = Server::start(&["--cores", "2", "--ingest-threads", "1"]);
+    let mut c = server.session();
+    let (ports, mut engine) = Ports::start_one(rel.0);
+    let w = c
+        .announce_source("engine", full(), ports.source(0, ""))
+        .unwrap()
+        .worker;
+    let base = ks("", "");
+    engine.publish(vec![rel.blocks(1, 0, 2, 1)]);
+    expect(
+        &mut c,
+        &base,
+        &chain(&base, 1, 2),
+        &[(w, 2)],
+        "before the replay",
+    );
+    let ctx = zmq::Context::new();
+    let (_publisher, endpoint) = bound(&ctx, zmq::PUB);
+    let (replay, replay_ep) = bound(&ctx, zmq::ROUTER);
+    replay.set_rcvtimeo(30_000).unwrap();
+    let source = EventSource {
+        endpoint,
+        replay: replay_ep,
+        model: "m".into(),
+        salt: String::new(),
+    };
+    c.announce_source("slow", full(), source).unwrap();
+    // A new stream asks for everything from seq 0: [identity, "", 0].
+    let asked = replay
+        .recv_multipart(0)
+        .expect("slow's replay is asked for");
+    assert_eq!(asked[2], 0u64.to_be_bytes(), "{asked:?}");
+    let answer = |seq: u64, payload: &[u8]| {
+        let frames = [&asked[0][..], b"", &seq.to_be_bytes()[..], payload];
+        replay.send_multipart(frames, 0).unwrap();
+    };
+    engine.publish(vec![rel.blocks(1, 2, 4, 1)]);
+    let mut seq = 0;
+    // A batch every 200 ms: the replay waits up to a second for each next one.
+    while c.query(&base, &chain(&base, 1, 4)).scores
+        != [Score {
+            worker: w,
+            blocks: 4,
+        }]
+    {
+        assert!(
+            seq < 150,
+            "the engine's store waited for another worker's replay"
+        );
+        answer(seq, &cleared_batch(seq));
+        seq += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(server.metric("kvix_ingest_replay_failures_total"), 0);
+    let replayed = server.metric("kvix_ingest_replayed_total");
+    answer(u64::MAX, b"");
+    await_metric(&server, "kvix_ingest_replayed_total", replayed + seq);
+    engine.stop();
+}
+
 /// A publisher whose replay endpoint takes requests and never answers (an engine whose
 /// publisher thread hung), sending batches with gaps. A replay blocks the ingest thread
 /// for its timeout, so asking at every gap would stall every source on that thread for
@@ -726,15 +819,8 @@ fn an_engine_announced_at_a_new_endpoint_without_replay_drops_the_old_process_bl
 #[test]
 fn a_silent_replay_endpoint_is_not_asked_again_at_every_gap() {
     let ctx = zmq::Context::new();
-    let bound = |kind| {
-        let s = ctx.socket(kind).unwrap();
-        s.set_linger(0).unwrap();
-        s.bind("tcp://127.0.0.1:*").unwrap();
-        let ep = s.get_last_endpoint().unwrap().unwrap();
-        (s, ep)
-    };
-    let (publisher, endpoint) = bound(zmq::PUB);
-    let (replay, replay_ep) = bound(zmq::ROUTER);
+    let (publisher, endpoint) = bound(&ctx, zmq::PUB);
+    let (replay, replay_ep) = bound(&ctx, zmq::ROUTER);
     let server = Server::start(&["--cores", "2"]);
     let mut c = server.session();
     let source = EventSource {
@@ -745,23 +831,15 @@ fn a_silent_replay_endpoint_is_not_asked_again_at_every_gap() {
     };
     c.announce_source("hung", full(), source).unwrap();
     await_metric(&server, "kvix_ingest_publishers_connected", 1);
-    // [ts, [["AllBlocksCleared"]], 0] as seq 0, 2, 4, …: a gap before each but the first.
-    let batch = |seq: u64| {
-        let ev = rmpv::Value::Array(vec!["AllBlocksCleared".into()]);
-        let v = rmpv::Value::Array(vec![
-            rmpv::Value::F64(1.0 + seq as f64),
-            rmpv::Value::Array(vec![ev]),
-            0.into(),
-        ]);
-        let mut payload = Vec::new();
-        rmpv::encode::write_value(&mut payload, &v).unwrap();
-        payload
-    };
+    // Seq 0, 2, 4, …: a gap before each but the first.
     let applied = || server.metric("kvix_ingest_batches_applied_total");
     let mut seq = 0u64;
     while applied() < 5 && seq < 2000 {
         publisher
-            .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &batch(seq)[..]], 0)
+            .send_multipart(
+                [&b"kv"[..], &seq.to_be_bytes()[..], &cleared_batch(seq)[..]],
+                0,
+            )
             .unwrap();
         seq += 2;
         std::thread::sleep(Duration::from_millis(20));

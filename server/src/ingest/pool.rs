@@ -15,8 +15,8 @@ use futures::channel::mpsc;
 use futures::SinkExt;
 use kvix_wire::WorkerId;
 
-use super::socket::{Backoff, Link, Replayer, Subscription};
-use super::stream::{Delivery, Record, Stream, Tally};
+use super::socket::{Backoff, Link, ReplayCall, Subscription};
+use super::stream::{Ask, Delivery, Record, Stream, Tally};
 use super::{IngestJob, SourceSpec, METRICS};
 
 /// How long a thread waits in `zmq_poll` before it looks at its commands again.
@@ -139,6 +139,41 @@ struct Live {
     stream: Stream,
     up: bool,
     backoff: Backoff,
+    /// The replay the stream waits for: its subscription is not read meanwhile (libzmq
+    /// queues what comes), the other streams of the thread go on.
+    replay: Option<ReplayCall>,
+}
+
+impl Live {
+    /// Asks for the replay the stream needs, if any; one that cannot be asked (a
+    /// backoff after a failed one, a socket error) is answered with why at once.
+    fn ask(&mut self, ctx: &zmq::Context, mut ask: Ask, out: &mut Vec<Delivery>, t: &mut Tally) {
+        while let Some(from) = ask {
+            let endpoint = &self.spec.source.replay;
+            let started = self.backoff.check(endpoint).and_then(|()| {
+                ReplayCall::start(ctx, endpoint, from).inspect_err(|_| self.backoff.record(false))
+            });
+            match started {
+                Ok(call) => {
+                    self.replay = Some(call);
+                    return;
+                }
+                Err(e) => ask = self.stream.replayed(Err(e), out, t),
+            }
+        }
+    }
+
+    /// Takes what the replay in flight has received; once it ended, hands the stream its
+    /// answer.
+    fn progress(&mut self, ctx: &zmq::Context, out: &mut Vec<Delivery>, t: &mut Tally) {
+        let Some(got) = self.replay.as_mut().and_then(ReplayCall::step) else {
+            return;
+        };
+        self.replay = None;
+        self.backoff.record(got.is_ok());
+        let ask = self.stream.replayed(got, out, t);
+        self.ask(ctx, ask, out, t);
+    }
 }
 
 struct Worker {
@@ -160,40 +195,65 @@ impl Worker {
                     Command::Remove(w) => self.remove(w),
                 }
             }
-            let ready: Vec<usize> = {
-                let mut items: Vec<zmq::PollItem<'_>> = self
-                    .streams
-                    .iter()
-                    .flat_map(|s| {
-                        [
-                            s.subscription.sub.as_poll_item(zmq::POLLIN),
-                            s.subscription.monitor.as_poll_item(zmq::POLLIN),
-                        ]
-                    })
-                    .collect();
-                if items.is_empty() {
-                    std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
-                    continue;
-                }
-                match zmq::poll(&mut items, POLL_MS) {
-                    Ok(0) => continue,
-                    Ok(_) => (0..self.streams.len())
-                        .filter(|&i| items[2 * i].is_readable() || items[2 * i + 1].is_readable())
-                        .collect(),
-                    Err(e) => {
-                        tracing::error!("ingest: zmq_poll failed: {e}");
-                        std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
-                        continue;
-                    }
-                }
-            };
-            for i in ready {
+            if self.streams.is_empty() {
+                std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
+                continue;
+            }
+            for i in self.ready() {
                 self.serve(i, &mut out);
                 if !self.deliver(i, &mut out) {
                     return;
                 }
             }
         }
+    }
+
+    /// Waits (at most `POLL_MS`, less when a replay's deadline is nearer) for the
+    /// streams that have something to read, or a replay in flight that reached its
+    /// deadline.
+    fn ready(&self) -> Vec<usize> {
+        let mut owners = Vec::with_capacity(2 * self.streams.len());
+        let mut items: Vec<zmq::PollItem<'_>> = Vec::with_capacity(2 * self.streams.len());
+        let mut timeout = std::time::Duration::from_millis(POLL_MS as u64);
+        let now = std::time::Instant::now();
+        for (i, s) in self.streams.iter().enumerate() {
+            match &s.replay {
+                Some(call) => {
+                    timeout = timeout.min(call.deadline().saturating_duration_since(now));
+                    items.push(call.poll_item());
+                    owners.push(i);
+                }
+                None => {
+                    items.push(s.subscription.sub.as_poll_item(zmq::POLLIN));
+                    items.push(s.subscription.monitor.as_poll_item(zmq::POLLIN));
+                    owners.extend([i, i]);
+                }
+            }
+        }
+        // Rounded up: a deadline is found passed when the poll returns.
+        let ms = timeout.as_micros().div_ceil(1000) as i64;
+        if let Err(e) = zmq::poll(&mut items, ms) {
+            tracing::error!("ingest: zmq_poll failed: {e}");
+            std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
+            return Vec::new();
+        }
+        let now = std::time::Instant::now();
+        let mut ready: Vec<usize> = items
+            .iter()
+            .zip(&owners)
+            .filter(|(item, _)| item.is_readable())
+            .map(|(_, &i)| i)
+            .chain(
+                self.streams
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.replay.as_ref().is_some_and(|c| c.deadline() <= now))
+                    .map(|(i, _)| i),
+            )
+            .collect();
+        ready.sort_unstable();
+        ready.dedup();
+        ready
     }
 
     fn add(&mut self, spec: StreamSpec) {
@@ -209,6 +269,7 @@ impl Worker {
                     stream,
                     up: false,
                     backoff: Backoff::default(),
+                    replay: None,
                 });
             }
             Err(e) => {
@@ -229,17 +290,17 @@ impl Worker {
         }
     }
 
-    /// Reads what stream `i` has waiting: monitor events first (a reconnect catches up
-    /// before the messages that follow it), then a burst of messages.
+    /// Reads what stream `i` has waiting: its replay's replies if one is in flight, else
+    /// monitor events first (a reconnect catches up before the messages that follow
+    /// it), then a burst of messages, until the stream asks for a replay.
     fn serve(&mut self, i: usize, out: &mut Vec<Delivery>) {
         let s = &mut self.streams[i];
         let mut tally = Tally::default();
-        let mut replay = Replayer {
-            ctx: &self.ctx,
-            endpoint: &s.spec.source.replay,
-            backoff: &mut s.backoff,
-        };
-        while let Some(link) = s.subscription.link() {
+        s.progress(&self.ctx, out, &mut tally);
+        while s.replay.is_none() {
+            let Some(link) = s.subscription.link() else {
+                break;
+            };
             match link {
                 Link::Up => {
                     if !s.up {
@@ -247,7 +308,8 @@ impl Worker {
                         s.up = true;
                     }
                     tracing::info!(worker = %s.spec.name, "ingest: publisher connected");
-                    s.stream.connected(&mut replay, out, &mut tally);
+                    let ask = s.stream.connected();
+                    s.ask(&self.ctx, ask, out, &mut tally);
                 }
                 Link::Down => {
                     if s.up {
@@ -259,11 +321,15 @@ impl Worker {
             }
         }
         for _ in 0..BURST {
+            if s.replay.is_some() {
+                break;
+            }
             match s.subscription.next() {
                 None => break,
                 Some(Ok((seq, payload))) => {
                     METRICS.messages.fetch_add(1, Relaxed);
-                    s.stream.live(seq, &payload, &mut replay, out, &mut tally);
+                    let ask = s.stream.live(seq, &payload, out, &mut tally);
+                    s.ask(&self.ctx, ask, out, &mut tally);
                 }
                 Some(Err(frames)) => {
                     METRICS.malformed.fetch_add(1, Relaxed);

@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use super::stream::Replay;
+use super::stream::Replayed;
 
 /// Longest frame accepted from a publisher (a batch of many long stores still fits).
 pub const MAX_FRAME: i64 = 64 << 20;
@@ -102,98 +102,128 @@ fn seq_and_payload(mut frames: Vec<Vec<u8>>) -> Result<(u64, Vec<u8>), usize> {
     Ok((seq, payload))
 }
 
-/// When a source's next replay may be asked for. A replay blocks the ingest thread that
-/// asks (its other sources wait), so one that failed is not asked again at every gap:
-/// a replay endpoint that never answers costs one timeout per wait, not one per message.
+/// When a source's next replay may be asked for. A replay that failed (an endpoint that
+/// never answers) is not asked again at every gap: its stream waits for each one.
 #[derive(Debug, Default)]
 pub struct Backoff {
     until: Option<Instant>,
     wait: Duration,
 }
 
-/// Replays over a fresh DEALER per request.
-pub struct Replayer<'a> {
-    pub ctx: &'a zmq::Context,
-    pub endpoint: &'a str,
-    pub backoff: &'a mut Backoff,
-}
-
-impl Replay for Replayer<'_> {
-    fn replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
+impl Backoff {
+    /// Err while the wait after a failed replay lasts.
+    pub fn check(&self, endpoint: &str) -> Result<(), String> {
         let now = Instant::now();
-        if let Some(until) = self.backoff.until.filter(|u| now < *u) {
-            return Err(format!(
-                "replay {} not asked: {:?} left of the wait after a failed one",
-                self.endpoint,
+        match self.until.filter(|u| now < *u) {
+            Some(until) => Err(format!(
+                "replay {endpoint} not asked: {:?} left of the wait after a failed one",
                 until - now
-            ));
+            )),
+            None => Ok(()),
         }
-        let got = self.ask(from);
-        *self.backoff = match &got {
-            Ok(_) => Backoff::default(),
-            Err(_) => {
-                let wait = (self.backoff.wait * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX);
-                Backoff {
-                    until: Some(Instant::now() + wait),
-                    wait,
-                }
+    }
+
+    /// A replay ended: a failed one starts (or doubles) the wait.
+    pub fn record(&mut self, ok: bool) {
+        *self = if ok {
+            Backoff::default()
+        } else {
+            let wait = (self.wait * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX);
+            Backoff {
+                until: Some(Instant::now() + wait),
+                wait,
             }
         };
-        got
     }
 }
 
-impl Replayer<'_> {
-    fn ask(&self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
-        let err = |e: zmq::Error| format!("replay socket {}: {e}", self.endpoint);
-        let dealer = self.ctx.socket(zmq::DEALER).map_err(err)?;
+/// One replay in flight over a fresh DEALER: the ingest thread polls it with its
+/// subscriptions, so a slow or silent replay endpoint holds up only its own stream.
+pub struct ReplayCall {
+    dealer: zmq::Socket,
+    endpoint: String,
+    got: Vec<(u64, Vec<u8>)>,
+    bytes: usize,
+    /// When it fails unless another reply comes.
+    next_by: Instant,
+    /// When it fails however the replies come.
+    end: Instant,
+}
+
+impl ReplayCall {
+    /// Sends the request for the batches from `from` on.
+    pub fn start(ctx: &zmq::Context, endpoint: &str, from: u64) -> Result<Self, String> {
+        let err = |e: zmq::Error| format!("replay socket {endpoint}: {e}");
+        let dealer = ctx.socket(zmq::DEALER).map_err(err)?;
         dealer.set_linger(0).map_err(err)?;
         dealer.set_maxmsgsize(MAX_FRAME).map_err(err)?;
         dealer.set_rcvhwm(0).map_err(err)?;
-        dealer.connect(self.endpoint).map_err(err)?;
+        dealer.connect(endpoint).map_err(err)?;
         dealer
             .send_multipart([&b""[..], &from.to_be_bytes()[..]], 0)
             .map_err(err)?;
-        let mut out = Vec::new();
-        let (mut wait, mut bytes) = (REPLAY_FIRST, 0usize);
-        let end = Instant::now() + REPLAY_TOTAL;
+        let now = Instant::now();
+        Ok(ReplayCall {
+            dealer,
+            endpoint: endpoint.to_string(),
+            got: Vec::new(),
+            bytes: 0,
+            next_by: now + REPLAY_FIRST,
+            end: now + REPLAY_TOTAL,
+        })
+    }
+
+    pub fn poll_item(&self) -> zmq::PollItem<'_> {
+        self.dealer.as_poll_item(zmq::POLLIN)
+    }
+
+    /// When it gives up unless a reply comes first.
+    pub fn deadline(&self) -> Instant {
+        self.next_by.min(self.end)
+    }
+
+    /// Takes the replies that have come; the replay's result once it ended (its end
+    /// marker, a malformed reply, too much, or its deadline passed), None while it goes on.
+    pub fn step(&mut self) -> Option<Replayed> {
         loop {
-            let deadline = (Instant::now() + wait).min(end);
-            if dealer
-                .poll(
-                    zmq::POLLIN,
-                    deadline
-                        .saturating_duration_since(Instant::now())
-                        .as_millis() as i64,
-                )
-                .map_err(err)?
-                == 0
-            {
-                return Err(format!(
-                    "replay {} did not finish: no reply within {wait:?} (or {REPLAY_TOTAL:?} in all) after {} batches",
-                    self.endpoint,
-                    out.len()
-                ));
-            }
-            let mut frames = dealer.recv_multipart(0).map_err(err)?;
+            let mut frames = match self.dealer.recv_multipart(zmq::DONTWAIT) {
+                Ok(frames) => frames,
+                Err(zmq::Error::EAGAIN) => break,
+                Err(e) => return Some(Err(format!("replay socket {}: {e}", self.endpoint))),
+            };
             if frames.first().is_some_and(Vec::is_empty) {
                 frames.remove(0);
             }
-            let (seq, payload) = seq_and_payload(frames)
-                .map_err(|n| format!("replay {}: a reply of {n} frames", self.endpoint))?;
+            let (seq, payload) = match seq_and_payload(frames) {
+                Ok(reply) => reply,
+                Err(n) => {
+                    return Some(Err(format!(
+                        "replay {}: a reply of {n} frames",
+                        self.endpoint
+                    )))
+                }
+            };
             if seq == u64::MAX {
-                return Ok(out);
+                return Some(Ok(std::mem::take(&mut self.got)));
             }
-            bytes += payload.len();
-            if out.len() >= REPLAY_MAX || bytes > REPLAY_BYTES {
-                return Err(format!(
+            self.bytes += payload.len();
+            if self.got.len() >= REPLAY_MAX || self.bytes > REPLAY_BYTES {
+                return Some(Err(format!(
                     "replay {} sent more than {REPLAY_MAX} batches or {REPLAY_BYTES} bytes",
                     self.endpoint
-                ));
+                )));
             }
-            out.push((seq, payload));
-            wait = REPLAY_NEXT;
+            self.got.push((seq, payload));
+            self.next_by = Instant::now() + REPLAY_NEXT;
         }
+        (Instant::now() >= self.deadline()).then(|| {
+            Err(format!(
+                "replay {} did not finish: no reply within {:?} (or {REPLAY_TOTAL:?} in all) after {} batches",
+                self.endpoint,
+                if self.got.is_empty() { REPLAY_FIRST } else { REPLAY_NEXT },
+                self.got.len()
+            ))
+        })
     }
 }
 

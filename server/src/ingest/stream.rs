@@ -46,10 +46,9 @@ pub struct Delivery {
     pub payload: Option<Vec<u8>>,
 }
 
-/// The replay socket: the batches from `from` on, in order, as (seq, payload).
-pub trait Replay {
-    fn replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String>;
-}
+/// What a replay returned: the batches from the asked seq on, in order, as (seq,
+/// payload), or why there are none.
+pub type Replayed = Result<Vec<(u64, Vec<u8>)>, String>;
 
 /// What happened, for the metrics and the log.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +70,25 @@ pub struct Stream {
     reset_pending: bool,
     /// A replay from 0 found nothing: the publisher's seq 0 needs no replay.
     empty: bool,
+    /// The replay asked for and not yet answered: what its answer continues.
+    waiting: Option<Then>,
+    /// The live message that asked for it, (seq, payload): taken once it is answered.
+    held: Option<(u64, Vec<u8>)>,
 }
+
+/// What a replay's answer continues.
+#[derive(Debug, Clone, Copy)]
+enum Then {
+    /// Whether the publisher still has this batch (the same process).
+    Verify(Record),
+    /// Apply all it has onto a cleared worker.
+    Resync,
+}
+
+/// A replay the stream needs before it can go on: the batches from this seq. The
+/// caller asks the publisher and hands the answer to [`Stream::replayed`], and gives the
+/// stream nothing else meanwhile.
+pub type Ask = Option<u64>;
 
 impl Stream {
     /// A stream that resumes after `last` (None: a new one), with or without replay.
@@ -79,8 +96,7 @@ impl Stream {
         Stream {
             last,
             has_replay,
-            reset_pending: false,
-            empty: false,
+            ..Stream::default()
         }
     }
 
@@ -89,10 +105,11 @@ impl Stream {
     }
 
     /// The subscription (re)connected: catch up, checking identity.
-    pub fn connected(&mut self, rp: &mut dyn Replay, out: &mut Vec<Delivery>, t: &mut Tally) {
+    pub fn connected(&mut self) -> Ask {
         if self.has_replay {
-            self.verify(rp, out, t);
+            return self.verify();
         }
+        None
     }
 
     /// A live message.
@@ -100,39 +117,75 @@ impl Stream {
         &mut self,
         seq: u64,
         payload: &[u8],
-        rp: &mut dyn Replay,
         out: &mut Vec<Delivery>,
         t: &mut Tally,
-    ) {
+    ) -> Ask {
         let decoded = payload::decode(payload);
         let ts = decoded.as_ref().map_or(f64::NAN, |b| b.ts);
-        match self.last {
+        let ask = match self.last {
             Some(l) if seq <= l.seq => {
                 // Same process: not later than what was applied. An undecodable
                 // payload (NaN) counts as a duplicate.
                 let later = ts.partial_cmp(&l.ts) == Some(std::cmp::Ordering::Greater);
                 if !later {
                     t.duplicates += 1;
-                    return;
+                    return None;
                 }
                 t.restarts += 1;
-                self.resync(rp, out, t);
+                self.resync()
             }
             Some(l) if seq > l.seq + 1 => {
                 t.gaps += 1;
                 if self.has_replay {
-                    self.verify(rp, out, t);
+                    self.verify()
+                } else {
+                    None
                 }
             }
-            None if self.has_replay && !(self.empty && seq == 0) => self.verify(rp, out, t),
-            _ => {}
+            None if self.has_replay && !(self.empty && seq == 0) => self.verify(),
+            _ => None,
+        };
+        if ask.is_some() {
+            self.held = Some((seq, payload.to_vec()));
+            return ask;
         }
+        self.after_catch_up(seq, payload, decoded, out, t);
+        None
+    }
+
+    /// The answer to the replay the stream asked for; it may ask for another (a
+    /// publisher found to be a new process is replayed from 0).
+    pub fn replayed(&mut self, got: Replayed, out: &mut Vec<Delivery>, t: &mut Tally) -> Ask {
+        let ask = match self.waiting.take() {
+            Some(Then::Verify(l)) => self.verified(l, got, out, t),
+            Some(Then::Resync) => self.resynced(got, out, t),
+            None => None,
+        };
+        if ask.is_some() {
+            return ask;
+        }
+        if let Some((seq, payload)) = self.held.take() {
+            let decoded = payload::decode(&payload);
+            self.after_catch_up(seq, &payload, decoded, out, t);
+        }
+        None
+    }
+
+    /// A live message once whatever it asked for is applied: a duplicate of the replay,
+    /// or the next batch.
+    fn after_catch_up(
+        &mut self,
+        seq: u64,
+        payload: &[u8],
+        decoded: Result<Batch, payload::DecodeError>,
+        out: &mut Vec<Delivery>,
+        t: &mut Tally,
+    ) {
         if self.last.is_some_and(|l| seq <= l.seq) {
             t.duplicates += 1;
             return;
         }
-        let fp = xxh3_64(payload);
-        self.accept(seq, fp, decoded, payload, out, t);
+        self.accept(seq, xxh3_64(payload), decoded, payload, out, t);
     }
 
     fn accept(
@@ -163,17 +216,29 @@ impl Stream {
         });
     }
 
-    /// Replays from the last seq and continues if the publisher is the same process.
-    fn verify(&mut self, rp: &mut dyn Replay, out: &mut Vec<Delivery>, t: &mut Tally) {
+    /// Asks for a replay from the last seq, to continue if the publisher is the same
+    /// process.
+    fn verify(&mut self) -> Ask {
         let Some(l) = self.last else {
-            return self.resync(rp, out, t);
+            return self.resync();
         };
-        let replies = match rp.replay(l.seq) {
+        self.waiting = Some(Then::Verify(l));
+        Some(l.seq)
+    }
+
+    fn verified(
+        &mut self,
+        l: Record,
+        got: Replayed,
+        out: &mut Vec<Delivery>,
+        t: &mut Tally,
+    ) -> Ask {
+        let replies = match got {
             Ok(r) => r,
             Err(e) => {
                 t.replay_failures += 1;
                 tracing::debug!("ingest: replay from {} failed: {e}", l.seq);
-                return;
+                return None;
             }
         };
         let same = replies
@@ -181,19 +246,26 @@ impl Stream {
             .is_some_and(|(s, p)| *s == l.seq && xxh3_64(p) == l.fp);
         if !same {
             t.restarts += 1;
-            return self.resync(rp, out, t);
+            return self.resync();
         }
         self.apply_replay(&replies[1..], out, t);
+        None
     }
 
-    /// Starts over: clears the worker and applies everything the publisher still has.
-    fn resync(&mut self, rp: &mut dyn Replay, out: &mut Vec<Delivery>, t: &mut Tally) {
+    /// Starts over: the worker is to be cleared and given everything the publisher
+    /// still has (asked for here).
+    fn resync(&mut self) -> Ask {
         self.last = None;
         self.reset_pending = true;
         if !self.has_replay {
-            return;
+            return None;
         }
-        match rp.replay(0) {
+        self.waiting = Some(Then::Resync);
+        Some(0)
+    }
+
+    fn resynced(&mut self, got: Replayed, out: &mut Vec<Delivery>, t: &mut Tally) -> Ask {
+        match got {
             Ok(replies) => {
                 self.empty = replies.is_empty();
                 self.apply_replay(&replies, out, t)
@@ -213,6 +285,7 @@ impl Stream {
             });
             self.reset_pending = false;
         }
+        None
     }
 
     fn apply_replay(&mut self, replies: &[(u64, Vec<u8>)], out: &mut Vec<Delivery>, t: &mut Tally) {
@@ -244,8 +317,8 @@ mod tests {
         down: bool,
     }
 
-    impl Replay for Publisher {
-        fn replay(&mut self, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    impl Publisher {
+        fn replay(&mut self, from: u64) -> Replayed {
             if self.down {
                 return Err("no answer".into());
             }
@@ -281,6 +354,37 @@ mod tests {
         }
     }
 
+    /// The stream driven as the ingest thread drives it, `p` answering every replay it
+    /// asks for at once.
+    impl Stream {
+        fn live_from(
+            &mut self,
+            seq: u64,
+            b: &[u8],
+            p: &mut Publisher,
+            out: &mut Vec<Delivery>,
+            t: &mut Tally,
+        ) {
+            let ask = self.live(seq, b, out, t);
+            self.answer(ask, p, out, t);
+        }
+        fn connected_to(&mut self, p: &mut Publisher, out: &mut Vec<Delivery>, t: &mut Tally) {
+            let ask = self.connected();
+            self.answer(ask, p, out, t);
+        }
+        fn answer(
+            &mut self,
+            mut ask: Ask,
+            p: &mut Publisher,
+            out: &mut Vec<Delivery>,
+            t: &mut Tally,
+        ) {
+            while let Some(from) = ask {
+                ask = self.replayed(p.replay(from), out, t);
+            }
+        }
+    }
+
     fn seqs(out: &[Delivery]) -> Vec<(bool, u64)> {
         out.iter()
             .map(|d| (d.reset, d.record.map_or(0, |r| r.seq)))
@@ -294,14 +398,14 @@ mod tests {
             p.publish(1.0 + i as f64, 1);
         }
         let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
-        s.connected(&mut p, &mut out, &mut t);
+        s.connected_to(&mut p, &mut out, &mut t);
         assert_eq!(seqs(&out), vec![(true, 0), (false, 1), (false, 2)]);
         out.clear();
         // The SUB also got seq 2 live, then 3.
         let two = p.buffer[2].1.clone();
-        s.live(2, &two, &mut p, &mut out, &mut t);
+        s.live_from(2, &two, &mut p, &mut out, &mut t);
         let (seq, three) = p.publish(4.0, 1);
-        s.live(seq, &three, &mut p, &mut out, &mut t);
+        s.live_from(seq, &three, &mut p, &mut out, &mut t);
         assert_eq!(seqs(&out), vec![(false, 3)]);
         assert_eq!((t.duplicates, t.replayed, t.restarts), (1, 3, 0));
     }
@@ -311,12 +415,12 @@ mod tests {
         let mut p = Publisher::default();
         let (mut s, mut out, mut t) = (Stream::new(None, false), Vec::new(), Tally::default());
         let (q, b) = p.publish(1.0, 1);
-        s.live(q, &b, &mut p, &mut out, &mut t);
+        s.live_from(q, &b, &mut p, &mut out, &mut t);
         s.has_replay = true;
         p.publish(2.0, 2);
         p.publish(3.0, 3);
         let (q, b) = p.publish(4.0, 4);
-        s.live(q, &b, &mut p, &mut out, &mut t);
+        s.live_from(q, &b, &mut p, &mut out, &mut t);
         assert_eq!(
             seqs(&out),
             vec![(false, 0), (false, 1), (false, 2), (false, 3)]
@@ -325,19 +429,46 @@ mod tests {
     }
 
     #[test]
+    fn a_message_that_asks_for_a_replay_is_applied_after_its_answer() {
+        let mut p = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        let (q, b) = p.publish(1.0, 1);
+        s.live_from(q, &b, &mut p, &mut out, &mut t);
+        (out, t) = (Vec::new(), Tally::default());
+        p.publish(2.0, 2);
+        let (q, b) = p.publish(3.0, 3);
+        // A gap: nothing is delivered until the replay from seq 0 is answered.
+        assert_eq!(s.live(q, &b, &mut out, &mut t), Some(0));
+        assert!(out.is_empty());
+        let answer = p.replay(0);
+        assert_eq!(s.replayed(answer, &mut out, &mut t), None);
+        assert_eq!(seqs(&out), vec![(false, 1), (false, 2)]);
+        // The held message was the replay's last batch: a duplicate.
+        assert_eq!((t.gaps, t.replayed, t.duplicates), (1, 2, 1));
+        // A failed replay lets the held message through as it is.
+        out.clear();
+        p.publish(4.0, 4);
+        let (q, b) = p.publish(5.0, 5);
+        assert_eq!(s.live(q, &b, &mut out, &mut t), Some(2));
+        assert_eq!(s.replayed(Err("silent".into()), &mut out, &mut t), None);
+        assert_eq!(seqs(&out), vec![(false, 4)]);
+        assert_eq!(t.replay_failures, 1);
+    }
+
+    #[test]
     fn a_restart_below_the_last_seq_clears_and_replays_the_new_process() {
         let mut old = Publisher::default();
         let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
         for i in 0..5 {
             let (q, b) = old.publish(1.0 + i as f64, 1);
-            s.live(q, &b, &mut old, &mut out, &mut t);
+            s.live_from(q, &b, &mut old, &mut out, &mut t);
         }
         out.clear();
         // The new process lost its first message to the slow joiner; we see seq 1.
         let mut new = Publisher::default();
         new.publish(10.0, 7);
         let (q, b) = new.publish(11.0, 8);
-        s.live(q, &b, &mut new, &mut out, &mut t);
+        s.live_from(q, &b, &mut new, &mut out, &mut t);
         assert_eq!(seqs(&out), vec![(true, 0), (false, 1)]);
         assert_eq!(out[0].batch.as_ref().unwrap().events.len(), 7);
         assert_eq!(t.restarts, 1);
@@ -349,7 +480,7 @@ mod tests {
         let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
         for i in 0..3 {
             let (q, b) = old.publish(1.0 + i as f64, 1);
-            s.live(q, &b, &mut old, &mut out, &mut t);
+            s.live_from(q, &b, &mut old, &mut out, &mut t);
         }
         out.clear();
         let mut new = Publisher::default();
@@ -357,7 +488,7 @@ mod tests {
             new.publish(10.0 + i as f64, 2 + i);
         }
         // Reconnected: the new process has seq 2 too, with another payload.
-        s.connected(&mut new, &mut out, &mut t);
+        s.connected_to(&mut new, &mut out, &mut t);
         assert_eq!(
             seqs(&out),
             vec![
@@ -373,12 +504,12 @@ mod tests {
         // Seen as a gap first (seq 6 live), the same holds.
         let (mut s2, mut out2, mut t2) = (Stream::new(None, false), Vec::new(), Tally::default());
         for (q, b) in old.buffer.clone() {
-            s2.live(q, &b, &mut old, &mut out2, &mut t2);
+            s2.live_from(q, &b, &mut old, &mut out2, &mut t2);
         }
         s2.has_replay = true;
         out2.clear();
         let (q, b) = new.publish(20.0, 9);
-        s2.live(q, &b, &mut new, &mut out2, &mut t2);
+        s2.live_from(q, &b, &mut new, &mut out2, &mut t2);
         assert_eq!(out2.len(), 7);
         assert!(out2[0].reset);
         assert_eq!((t2.gaps, t2.restarts), (1, 1));
@@ -389,17 +520,17 @@ mod tests {
         let mut old = Publisher::default();
         let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
         let (q, b) = old.publish(1.0, 1);
-        s.live(q, &b, &mut old, &mut out, &mut t);
+        s.live_from(q, &b, &mut old, &mut out, &mut t);
         out.clear();
         let mut new = Publisher::default();
-        s.connected(&mut new, &mut out, &mut t);
+        s.connected_to(&mut new, &mut out, &mut t);
         assert_eq!(seqs(&out), vec![(true, 0)]);
         assert!(out[0].batch.is_none());
         assert_eq!(s.last(), None);
         // Its first batch then applies without another reset.
         out.clear();
         let (q, b) = new.publish(5.0, 2);
-        s.live(q, &b, &mut new, &mut out, &mut t);
+        s.live_from(q, &b, &mut new, &mut out, &mut t);
         assert_eq!(seqs(&out), vec![(false, 0)]);
     }
 
@@ -408,13 +539,13 @@ mod tests {
         let mut p = Publisher::default();
         let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
         let (q, b) = p.publish(1.0, 1);
-        s.live(q, &b, &mut p, &mut out, &mut t);
+        s.live_from(q, &b, &mut p, &mut out, &mut t);
         for i in 0..10 {
             p.publish(2.0 + i as f64, 1);
         }
         p.keeps_from = 6;
         out.clear();
-        s.connected(&mut p, &mut out, &mut t);
+        s.connected_to(&mut p, &mut out, &mut t);
         assert_eq!(seqs(&out)[0], (true, 6));
         assert_eq!(out.len(), 5);
     }
@@ -427,7 +558,7 @@ mod tests {
         };
         let (mut s, mut out, mut t) = (Stream::new(None, false), Vec::new(), Tally::default());
         for (q, ts) in [(0, 1.0), (3, 2.0), (1, 9.0)] {
-            s.live(q, &payload(ts, 1), &mut p, &mut out, &mut t);
+            s.live_from(q, &payload(ts, 1), &mut p, &mut out, &mut t);
         }
         assert_eq!(seqs(&out), vec![(false, 0), (false, 3), (true, 1)]);
         assert_eq!((t.gaps, t.restarts, t.replay_failures), (1, 1, 0));
@@ -442,10 +573,10 @@ mod tests {
             };
             let (mut s, mut out, mut t) = (Stream::new(None, false), Vec::new(), Tally::default());
             for (q, ts) in [(0, 1.0), (1, bad)] {
-                s.live(q, &payload(ts, 1), &mut p, &mut out, &mut t);
+                s.live_from(q, &payload(ts, 1), &mut p, &mut out, &mut t);
             }
             // A new process (seq from 0 again, later clock): cleared, then applied.
-            s.live(0, &payload(9.0, 3), &mut p, &mut out, &mut t);
+            s.live_from(0, &payload(9.0, 3), &mut p, &mut out, &mut t);
             assert_eq!(
                 seqs(&out),
                 vec![(false, 0), (false, 1), (true, 0)],
@@ -465,10 +596,10 @@ mod tests {
         let mut p = Publisher::default();
         let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
         let (q, b) = p.publish(1.0, 1);
-        s.live(q, &b, &mut p, &mut out, &mut t);
+        s.live_from(q, &b, &mut p, &mut out, &mut t);
         p.down = true;
         out.clear();
-        s.connected(&mut p, &mut out, &mut t);
+        s.connected_to(&mut p, &mut out, &mut t);
         assert!(out.is_empty());
         assert_eq!(t.replay_failures, 1);
         assert_eq!(s.last().map(|l| l.seq), Some(0));
