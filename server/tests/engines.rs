@@ -718,13 +718,25 @@ fn an_engine_announced_at_a_new_endpoint_without_replay_drops_the_old_process_bl
     new.stop();
 }
 
-/// A socket of ours bound to a free loopback port, and its endpoint.
-fn bound(ctx: &zmq::Context, kind: zmq::SocketType) -> (zmq::Socket, String) {
-    let s = ctx.socket(kind).unwrap();
-    s.set_linger(0).unwrap();
-    s.bind("tcp://127.0.0.1:*").unwrap();
-    let ep = s.get_last_endpoint().unwrap().unwrap();
-    (s, ep)
+/// A publisher of ours on free loopback ports: its PUB, its replay ROUTER, and the
+/// source a worker is announced with.
+fn our_publisher(ctx: &zmq::Context) -> (zmq::Socket, zmq::Socket, EventSource) {
+    let bound = |kind| {
+        let s = ctx.socket(kind).unwrap();
+        s.set_linger(0).unwrap();
+        s.bind("tcp://127.0.0.1:*").unwrap();
+        let ep = s.get_last_endpoint().unwrap().unwrap();
+        (s, ep)
+    };
+    let (publisher, endpoint) = bound(zmq::PUB);
+    let (replay, replay_ep) = bound(zmq::ROUTER);
+    let source = EventSource {
+        endpoint,
+        replay: replay_ep,
+        model: "m".into(),
+        salt: String::new(),
+    };
+    (publisher, replay, source)
 }
 
 /// The payload of batch `seq` of a publisher of ours: `[ts, [["AllBlocksCleared"]], 0]`.
@@ -768,15 +780,8 @@ fn a_replay_in_flight_holds_up_only_its_own_stream() {
         "before the replay",
     );
     let ctx = zmq::Context::new();
-    let (_publisher, endpoint) = bound(&ctx, zmq::PUB);
-    let (replay, replay_ep) = bound(&ctx, zmq::ROUTER);
+    let (_publisher, replay, source) = our_publisher(&ctx);
     replay.set_rcvtimeo(30_000).unwrap();
-    let source = EventSource {
-        endpoint,
-        replay: replay_ep,
-        model: "m".into(),
-        salt: String::new(),
-    };
     c.announce_source("slow", full(), source).unwrap();
     // A new stream asks for everything from seq 0: [identity, "", 0].
     let asked = replay
@@ -819,16 +824,9 @@ fn a_replay_in_flight_holds_up_only_its_own_stream() {
 #[test]
 fn a_silent_replay_endpoint_is_not_asked_again_at_every_gap() {
     let ctx = zmq::Context::new();
-    let (publisher, endpoint) = bound(&ctx, zmq::PUB);
-    let (replay, replay_ep) = bound(&ctx, zmq::ROUTER);
+    let (publisher, replay, source) = our_publisher(&ctx);
     let server = Server::start(&["--cores", "2"]);
     let mut c = server.session();
-    let source = EventSource {
-        endpoint,
-        replay: replay_ep,
-        model: "m".into(),
-        salt: String::new(),
-    };
     c.announce_source("hung", full(), source).unwrap();
     await_metric(&server, "kvix_ingest_publishers_connected", 1);
     // Seq 0, 2, 4, …: a gap before each but the first.
