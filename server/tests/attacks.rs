@@ -24,17 +24,6 @@ fn rss_mib(pid: u32) -> u64 {
     kib / 1024
 }
 
-/// Retries `f` (bounded) until it gives Some.
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    for _ in 0..400 {
-        if let Some(v) = f() {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{what} never happened");
-}
-
 /// A client that still gets correct answers: stores 4 blocks for a fresh worker, then
 /// sees them scored.
 fn still_serves(server: &Server, name: &str) {

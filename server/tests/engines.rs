@@ -816,6 +816,61 @@ fn a_replay_in_flight_holds_up_only_its_own_stream() {
     engine.stop();
 }
 
+/// Replays in flight are bounded per ingest thread (each may buffer up to its byte
+/// limit): six sources that join at once on one thread ask for six replays; four are
+/// sent and two wait, and each waiting one is sent as one in flight ends. Publishers
+/// of ours sharing one replay ROUTER, which answers only when the test says.
+#[test]
+fn replays_beyond_four_per_ingest_thread_wait_their_turn() {
+    let server = Server::start(&["--cores", "2", "--ingest-threads", "1"]);
+    let mut c = server.session();
+    let ctx = zmq::Context::new();
+    let (_shared, replay, source) = our_publisher(&ctx);
+    replay.set_rcvtimeo(30_000).unwrap();
+    let mut publishers = Vec::new();
+    for i in 0..6 {
+        let (publisher, _, mut own) = our_publisher(&ctx);
+        own.replay = source.replay.clone();
+        c.announce_source(&format!("joins-{i}"), full(), own)
+            .unwrap();
+        publishers.push(publisher);
+    }
+    let gauges = || {
+        (
+            server.metric("kvix_ingest_replays_in_flight"),
+            server.metric("kvix_ingest_replays_queued"),
+        )
+    };
+    let (flying, queued) = eventually("six replays asked for", || {
+        let (f, q) = gauges();
+        (f + q >= 6).then_some((f, q))
+    });
+    assert_eq!((flying, queued), (4, 2), "replays in flight, queued");
+    // Each ends empty (nothing published): the next waiting one is sent.
+    let mut asked = Vec::new();
+    for _ in 0..4 {
+        asked.push(replay.recv_multipart(0).expect("four replays sent"));
+    }
+    let end = |request: &[Vec<u8>]| {
+        let frames = [&request[0][..], b"", &u64::MAX.to_be_bytes()[..], b""];
+        replay.send_multipart(frames, 0).unwrap();
+    };
+    end(&asked[0]);
+    asked.push(
+        replay
+            .recv_multipart(0)
+            .expect("a fifth replay once one ended"),
+    );
+    assert!(gauges().0 <= 4, "{:?}", gauges());
+    for request in &asked[1..] {
+        end(request);
+    }
+    asked.push(replay.recv_multipart(0).expect("the sixth replay"));
+    end(&asked[5]);
+    eventually("every replay ended", || (gauges() == (0, 0)).then_some(()));
+    assert_eq!(server.metric("kvix_ingest_replay_failures_total"), 0);
+}
+
 /// A publisher whose replay endpoint takes requests and never answers (an engine whose
 /// publisher thread hung), sending batches with gaps. A replay blocks the ingest thread
 /// for its timeout, so asking at every gap would stall every source on that thread for

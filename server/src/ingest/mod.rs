@@ -429,6 +429,8 @@ pub struct Metrics {
     pub connected: AtomicU64,
     pub sources: AtomicU64,
     pub threads: AtomicU64,
+    pub replays_in_flight: AtomicU64,
+    pub replays_queued: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -457,6 +459,8 @@ pub static METRICS: Metrics = Metrics {
     connected: ZERO,
     sources: ZERO,
     threads: ZERO,
+    replays_in_flight: ZERO,
+    replays_queued: ZERO,
 };
 
 impl Metrics {
@@ -493,7 +497,7 @@ impl Metrics {
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut String) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 19] = [
+    let plain: [(&str, &str, &str, &AtomicU64); 21] = [
         ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
         ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
@@ -513,6 +517,8 @@ pub fn render(out: &mut String) {
         ("kvix_ingest_publishers_connected", "Publishers currently connected.", "gauge", &m.connected),
         ("kvix_ingest_sources", "Event sources subscribed.", "gauge", &m.sources),
         ("kvix_ingest_threads", "Ingest threads (--ingest-threads).", "gauge", &m.threads),
+        ("kvix_ingest_replays_in_flight", "Replays asked for and not yet ended (at most 4 per ingest thread).", "gauge", &m.replays_in_flight),
+        ("kvix_ingest_replays_queued", "Replays waiting for one in flight on their thread to end.", "gauge", &m.replays_queued),
     ];
     for (name, help, kind, v) in plain {
         let _ = writeln!(

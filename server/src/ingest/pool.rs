@@ -65,11 +65,15 @@ impl Pool {
                 handle: Mutex::new(None),
             });
             let worker = Worker {
-                ctx: ctx.clone(),
                 lane: lane.clone(),
                 homes: homes.clone(),
                 stop: stop.clone(),
                 streams: Vec::new(),
+                replays: Replays {
+                    ctx: ctx.clone(),
+                    free: REPLAYS_AT_ONCE,
+                    next_turn: 0,
+                },
             };
             let handle = std::thread::Builder::new()
                 .name(format!("kvix-ingest-{i}"))
@@ -133,6 +137,20 @@ impl Drop for Pool {
     }
 }
 
+/// Replays in flight at once per ingest thread: each buffers up to its byte limit, and
+/// engines (or the server) restarting together ask for one per source at once. The
+/// rest wait their turn in the order they asked.
+const REPLAYS_AT_ONCE: usize = 4;
+
+/// What the streams of one thread share to ask for replays.
+struct Replays {
+    ctx: zmq::Context,
+    /// Replays that may still be started now.
+    free: usize,
+    /// Orders the waiting ones.
+    next_turn: u64,
+}
+
 struct Live {
     spec: StreamSpec,
     subscription: Subscription,
@@ -142,19 +160,35 @@ struct Live {
     /// The replay the stream waits for: its subscription is not read meanwhile (libzmq
     /// queues what comes), the other streams of the thread go on.
     replay: Option<ReplayCall>,
+    /// A replay asked for while `REPLAYS_AT_ONCE` were in flight: (turn, from).
+    queued: Option<(u64, u64)>,
 }
 
 impl Live {
+    /// Whether the stream waits for a replay (in flight or queued).
+    fn waiting(&self) -> bool {
+        self.replay.is_some() || self.queued.is_some()
+    }
+
     /// Asks for the replay the stream needs, if any; one that cannot be asked (a
     /// backoff after a failed one, a socket error) is answered with why at once.
-    fn ask(&mut self, ctx: &zmq::Context, mut ask: Ask, out: &mut Vec<Delivery>, t: &mut Tally) {
+    fn ask(&mut self, r: &mut Replays, mut ask: Ask, out: &mut Vec<Delivery>, t: &mut Tally) {
         while let Some(from) = ask {
+            if r.free == 0 {
+                self.queued = Some((r.next_turn, from));
+                r.next_turn += 1;
+                METRICS.replays_queued.fetch_add(1, Relaxed);
+                return;
+            }
             let endpoint = &self.spec.source.replay;
             let started = self.backoff.check(endpoint).and_then(|()| {
-                ReplayCall::start(ctx, endpoint, from).inspect_err(|_| self.backoff.record(false))
+                ReplayCall::start(&r.ctx, endpoint, from)
+                    .inspect_err(|_| self.backoff.record(false))
             });
             match started {
                 Ok(call) => {
+                    r.free -= 1;
+                    METRICS.replays_in_flight.fetch_add(1, Relaxed);
                     self.replay = Some(call);
                     return;
                 }
@@ -165,23 +199,25 @@ impl Live {
 
     /// Takes what the replay in flight has received; once it ended, hands the stream its
     /// answer.
-    fn progress(&mut self, ctx: &zmq::Context, out: &mut Vec<Delivery>, t: &mut Tally) {
+    fn progress(&mut self, r: &mut Replays, out: &mut Vec<Delivery>, t: &mut Tally) {
         let Some(got) = self.replay.as_mut().and_then(ReplayCall::step) else {
             return;
         };
         self.replay = None;
+        r.free += 1;
+        METRICS.replays_in_flight.fetch_sub(1, Relaxed);
         self.backoff.record(got.is_ok());
         let ask = self.stream.replayed(got, out, t);
-        self.ask(ctx, ask, out, t);
+        self.ask(r, ask, out, t);
     }
 }
 
 struct Worker {
-    ctx: zmq::Context,
     lane: Arc<Lane>,
     homes: Vec<mpsc::Sender<IngestJob>>,
     stop: Arc<AtomicBool>,
     streams: Vec<Live>,
+    replays: Replays,
 }
 
 impl Worker {
@@ -199,6 +235,17 @@ impl Worker {
                 std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
                 continue;
             }
+            while let Some(i) = self.next_queued() {
+                let mut tally = Tally::default();
+                let s = &mut self.streams[i];
+                let from = s.queued.take().map(|(_, from)| from);
+                METRICS.replays_queued.fetch_sub(1, Relaxed);
+                s.ask(&mut self.replays, from, &mut out, &mut tally);
+                METRICS.tally(&tally);
+                if !self.deliver(i, &mut out) {
+                    return;
+                }
+            }
             for i in self.ready() {
                 self.serve(i, &mut out);
                 if !self.deliver(i, &mut out) {
@@ -206,6 +253,17 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// The stream whose queued replay is next, if one may be started now.
+    fn next_queued(&self) -> Option<usize> {
+        if self.replays.free == 0 {
+            return None;
+        }
+        (0..self.streams.len())
+            .filter_map(|i| Some((self.streams[i].queued?.0, i)))
+            .min()
+            .map(|(_, i)| i)
     }
 
     /// Waits (at most `POLL_MS`, less when a replay's deadline is nearer) for the
@@ -223,6 +281,7 @@ impl Worker {
                     items.push(call.poll_item());
                     owners.push(i);
                 }
+                None if s.queued.is_some() => {}
                 None => {
                     items.push(s.subscription.sub.as_poll_item(zmq::POLLIN));
                     items.push(s.subscription.monitor.as_poll_item(zmq::POLLIN));
@@ -258,7 +317,7 @@ impl Worker {
 
     fn add(&mut self, spec: StreamSpec) {
         self.remove(spec.worker);
-        match Subscription::open(&self.ctx, &spec.source.endpoint) {
+        match Subscription::open(&self.replays.ctx, &spec.source.endpoint) {
             Ok(subscription) => {
                 tracing::info!(worker = %spec.name, endpoint = %spec.source.endpoint, replay = %spec.source.replay, "ingest: subscribing");
                 METRICS.sources.fetch_add(1, Relaxed);
@@ -270,6 +329,7 @@ impl Worker {
                     up: false,
                     backoff: Backoff::default(),
                     replay: None,
+                    queued: None,
                 });
             }
             Err(e) => {
@@ -282,6 +342,13 @@ impl Worker {
     fn remove(&mut self, worker: WorkerId) {
         if let Some(i) = self.streams.iter().position(|s| s.spec.worker == worker) {
             let s = self.streams.swap_remove(i);
+            if s.replay.is_some() {
+                self.replays.free += 1;
+                METRICS.replays_in_flight.fetch_sub(1, Relaxed);
+            }
+            if s.queued.is_some() {
+                METRICS.replays_queued.fetch_sub(1, Relaxed);
+            }
             METRICS.sources.fetch_sub(1, Relaxed);
             if s.up {
                 METRICS.connected.fetch_sub(1, Relaxed);
@@ -294,10 +361,10 @@ impl Worker {
     /// monitor events first (a reconnect catches up before the messages that follow
     /// it), then a burst of messages, until the stream asks for a replay.
     fn serve(&mut self, i: usize, out: &mut Vec<Delivery>) {
-        let s = &mut self.streams[i];
+        let (s, r) = (&mut self.streams[i], &mut self.replays);
         let mut tally = Tally::default();
-        s.progress(&self.ctx, out, &mut tally);
-        while s.replay.is_none() {
+        s.progress(r, out, &mut tally);
+        while !s.waiting() {
             let Some(link) = s.subscription.link() else {
                 break;
             };
@@ -309,7 +376,7 @@ impl Worker {
                     }
                     tracing::info!(worker = %s.spec.name, "ingest: publisher connected");
                     let ask = s.stream.connected();
-                    s.ask(&self.ctx, ask, out, &mut tally);
+                    s.ask(r, ask, out, &mut tally);
                 }
                 Link::Down => {
                     if s.up {
@@ -321,7 +388,7 @@ impl Worker {
             }
         }
         for _ in 0..BURST {
-            if s.replay.is_some() {
+            if s.waiting() {
                 break;
             }
             match s.subscription.next() {
@@ -329,7 +396,7 @@ impl Worker {
                 Some(Ok((seq, payload))) => {
                     METRICS.messages.fetch_add(1, Relaxed);
                     let ask = s.stream.live(seq, &payload, out, &mut tally);
-                    s.ask(&self.ctx, ask, out, &mut tally);
+                    s.ask(r, ask, out, &mut tally);
                 }
                 Some(Err(frames)) => {
                     METRICS.malformed.fetch_add(1, Relaxed);

@@ -106,6 +106,7 @@ impl Stream {
 
     /// The subscription (re)connected: catch up, checking identity.
     pub fn connected(&mut self) -> Ask {
+        debug_assert!(self.waiting.is_none(), "fed while a replay is awaited");
         if self.has_replay {
             return self.verify();
         }

@@ -76,6 +76,17 @@ fn outside_ephemeral() -> (u32, u32) {
     }
 }
 
+/// Waits (bounded: 20 s) until `f` gives a value.
+pub fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    for _ in 0..400 {
+        if let Some(v) = f() {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} never happened");
+}
+
 /// The server binary listening on TCP `listen`, without a Unix socket, with metrics on an
 /// ephemeral port.
 fn listening_on(listen: &str) -> Command {
