@@ -15,14 +15,14 @@
 //! are dropped with the writer.
 
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::channel::oneshot;
 use futures::future::{select, Either};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::sync::{Semaphore, StaticPermit};
-use kvix_wire::{AlignedVec, ErrorCode, ErrorReply, FrameError, FrameReader};
+use kvix_wire::{AlignedVec, ErrorCode, ErrorReply, FrameError, FrameReader, MAX_HELLO_FRAME};
 
 use crate::executor::Executor;
 use crate::handler::{error_frame, handle, Reply, Session};
@@ -81,7 +81,11 @@ where
     };
     let inflight = Rc::new(Semaphore::new(max_inflight as u64));
     let mut session = Session::default();
-    let mut reader = FrameReader::new(max_frame);
+    // Until Hello, frames are small and the whole handshake has one deadline: a peer
+    // that announces a large frame and sends it a byte at a time holds neither the
+    // buffer that frame would need nor its connection slot for longer than that.
+    let mut reader = FrameReader::new(max_frame.min(MAX_HELLO_FRAME));
+    let handshake_by = Instant::now() + Duration::from_millis(cfg.handshake_timeout_ms.max(1));
     let closed = 'conn: loop {
         // Handle every whole frame already buffered.
         loop {
@@ -104,6 +108,9 @@ where
             };
             let reply = handle(&ex, &mut session, &frame.header, msg, frame.body);
             reader.consume(len);
+            if session.hello {
+                reader.set_max_frame(max_frame);
+            }
             let close = session.closing;
             match reply {
                 Reply::Nothing => {}
@@ -129,7 +136,7 @@ where
         }
         reader.shrink();
         let limit = if !session.hello {
-            Duration::from_millis(cfg.handshake_timeout_ms.max(1))
+            handshake_by.saturating_duration_since(Instant::now())
         } else if cfg.idle_timeout_s == 0 {
             Duration::from_secs(u64::from(u32::MAX))
         } else {

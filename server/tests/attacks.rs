@@ -261,6 +261,68 @@ fn silent_connections_are_closed_by_the_handshake_timeout() {
     still_serves(&server, "after-d5");
 }
 
+/// The header of a `Hello` frame announcing a `body_len`-byte body (which never comes).
+fn hello_header(body_len: u32) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    Header {
+        kind: Kind::Hello as u8,
+        flags: 0,
+        request_id: 1,
+        body_len,
+    }
+    .write(&mut h);
+    h
+}
+
+/// D5b: before its Hello a stranger may not make the server buffer a large frame: a
+/// header announcing megabytes is refused at once, not read into a buffer sized for it
+/// (4 MiB per connection, over thousands of connections, before any token was checked).
+#[test]
+fn a_hello_announcing_megabytes_is_refused_before_its_body() {
+    let server = Server::start(&["--cores", "1", "--handshake-timeout-ms", "60000"]);
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&hello_header(DEFAULT_MAX_FRAME - 64)).unwrap();
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.contains(&format!("exceeds the limit of {MAX_HELLO_FRAME}")),
+        "{text:?}"
+    );
+    still_serves(&server, "after-d5b");
+}
+
+/// D5c: the handshake has one deadline: a Hello trickled a byte at a time, each well
+/// within the timeout, is still closed once the deadline passes (it used to restart
+/// with every byte, so such a connection held its slot for ever).
+#[test]
+fn a_trickled_hello_is_closed_at_the_handshake_deadline() {
+    let server = Server::start(&["--cores", "1", "--handshake-timeout-ms", "500"]);
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.write_all(&hello_header(1024)).unwrap();
+    // A byte per 100 ms read timeout: 100 bytes take 10 s, 20 deadlines.
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let closed = (0..100).any(|_| {
+        if s.write_all(&[0]).is_err() {
+            return true;
+        }
+        match s.read(&mut buf) {
+            Ok(0) => true,
+            Ok(_) => String::from_utf8_lossy(&buf).contains("no Hello in time"),
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    });
+    assert!(closed, "a trickled Hello kept its connection");
+    assert!(server.metric("kvix_rejected_frames_total{reason=\"handshake_timeout\"}") >= 1);
+    still_serves(&server, "after-d5c");
+}
+
 /// D6: an answer with runs over thousands of lanes would exceed the frame limit: the
 /// client gets TooLarge, and the same query without runs is answered.
 #[test]

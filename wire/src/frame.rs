@@ -23,6 +23,9 @@ pub const HEADER_LEN: usize = 24;
 pub const FRAME_ALIGN: usize = 8;
 /// Default cap on one frame (header + padded body).
 pub const DEFAULT_MAX_FRAME: u32 = 4 << 20;
+/// Cap on a frame before the session's `Hello` succeeded (a `Hello` is a few hundred
+/// bytes; a server does not buffer a stranger's megabytes).
+pub const MAX_HELLO_FRAME: u32 = 64 << 10;
 
 /// The sender wants no reply (fire-and-forget placements and events).
 pub const FLAG_NO_REPLY: u8 = 1;

@@ -25,7 +25,8 @@ pub use codec::{
     encode, encode_into, split_frame, to_native, u64s, Body, EncodeError, Frame, Kind, MessageRef,
 };
 pub use frame::{
-    FrameError, Header, DEFAULT_MAX_FRAME, FLAG_NO_REPLY, HEADER_LEN, PROTOCOL_VERSION,
+    FrameError, Header, DEFAULT_MAX_FRAME, FLAG_NO_REPLY, HEADER_LEN, MAX_HELLO_FRAME,
+    PROTOCOL_VERSION,
 };
 pub use message::*;
 pub use reader::FrameReader;

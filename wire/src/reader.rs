@@ -35,6 +35,12 @@ impl FrameReader {
         }
     }
 
+    /// Refuses frames over `max_frame` bytes from the next one on (a server reads small
+    /// frames until a connection has said Hello, then its configured limit).
+    pub fn set_max_frame(&mut self, max_frame: u32) {
+        self.max_frame = max_frame;
+    }
+
     /// The frame at the front of the buffer, if it is whole. Its header is checked as soon
     /// as it is in, so an oversize or foreign frame is refused before its body is read.
     pub fn next(&self) -> Result<Option<Frame<'_>>, FrameError> {
