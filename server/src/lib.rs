@@ -19,6 +19,7 @@ pub mod listener;
 pub mod mesh;
 pub mod metrics;
 pub mod replica;
+pub mod rlimit;
 pub mod snapshot;
 pub mod steering;
 pub mod wal;
@@ -53,6 +54,19 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    match rlimit::raise_open_files() {
+        Ok((before, after)) => {
+            let wanted = rlimit::wanted(executors, config.max_connections, config.max_sources);
+            if after < wanted {
+                tracing::warn!(
+                    "open files limited to {after} (ulimit -n); the configured connections and sources may need {wanted}"
+                );
+            } else if after > before {
+                tracing::info!("open files: soft limit raised from {before} to {after}");
+            }
+        }
+        Err(e) => tracing::warn!("open files limit not raised: {e}"),
     }
     reserve::hold();
     let ingest = Arc::new(

@@ -9,6 +9,7 @@
 //! executor, like any other write. Nothing goes through the network to the server
 //! itself, and an ingest fault never takes an executor down.
 
+mod context;
 pub mod holders;
 pub mod payload;
 mod pending;
@@ -175,7 +176,7 @@ impl Ingest {
             (0..executors).map(|_| mpsc::channel(INBOX)).unzip();
         METRICS.threads.store(threads.max(1) as u64, Relaxed);
         Ok(Ingest {
-            pool: Pool::start(threads, senders)?,
+            pool: Pool::start(threads, max_sources, senders)?,
             inboxes: Mutex::new(receivers.into_iter().map(Some).collect()),
             sources: Mutex::new(BTreeMap::new()),
             max_sources,

@@ -15,6 +15,7 @@ use futures::channel::mpsc;
 use futures::SinkExt;
 use kvix_wire::WorkerId;
 
+use super::context::{Context, SOCKETS_PER_SOURCE};
 use super::socket::{Backoff, Link, ReplayCall, Subscription};
 use super::stream::{Ask, Delivery, Record, Stream, Tally};
 use super::{IngestJob, SourceSpec, METRICS};
@@ -53,13 +54,19 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Starts `threads` threads delivering to `homes` (one channel per executor; a
-    /// worker's home is `worker % homes.len()`).
-    pub fn start(threads: usize, homes: Vec<mpsc::Sender<IngestJob>>) -> std::io::Result<Pool> {
-        let ctx = zmq::Context::new();
+    /// Starts `threads` threads for up to `max_sources` sources, delivering to `homes`
+    /// (one channel per executor; a worker's home is `worker % homes.len()`).
+    pub fn start(
+        threads: usize,
+        max_sources: usize,
+        homes: Vec<mpsc::Sender<IngestJob>>,
+    ) -> std::io::Result<Pool> {
+        let threads = threads.max(1);
+        let sockets = SOCKETS_PER_SOURCE * max_sources + REPLAYS_AT_ONCE * threads + 16;
+        let ctx = Arc::new(Context::new(sockets).map_err(std::io::Error::other)?);
         let stop = Arc::new(AtomicBool::new(false));
         let mut lanes = Vec::new();
-        for i in 0..threads.max(1) {
+        for i in 0..threads {
             let lane = Arc::new(Lane {
                 commands: Mutex::new(Vec::new()),
                 handle: Mutex::new(None),
@@ -144,7 +151,7 @@ const REPLAYS_AT_ONCE: usize = 4;
 
 /// What the streams of one thread share to ask for replays.
 struct Replays {
-    ctx: zmq::Context,
+    ctx: Arc<Context>,
     /// Replays that may still be started now.
     free: usize,
     /// Orders the waiting ones.

@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use super::context::{Context, Kind};
 use super::stream::Replayed;
 
 /// Longest frame accepted from a publisher (a batch of many long stores still fits).
@@ -46,12 +47,12 @@ pub struct Subscription {
 
 impl Subscription {
     /// Connects (in the background: libzmq retries until the publisher is there).
-    pub fn open(ctx: &zmq::Context, endpoint: &str) -> Result<Self, zmq::Error> {
+    pub fn open(ctx: &Context, endpoint: &str) -> Result<Self, zmq::Error> {
         // A fresh monitor name each time: a closed socket's monitor endpoint is released
         // by libzmq later, so a worker subscribing again cannot reuse its old name.
         static MONITORS: AtomicU64 = AtomicU64::new(0);
         let id = MONITORS.fetch_add(1, Relaxed);
-        let sub = ctx.socket(zmq::SUB)?;
+        let sub = ctx.socket(Kind::Sub)?;
         sub.set_maxmsgsize(MAX_FRAME)?;
         sub.set_rcvhwm(100_000)?;
         sub.set_linger(0)?;
@@ -64,7 +65,7 @@ impl Subscription {
             (zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32)
                 | (zmq::SocketEvent::DISCONNECTED as i32),
         )?;
-        let monitor = ctx.socket(zmq::PAIR)?;
+        let monitor = ctx.socket(Kind::Pair)?;
         monitor.set_linger(0)?;
         monitor.connect(&name)?;
         sub.connect(endpoint)?;
@@ -152,9 +153,9 @@ pub struct ReplayCall {
 
 impl ReplayCall {
     /// Sends the request for the batches from `from` on.
-    pub fn start(ctx: &zmq::Context, endpoint: &str, from: u64) -> Result<Self, String> {
+    pub fn start(ctx: &Context, endpoint: &str, from: u64) -> Result<Self, String> {
         let err = |e: zmq::Error| format!("replay socket {endpoint}: {e}");
-        let dealer = ctx.socket(zmq::DEALER).map_err(err)?;
+        let dealer = ctx.socket(Kind::Dealer).map_err(err)?;
         dealer.set_linger(0).map_err(err)?;
         dealer.set_maxmsgsize(MAX_FRAME).map_err(err)?;
         dealer.set_rcvhwm(0).map_err(err)?;
