@@ -368,6 +368,7 @@ fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
     let block_hashes = hashes(f.required(0, "block_hashes")?, "block_hashes")?;
     let (extras, vllm_salt) = extra_keys(
         f.get(7, "extra_keys"),
+        block_hashes.len(),
         lora_name.as_deref(),
         parent.is_none(),
     )?;
@@ -411,15 +412,23 @@ fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
 /// vLLM's `extra_keys`: one entry per block, nil or the block's keys untagged (a LoRA
 /// name, `[mm_identifier, offset]` for a multimodal item, the cache salt as text on the
 /// first block of a prompt, a prompt-embedding digest as bytes). Returns the keys per
-/// block without the LoRA name and the salt, and the salt.
+/// block without the LoRA name and the salt, and the salt. More entries than the
+/// store's `blocks` are refused (the keys are kept with the batch until it is applied).
 fn extra_keys(
     v: Option<&Value>,
+    blocks: usize,
     lora_name: Option<&str>,
     starts_prompt: bool,
 ) -> Result<(Vec<Vec<ExtraKey>>, Option<String>), DecodeError> {
     let entries = match v {
         None | Some(Value::Nil) => return Ok((Vec::new(), None)),
-        Some(Value::Array(a)) => a,
+        Some(Value::Array(a)) if a.len() <= blocks => a,
+        Some(Value::Array(_)) => {
+            return Err(DecodeError::field(
+                "extra_keys",
+                "at most one entry per block hash",
+            ))
+        }
         Some(_) => return Err(DecodeError::field("extra_keys", "nil or an array")),
     };
     let mut salt = None;
@@ -468,7 +477,7 @@ fn extra_keys(
         out.push(mine);
     }
     if out.iter().all(Vec::is_empty) {
-        out.clear();
+        out = Vec::new();
     }
     Ok((out, salt))
 }
@@ -679,7 +688,7 @@ mod tests {
             ]
         );
         // Continuing a prompt, a text key is not a salt (vLLM salts block 0 only).
-        let st = one(ev(Value::from(5u32), keys));
+        let st = one(ev(Value::from(5u32), keys.clone()));
         assert_eq!(st.cache_salt, None);
         assert!(st.extras[0].contains(&ExtraKey::Text("salt-1".into())));
         // SGLang: cache_salt as a field, and bigram token pairs.
@@ -702,6 +711,19 @@ mod tests {
         assert_eq!(st.token_ids, vec![4, 5]);
         assert_eq!(st.cache_salt.as_deref(), Some("tenant"));
         assert!(st.extras.is_empty());
+        // More entries than blocks (keys a batch would carry to its apply for nothing).
+        let Value::Array(mut four) = keys else {
+            unreachable!()
+        };
+        four.push(Value::Nil);
+        let batch = Value::Array(vec![
+            Value::F64(0.0),
+            Value::Array(vec![ev(Value::Nil, Value::Array(four))]),
+        ]);
+        assert!(matches!(
+            decode(&enc(&batch)),
+            Err(DecodeError::Event { index: 0, .. })
+        ));
     }
 
     #[test]
