@@ -73,6 +73,9 @@ pub struct ExecutorMetrics {
     pub batch_duplicates: AtomicU64,
     pub batch_gaps: AtomicU64,
     pub block_events: AtomicU64,
+    /// Removal names not looked for in the lane's other keyspaces (the batch's lookups
+    /// there ran out): taken as chain hashes of the batch's keyspace.
+    pub unprobed_removals: AtomicU64,
     pub placements: AtomicU64,
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
@@ -160,7 +163,7 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 16] = [
+    let plain: [(&str, &str, &str, Field); 17] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -184,6 +187,12 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             "Block stores and removals applied.",
             "counter",
             |s| &s.block_events,
+        ),
+        (
+            "kvix_removals_unprobed_total",
+            "Removal names not looked for in their lane's other keyspaces: the batch had used its 2^20 lookups there (send removals under the keyspace that stored them).",
+            "counter",
+            |s| &s.unprobed_removals,
         ),
         (
             "kvix_placements_total",

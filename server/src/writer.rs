@@ -215,6 +215,7 @@ fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Applied, F
         ApplyStatus::Applied => {}
     }
     ExecutorMetrics::add(&m.block_events, report.block_events);
+    ExecutorMetrics::add(&m.unprobed_removals, report.unprobed);
     Ok(Applied {
         seq,
         status: report.status,

@@ -35,6 +35,7 @@ pub use engine::{Answer, Engine, EngineStats};
 pub use error::{EngineError, EventError, IndexError, RosterError};
 pub use feed::{
     ApplyReport, EventFeed, EventRef, EventView, FeedState, PlacementFeed, Placing, Sequencer,
+    OTHER_KEYSPACE_LOOKUPS,
 };
 #[doc(hidden)]
 pub use hashing::FastMap;

@@ -71,7 +71,19 @@ pub struct ApplyReport {
     /// Keyspace blocks stored, or named by removals (a removal of a block the lane does
     /// not hold changes nothing).
     pub block_events: u64,
+    /// Removal names not looked for in the lane's other keyspaces: the batch had used
+    /// its [`OTHER_KEYSPACE_LOOKUPS`]; each was taken as a chain hash of the batch's
+    /// keyspace.
+    pub unprobed: u64,
+    /// Lookups in other keyspaces the batch may still make.
+    lookups_left: u64,
 }
+
+/// Lookups of removal names in keyspaces other than their batch's, per batch. A lane
+/// with names in K keyspaces costs up to K lookups per name its batch's keyspace lacks;
+/// unbounded, one frame of such names over many keyspaces would hold an executor for
+/// minutes. 2^20 lookups cost about what storing a full frame's blocks does.
+pub const OTHER_KEYSPACE_LOOKUPS: u64 = 1 << 20;
 
 impl ApplyReport {
     fn new(status: ApplyStatus) -> Self {
@@ -79,6 +91,8 @@ impl ApplyReport {
             status,
             events: 0,
             block_events: 0,
+            unprobed: 0,
+            lookups_left: OTHER_KEYSPACE_LOOKUPS,
         }
     }
 }
@@ -426,11 +440,18 @@ impl EventFeed {
                         names.list[i].one.prefetch(fmix(h));
                     }
                 }
+                let others = (names.list.len() - usize::from(own.is_some())) as u64;
                 for &h in hashes {
                     gone.clear();
                     let found = own
                         .filter(|&i| names.list[i].take(h, &mut gone))
                         .or_else(|| {
+                            if others > report.lookups_left {
+                                report.lookups_left = 0;
+                                report.unprobed += u64::from(others > 0);
+                                return None;
+                            }
+                            report.lookups_left -= others;
                             (0..names.list.len())
                                 .filter(|&i| Some(i) != own)
                                 .find(|&i| names.list[i].take(h, &mut gone))
@@ -662,6 +683,41 @@ mod tests {
             "the seed map follows the list"
         );
         assert_eq!(f.names(), 2);
+    }
+
+    #[test]
+    fn a_batch_looks_in_other_keyspaces_a_bounded_number_of_times() {
+        // Names in 300 keyspaces; a batch of another keyspace removes 4,000 names none
+        // of them holds but the last, each costing 300 lookups while the batch has any.
+        let mut f = EventFeed::new(1);
+        let mut out = OpBatch::new();
+        for ks in 0..300u64 {
+            let events = [stored(0, 0, vec![ks << 32], vec![1 << 40 | ks])];
+            f.apply(4, ks, 1000 + ks, &[1], &events, &mut out);
+        }
+        out.clear();
+        let mut hashes: Vec<u64> = (0..3999).map(|i| 7 << 50 | i).collect();
+        hashes.push(1 << 40 | 299);
+        let r = f.apply(
+            4,
+            300,
+            5,
+            &[1],
+            &[Event::Removed { lane: 0, hashes }],
+            &mut out,
+        );
+        let looked = OTHER_KEYSPACE_LOOKUPS / 300;
+        assert_eq!(r.unprobed, 4000 - looked, "names not looked for");
+        assert_eq!(r.block_events, 4000);
+        // The last one was taken as a chain hash of keyspace 5: its name stays.
+        assert_eq!(f.names(), 300);
+        // A batch of its own has lookups again.
+        let gone = [Event::Removed {
+            lane: 0,
+            hashes: vec![1 << 40 | 299],
+        }];
+        let r = f.apply(4, 301, 5, &[1], &gone, &mut out);
+        assert_eq!((r.unprobed, f.names()), (0, 299));
     }
 
     #[test]
