@@ -205,6 +205,11 @@ impl Config {
         if self.wal && self.snapshot.is_none() {
             return Err("--wal keeps its files beside the snapshot: give --snapshot too".into());
         }
+        if self.max_sources > MAX_SOURCES {
+            return Err(format!(
+                "--max-sources must be at most {MAX_SOURCES} (each holds three libzmq sockets, about four descriptors)"
+            ));
+        }
         if self.ingest_threads == 0 || self.ingest_threads > 64 {
             return Err("--ingest-threads must be between 1 and 64".into());
         }
@@ -214,6 +219,9 @@ impl Config {
         Ok(())
     }
 }
+
+/// Most event sources one server subscribes.
+pub const MAX_SOURCES: usize = 65_536;
 
 impl Config {
     /// --source-allow as networks; None = any address.
@@ -237,4 +245,25 @@ pub fn online_cpus() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn validated(args: &[&str]) -> Result<(), String> {
+        let args = std::iter::once("kvix-server").chain(args.iter().copied());
+        Config::try_parse_from(args).unwrap().validate()
+    }
+
+    #[test]
+    fn the_defaults_validate_and_absurd_counts_are_refused_with_the_flag_named() {
+        assert_eq!(validated(&[]), Ok(()));
+        assert_eq!(validated(&["--max-sources", "65536"]), Ok(()));
+        let too_many = validated(&["--max-sources", "700000000"]).unwrap_err();
+        assert!(too_many.starts_with("--max-sources"), "{too_many}");
+        let threads = validated(&["--ingest-threads", "0"]).unwrap_err();
+        assert!(threads.starts_with("--ingest-threads"), "{threads}");
+    }
 }

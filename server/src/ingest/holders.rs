@@ -191,7 +191,11 @@ pub fn apply(ex: &Executor, job: IngestJob, u: &mut Update) {
                 kind: ChunkKind::Tokens,
             };
             match core.ingest(worker, ks, &g.events, u) {
-                Ok(report) => METRICS.block_events(report.block_events),
+                Ok(report) => {
+                    METRICS.block_events(report.block_events);
+                    let unprobed = &ex.metrics().unprobed_removals;
+                    crate::metrics::ExecutorMetrics::add(unprobed, report.unprobed);
+                }
                 Err(e) => {
                     METRICS
                         .refused

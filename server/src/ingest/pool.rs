@@ -62,7 +62,9 @@ impl Pool {
         homes: Vec<mpsc::Sender<IngestJob>>,
     ) -> std::io::Result<Pool> {
         let threads = threads.max(1);
-        let sockets = SOCKETS_PER_SOURCE * max_sources + REPLAYS_AT_ONCE * threads + 16;
+        // Twice the sources' sockets: a replaced subscription's sockets keep their slots
+        // until libzmq's reaper has closed them, after the new one has opened.
+        let sockets = 2 * SOCKETS_PER_SOURCE * max_sources + REPLAYS_AT_ONCE * threads + 64;
         let ctx = Arc::new(Context::new(sockets).map_err(std::io::Error::other)?);
         let stop = Arc::new(AtomicBool::new(false));
         let mut lanes = Vec::new();
