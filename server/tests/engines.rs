@@ -1075,6 +1075,33 @@ fn open_files_hard_limit(pid: u32) -> usize {
     hard.parse().unwrap_or(usize::MAX)
 }
 
+/// At the source limit, every source announced again at once (engines moved together)
+/// is subscribed again: a replaced subscription's sockets hold their libzmq slots until
+/// libzmq's reaper has closed them, after the new one opened, so a context sized for the
+/// limit alone refused most of the burst.
+#[test]
+fn a_burst_of_sources_announced_again_at_the_limit_all_subscribe() {
+    let server = Server::start(&["--cores", "1", "--max-sources", "401"]);
+    let mut c = server.session();
+    let src = |i: u32, round: u32| EventSource {
+        endpoint: format!("tcp://127.0.0.1:{}", 1 + (i + round) % 5),
+        replay: String::new(),
+        model: "m".into(),
+        salt: String::new(),
+    };
+    for round in 0..2 {
+        for i in 0..400 {
+            c.announce_source(&format!("w{i}"), full(), src(i, round))
+                .unwrap();
+        }
+    }
+    // Then one more: its ingest thread (the only one) takes it after the burst, so 401
+    // are subscribed only if every source of the burst was.
+    c.announce_source("last", full(), src(0, 2)).unwrap();
+    await_metric(&server, "kvix_ingest_sources", 401);
+    assert_eq!(server.metric("kvix_ingest_connect_failures_total"), 0);
+}
+
 /// Sources up to the default `--max-sources` (1,024) are all subscribed, on two ingest
 /// threads that stay two. A source holds three libzmq sockets, and libzmq's default of
 /// 1,023 per context failed every subscription past about 340 ("Too many open files").
