@@ -8,14 +8,46 @@
 use std::time::{Duration, Instant};
 
 use kvix_engine::{Engine, Ks};
-use kvix_server::ingest::payload::{Batch, EngineEvent, Stored};
+use kvix_server::ingest::payload::{self, Batch, EngineEvent, Stored};
 use kvix_server::ingest::translate::{Counts, Translator};
 use kvix_wire::{ChunkKind, Lane};
 
 use crate::workload::{self, splitmix, Block, Ev, TOKEN_BLOCK};
 
-/// One engine batch per store, with its worker; built ahead of time (not timed).
-pub type Prepared = Vec<(u32, Batch)>;
+/// One engine batch per store, with its worker, decoded and as vLLM's msgpack bytes;
+/// built ahead of time (not timed).
+pub type Prepared = Vec<(u32, Batch, Vec<u8>)>;
+
+/// `batch` as vLLM 0.9's publisher encodes it: `[ts, [event, ...], dp_rank]`, each store
+/// `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
+/// medium]`.
+fn msgpack(batch: &Batch) -> Vec<u8> {
+    use rmpv::Value;
+    let events = batch
+        .events
+        .iter()
+        .map(|e| match e {
+            EngineEvent::Stored(st) => Value::Array(vec![
+                Value::from("BlockStored"),
+                Value::Array(st.block_hashes.iter().map(|&h| Value::from(h)).collect()),
+                st.parent.map_or(Value::Nil, Value::from),
+                Value::Array(st.token_ids.iter().map(|&t| Value::from(t)).collect()),
+                Value::from(st.block_size),
+                Value::Nil,
+                Value::from("GPU"),
+            ]),
+            other => panic!("the load has stores only: {other:?}"),
+        })
+        .collect();
+    let v = Value::Array(vec![
+        Value::F64(batch.ts),
+        Value::Array(events),
+        Value::from(batch.dp_rank),
+    ]);
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &v).expect("a Vec takes any value");
+    out
+}
 
 /// The tokens of a block: a function of its own-token hash, as Dynamo's tree is keyed,
 /// so both sides see the same tree.
@@ -49,7 +81,8 @@ pub fn prepare(events: &[Ev]) -> Prepared {
                 events: vec![EngineEvent::Stored(stored)],
                 dp_rank: 0,
             };
-            out.push((*worker, batch));
+            let bytes = msgpack(&batch);
+            out.push((*worker, batch, bytes));
         }
     }
     out
@@ -70,6 +103,8 @@ pub enum Path {
     Whole,
     /// The translator alone (its events dropped): for profiling its share.
     TranslatorOnly,
+    /// vLLM's msgpack bytes decoded (`kvix_server::ingest::payload`), then as `Whole`.
+    Decoded,
 }
 
 /// Translates every batch and, for [`Path::Whole`], applies its events; `live` counts
@@ -84,10 +119,15 @@ pub fn apply(workers: u32, batches: &Prepared, path: Path, live: impl Fn() -> us
     let mut seqs = vec![0u64; workers as usize];
     let (mut groups, mut counts) = (Vec::new(), Counts::default());
     let t = Instant::now();
-    for (w, batch) in batches {
+    for (w, batch, bytes) in batches {
         let tr = &mut translators[*w as usize];
         groups.clear();
-        tr.apply(batch, &mut groups, &mut counts);
+        if path == Path::Decoded {
+            let decoded = payload::decode(bytes).expect("the bytes decode");
+            tr.apply(&decoded, &mut groups, &mut counts);
+        } else {
+            tr.apply(batch, &mut groups, &mut counts);
+        }
         if path == Path::TranslatorOnly {
             continue;
         }

@@ -39,8 +39,9 @@ const HELP: &str = r#"kvix-peer-bench: kvix-engine vs dynamo-kv-router 1.6.1, sa
   --only SIDE    only load the 32-block fleet into one side, three times (for a
                  profiler): kvix (events as the ingest sends them), kvix-named
                  (blocks named by engine hash), kvix-ingest (vLLM batches through
-                 the server's translator, then the engine), kvix-translate (the
-                 translator alone), index (the bare index) or dynamo;
+                 the server's translator, then the engine), kvix-decode (the
+                 same from vLLM's msgpack bytes, decode included), kvix-translate
+                 (the translator alone), index (the bare index) or dynamo;
                  KVIX_PEER_WORKLOAD=decode loads the 1-block fleet instead,
                  KVIX_PEER_WORKLOAD=mooncake the trace
 "#;
@@ -85,7 +86,7 @@ fn args() -> Result<Args, String> {
             "--no-trace" => a.trace = None,
             "--only" => {
                 a.only = Some(it.next().ok_or(
-                    "--only takes kvix, kvix-named, kvix-ingest, kvix-translate, index or dynamo",
+                    "--only takes kvix, kvix-named, kvix-ingest, kvix-decode, kvix-translate, index or dynamo",
                 )?)
             }
             "--trace" => a.trace = Some(it.next().ok_or("--trace takes a path")?.into()),
@@ -112,6 +113,8 @@ struct Pair {
     named: Duration,
     /// Median load time of kvix fed vLLM's batches through the server's translator.
     ingest: Duration,
+    /// The same from vLLM's msgpack bytes (the server's decode included).
+    decoded: Duration,
     /// Heap bytes of that path: the translators' engine-hash maps and the engine.
     ingest_bytes: usize,
     /// Per round, Dynamo's load time over kvix's: both sides timed back to back, so a
@@ -153,6 +156,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 fn load(w: &Workload, rounds: usize) -> Pair {
     let stored: u64 = w.load.iter().map(|e| e.blocks()).sum();
     let (mut kt, mut dt, mut nt, mut it) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut ct = Vec::new();
     let batches = ingest_side::prepare(&w.load);
     let (mut first, mut ingest_bytes) = (None, None);
     for r in 0..rounds {
@@ -172,6 +176,18 @@ fn load(w: &Workload, rounds: usize) -> Pair {
         );
         it.push(ingested.took);
         ingest_bytes.get_or_insert(ingested.bytes);
+        let decoded = ingest_side::apply(
+            w.workers,
+            &batches,
+            ingest_side::Path::Decoded,
+            counting::live,
+        );
+        ct.push(decoded.took);
+        assert_eq!(
+            decoded.engine.stats().blocks,
+            k.0.engine.stats().blocks,
+            "the bytes store the same tree"
+        );
         assert_eq!(
             ingested.engine.stats().blocks,
             k.0.engine.stats().blocks,
@@ -201,6 +217,7 @@ fn load(w: &Workload, rounds: usize) -> Pair {
         load: (median(kt), median(dt)),
         named: median(nt),
         ingest: median(it),
+        decoded: median(ct),
         ingest_bytes: ingest_bytes.expect("at least one round"),
         memory: (kvix_bytes, index_bytes, dynamo_bytes),
     }
@@ -318,6 +335,12 @@ fn report_load(p: &Pair) {
         d.as_secs_f64() / p.ingest.as_secs_f64()
     );
     println!(
+        "| the same, from vLLM's msgpack bytes (the ingest's decode included) | {:.2} | {:.2} | {:.2}x faster |",
+        rate(p.stored, p.decoded),
+        rate(p.stored, d),
+        d.as_secs_f64() / p.decoded.as_secs_f64()
+    );
+    println!(
         "| longest apply of one event, ms (kvix; an executor answers nothing meanwhile) | {:.2} | | |",
         p.kvix.longest.as_secs_f64() * 1e3
     );
@@ -419,9 +442,10 @@ fn main() {
                     println!("kvix: longest apply of one event {:?}", k.longest);
                     t
                 }
-                "kvix-ingest" | "kvix-translate" => {
+                "kvix-ingest" | "kvix-decode" | "kvix-translate" => {
                     let path = match side.as_str() {
                         "kvix-ingest" => ingest_side::Path::Whole,
+                        "kvix-decode" => ingest_side::Path::Decoded,
                         _ => ingest_side::Path::TranslatorOnly,
                     };
                     let batches = ingest_side::prepare(&w.load);
@@ -439,7 +463,7 @@ fn main() {
                 }
                 other => {
                     eprintln!(
-                        "kvix-peer-bench: --only {other:?}: kvix, kvix-named, kvix-ingest, kvix-translate, index or dynamo"
+                        "kvix-peer-bench: --only {other:?}: kvix, kvix-named, kvix-ingest, kvix-decode, kvix-translate, index or dynamo"
                     );
                     std::process::exit(2);
                 }
