@@ -339,7 +339,7 @@ fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
             };
             t.as_u64()
                 .and_then(|t| u32::try_from(t).ok())
-                .ok_or(DecodeError::Item {
+                .ok_or_else(|| DecodeError::Item {
                     field: "token_ids",
                     index,
                     want: "an integer in 0..2^32 or a pair of them",
@@ -501,7 +501,7 @@ fn hashes(v: &Value, field: &'static str) -> Result<Vec<u64>, DecodeError> {
         .iter()
         .enumerate()
         .map(|(index, h)| {
-            hash_key(h).ok_or(DecodeError::Item {
+            hash_key(h).ok_or_else(|| DecodeError::Item {
                 field,
                 index,
                 want: "an integer or raw bytes",
