@@ -11,6 +11,7 @@
 
 mod context;
 pub mod holders;
+mod msgpack;
 pub mod payload;
 mod pending;
 pub mod pool;

@@ -16,6 +16,8 @@
 
 use kvix_wire::chain::ExtraKey;
 use rmpv::Value;
+
+use super::msgpack::{self, TokenIds};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Nesting deeper than this is not a vLLM payload (and would cost stack).
@@ -189,13 +191,11 @@ impl DecodeError {
 
 /// Decodes one payload (the third frame of a PUB message, or a replayed one).
 pub fn decode(payload: &[u8]) -> Result<Batch, DecodeError> {
-    let mut rd = payload;
-    let value = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH)
-        .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
-    if !rd.is_empty() {
-        return Err(DecodeError::Trailing(rd.len()));
+    let (read, rest) = msgpack::read(payload, MAX_DEPTH).map_err(DecodeError::Msgpack)?;
+    if !rest.is_empty() {
+        return Err(DecodeError::Trailing(rest.len()));
     }
-    batch(&value)
+    batch(&read.value, read.tokens)
 }
 
 fn shape(v: &Value) -> &'static str {
@@ -237,7 +237,8 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn batch(v: &Value) -> Result<Batch, DecodeError> {
+/// The batch in `v`; `tokens` holds its events' token ids, read aside.
+fn batch(v: &Value, mut tokens: Vec<Option<TokenIds>>) -> Result<Batch, DecodeError> {
     let fields = match v {
         Value::Array(items) => Fields::Array(items),
         Value::Map(pairs) => Fields::Map(pairs),
@@ -273,7 +274,8 @@ fn batch(v: &Value) -> Result<Batch, DecodeError> {
         .iter()
         .enumerate()
         .map(|(index, e)| {
-            event(e).map_err(|what| DecodeError::Event {
+            let ids = tokens.get_mut(index).and_then(Option::take);
+            event(e, ids).map_err(|what| DecodeError::Event {
                 index,
                 what: Box::new(what),
             })
@@ -286,7 +288,7 @@ fn batch(v: &Value) -> Result<Batch, DecodeError> {
     })
 }
 
-fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
+fn event(v: &Value, ids: Option<TokenIds>) -> Result<EngineEvent, DecodeError> {
     let (tag, fields) = match v {
         Value::Array(items) => match items.split_first() {
             Some((Value::String(tag), rest)) => (tag.as_str(), Fields::Array(rest)),
@@ -306,7 +308,7 @@ fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
     };
     let tag = tag.ok_or(DecodeError::EventShape("tagged with invalid UTF-8"))?;
     match tag {
-        "BlockStored" => stored(&fields).map(EngineEvent::Stored),
+        "BlockStored" => stored(&fields, ids).map(EngineEvent::Stored),
         "BlockRemoved" => Ok(EngineEvent::Removed(Removed {
             block_hashes: hashes(fields.required(0, "block_hashes")?, "block_hashes")?,
             medium: Medium::parse(fields.get(1, "medium"))?,
@@ -317,7 +319,7 @@ fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
     }
 }
 
-fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
+fn stored(f: &Fields<'_>, ids: Option<TokenIds>) -> Result<Stored, DecodeError> {
     let parent = match f.required(1, "parent_block_hash")? {
         Value::Nil => None,
         v => Some(hash_key(v).ok_or(DecodeError::field(
@@ -328,24 +330,30 @@ fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
     let Value::Array(tokens) = f.required(2, "token_ids")? else {
         return Err(DecodeError::field("token_ids", "an array"));
     };
-    // SGLang's EAGLE bigram pages send each token as the pair (token, next token).
-    let token_ids = tokens
-        .iter()
-        .enumerate()
-        .map(|(index, t)| {
-            let t = match t {
-                Value::Array(pair) if pair.len() == 2 => &pair[0],
-                t => t,
-            };
-            t.as_u64()
-                .and_then(|t| u32::try_from(t).ok())
-                .ok_or_else(|| DecodeError::Item {
-                    field: "token_ids",
-                    index,
-                    want: "an integer in 0..2^32 or a pair of them",
-                })
-        })
-        .collect::<Result<_, _>>()?;
+    let bad = |index| DecodeError::Item {
+        field: "token_ids",
+        index,
+        want: "an integer in 0..2^32 or a pair of them",
+    };
+    let token_ids = match ids {
+        // Read aside in the one pass (msgpack.rs), by the same rule as below.
+        Some(ids) => ids.map_err(bad)?,
+        // SGLang's EAGLE bigram pages send each token as the pair (token, next token).
+        None => tokens
+            .iter()
+            .enumerate()
+            .map(|(index, t)| {
+                let t = match t {
+                    Value::Array(pair) if pair.len() == 2 => &pair[0],
+                    t => t,
+                };
+                match t.as_u64().and_then(|t| u32::try_from(t).ok()) {
+                    Some(t) => Ok(t),
+                    None => Err(bad(index)),
+                }
+            })
+            .collect::<Result<_, _>>()?,
+    };
     let block_size = opt_u32(Some(f.required(3, "block_size")?), "block_size")?
         .filter(|b| *b > 0)
         .ok_or(DecodeError::field("block_size", "a positive integer"))?;
@@ -500,12 +508,13 @@ fn hashes(v: &Value, field: &'static str) -> Result<Vec<u64>, DecodeError> {
     items
         .iter()
         .enumerate()
-        .map(|(index, h)| {
-            hash_key(h).ok_or_else(|| DecodeError::Item {
+        .map(|(index, h)| match hash_key(h) {
+            Some(h) => Ok(h),
+            None => Err(DecodeError::Item {
                 field,
                 index,
                 want: "an integer or raw bytes",
-            })
+            }),
         })
         .collect()
 }
