@@ -168,31 +168,19 @@ fn load(w: &Workload, rounds: usize) -> Pair {
             (load_kvix(w, false), d)
         };
         nt.push(load_kvix(w, true).1);
-        let ingested = ingest_side::apply(
-            w.workers,
-            &batches,
-            ingest_side::Path::Whole,
-            counting::live,
-        );
+        let through = |path| {
+            let loaded = ingest_side::apply(w.workers, &batches, path, counting::live);
+            assert_eq!(
+                loaded.engine.stats().blocks,
+                k.0.engine.stats().blocks,
+                "the ingest path ({path:?}) stores the same tree"
+            );
+            loaded
+        };
+        let ingested = through(ingest_side::Path::Whole);
         it.push(ingested.took);
         ingest_bytes.get_or_insert(ingested.bytes);
-        let decoded = ingest_side::apply(
-            w.workers,
-            &batches,
-            ingest_side::Path::Decoded,
-            counting::live,
-        );
-        ct.push(decoded.took);
-        assert_eq!(
-            decoded.engine.stats().blocks,
-            k.0.engine.stats().blocks,
-            "the bytes store the same tree"
-        );
-        assert_eq!(
-            ingested.engine.stats().blocks,
-            k.0.engine.stats().blocks,
-            "the ingest path stores the same tree"
-        );
+        ct.push(through(ingest_side::Path::Decoded).took);
         kt.push(k.1);
         dt.push(d.1);
         if first.is_none() {

@@ -26,7 +26,6 @@ pub fn read(bytes: &[u8], max_depth: usize) -> Result<(Read, &[u8]), String> {
     let mut r = Reader {
         rd: bytes,
         tokens: Vec::new(),
-        events_read: false,
         max_depth,
     };
     let value = r.batch()?;
@@ -42,8 +41,6 @@ pub fn read(bytes: &[u8], max_depth: usize) -> Result<(Read, &[u8]), String> {
 struct Reader<'a> {
     rd: &'a [u8],
     tokens: Vec<Option<TokenIds>>,
-    /// Whether a batch map's (first) `events` entry was read: its events own `tokens`.
-    events_read: bool,
     max_depth: usize,
 }
 
@@ -77,34 +74,48 @@ impl Reader<'_> {
         n.map(|n| Some(n as usize)).map_err(|e| e.to_string())
     }
 
-    /// `[ts, events, rank]` or a map of them; anything else as a value.
-    fn batch(&mut self) -> Result<Value, String> {
-        if let Some(n) = self.header(false, 0)? {
-            let mut items = Vec::with_capacity(n.min(8));
+    /// A struct encoded as an array or a map, `depth` containers down, whose field at
+    /// `pos` (of an array whose first item is `tag`, if one is given) or first field
+    /// named `name` is read by `field`; the others, and anything else, as values.
+    fn record(
+        &mut self,
+        depth: usize,
+        (pos, tag, name): (usize, Option<&str>, &str),
+        field: fn(&mut Self) -> Result<Value, String>,
+    ) -> Result<Value, String> {
+        if let Some(n) = self.header(false, depth)? {
+            let mut items = Vec::with_capacity(n.min(16));
             for i in 0..n {
-                items.push(if i == 1 {
-                    self.events()?
+                let tagged = tag.is_none_or(|t| items.first().and_then(Value::as_str) == Some(t));
+                items.push(if i == pos && tagged {
+                    field(self)?
                 } else {
-                    self.value(1)?
+                    self.value(depth + 1)?
                 });
             }
             return Ok(Value::Array(items));
         }
-        if let Some(n) = self.header(true, 0)? {
-            let mut pairs = Vec::with_capacity(n.min(8));
+        if let Some(n) = self.header(true, depth)? {
+            let mut pairs = Vec::with_capacity(n.min(16));
+            let mut seen = false;
             for _ in 0..n {
-                let k = self.value(1)?;
-                let v = if k.as_str() == Some("events") && !self.events_read {
-                    self.events_read = true;
-                    self.events()?
+                let k = self.value(depth + 1)?;
+                let v = if !seen && k.as_str() == Some(name) {
+                    seen = true;
+                    field(self)?
                 } else {
-                    self.value(1)?
+                    self.value(depth + 1)?
                 };
                 pairs.push((k, v));
             }
             return Ok(Value::Map(pairs));
         }
-        self.value(0)
+        self.value(depth)
+    }
+
+    /// `[ts, events, rank]` or a map of them.
+    fn batch(&mut self) -> Result<Value, String> {
+        self.record(0, (1, None, "events"), Self::events)
     }
 
     fn events(&mut self) -> Result<Value, String> {
@@ -119,36 +130,9 @@ impl Reader<'_> {
         Ok(Value::Array(events))
     }
 
-    /// A tagged array or a map with `"type"`; anything else as a value.
+    /// A tagged array or a map with `"type"`: a store's token ids are read aside.
     fn event(&mut self) -> Result<Value, String> {
-        if let Some(n) = self.header(false, 2)? {
-            let mut items = Vec::with_capacity(n.min(16));
-            for i in 0..n {
-                let stored = items.first().and_then(Value::as_str) == Some("BlockStored");
-                items.push(if i == 3 && stored {
-                    self.token_ids()?
-                } else {
-                    self.value(3)?
-                });
-            }
-            return Ok(Value::Array(items));
-        }
-        if let Some(n) = self.header(true, 2)? {
-            let mut pairs = Vec::with_capacity(n.min(16));
-            let mut seen = false;
-            for _ in 0..n {
-                let k = self.value(3)?;
-                let v = if k.as_str() == Some("token_ids") && !seen {
-                    seen = true;
-                    self.token_ids()?
-                } else {
-                    self.value(3)?
-                };
-                pairs.push((k, v));
-            }
-            return Ok(Value::Map(pairs));
-        }
-        self.value(2)
+        self.record(2, (3, Some("BlockStored"), "token_ids"), Self::token_ids)
     }
 
     /// An array of token ids into the event's entry of [`Reader::tokens`], an empty
@@ -435,7 +419,6 @@ mod tests {
             let mut r = Reader {
                 rd: bytes,
                 tokens: Vec::new(),
-                events_read: false,
                 max_depth: 16,
             };
             let mut rd = bytes;
