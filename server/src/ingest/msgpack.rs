@@ -141,7 +141,8 @@ impl Reader<'_> {
         let Some(n) = self.header(false, 3)? else {
             return self.value(3);
         };
-        let mut ids = Vec::with_capacity(n.min(1 << 20));
+        // Each id takes a byte at least: a header cannot reserve more than the payload holds.
+        let mut ids = Vec::with_capacity(n.min(self.rd.len()));
         let mut bad = None;
         for index in 0..n {
             let id = match self.uint() {
