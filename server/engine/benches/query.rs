@@ -1,4 +1,5 @@
-//! Query time for the seed's shape (1250-block prompt, 125 blocks held by 240 workers).
+//! Query time for the seed's shape (1250-block prompt, 125 blocks held by 240 workers;
+//! and those 125 blocks alone).
 //! `cargo bench -p kvix-engine --bench query`
 
 mod common;
@@ -13,6 +14,20 @@ fn query(c: &mut Criterion) {
         c.bench_function("query_1250x240", |b| {
             b.iter(|| {
                 e.query_into(common::KS, black_box(&prompt), None, 0, false, &mut out);
+                black_box(out.scores.len())
+            })
+        });
+        // The shared prefix alone: every worker holds all of it.
+        c.bench_function("query_125x240", |b| {
+            b.iter(|| {
+                e.query_into(
+                    common::KS,
+                    black_box(&prompt[..125]),
+                    None,
+                    0,
+                    false,
+                    &mut out,
+                );
                 black_box(out.scores.len())
             })
         });
