@@ -49,7 +49,7 @@ pub use interner::Interner;
 pub use keymap::KeyMap;
 pub use ops::{Cursor, Op, OpBatch, RosterChange, Update};
 pub use query::Ranker;
-pub use roster::{AnnounceOutcome, Class, Registry, Roster, WorkerEntry};
+pub use roster::{AnnounceOutcome, Class, Classes, Registry, Roster, WorkerEntry};
 pub use score::{Rule, Rules};
 
 use kvix_wire::{ChunkKind, Keyspace, WorkerId};

@@ -14,7 +14,7 @@ use kvix_wire::{ChunkKind, LaneRuns, Run, WorkerId, WorkerRuns};
 
 use crate::coverage::Coverage;
 use crate::index::BlockIndex;
-use crate::roster::{Class, Roster};
+use crate::roster::{Class, Classes, Roster};
 use crate::score::{Answer, Rules};
 use crate::Ks;
 
@@ -50,6 +50,7 @@ pub struct Ranker {
 /// What the walk needs to know per query.
 struct Ctx<'a> {
     roster: &'a Roster,
+    classes: Classes<'a>,
     kind: ChunkKind,
     /// Every worker by rules (runs were asked for).
     all_ruled: bool,
@@ -78,6 +79,7 @@ impl Ranker {
         self.reset(candidates);
         let ctx = Ctx {
             roster,
+            classes: roster.classes(ks.kind),
             kind: ks.kind,
             all_ruled: want_runs,
         };
@@ -135,19 +137,23 @@ impl Ranker {
     /// One stretch `[a, b)` of the chain held by `holders` (sorted, packed).
     fn stretch(&mut self, ctx: &Ctx<'_>, a: u32, b: u32, holders: &[u32]) {
         if a == 0 && !ctx.all_ruled {
+            // Every holder of the first run: the survivors in a local, sized once.
+            let mut alive = std::mem::take(&mut self.alive);
+            alive.reserve(holders.len());
             for &h in holders {
                 let w = h >> 4;
                 if !self.admits(w) {
                     continue;
                 }
-                match ctx.roster.class(w, ctx.kind) {
+                match ctx.classes.of(w) {
                     Class::Skip => {}
-                    Class::Plain => self.alive.push(h),
+                    Class::Plain => alive.push(h),
                     Class::Rules => self.ruled_holds(w, h, a, b),
                 }
             }
             self.initial.clear();
-            self.initial.extend_from_slice(&self.alive);
+            self.initial.extend_from_slice(&alive);
+            self.alive = alive;
             self.end = b;
             return;
         }
@@ -173,7 +179,7 @@ impl Ranker {
             if !self.admits(w) {
                 continue;
             }
-            match ctx.roster.class(w, ctx.kind) {
+            match ctx.classes.of(w) {
                 Class::Skip => {}
                 Class::Plain if ctx.all_ruled => self.ruled_holds(w, h, a, b),
                 // A plain worker first met past block 0 cannot reuse anything.

@@ -66,6 +66,24 @@ impl WorkerEntry {
     }
 }
 
+/// The workers' classes in keyspaces of one kind ([`Roster::classes`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Classes<'a> {
+    bits: &'a [u8],
+    shift: u8,
+}
+
+impl Classes<'_> {
+    #[inline]
+    pub fn of(self, id: WorkerId) -> Class {
+        match (self.bits.get(id as usize).copied().unwrap_or(0) >> self.shift) & 3 {
+            1 => Class::Plain,
+            2 => Class::Rules,
+            _ => Class::Skip,
+        }
+    }
+}
+
 /// How a query scores a worker in keyspaces of one kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -276,11 +294,16 @@ impl Roster {
 
     /// How queries in keyspaces of `kind` score worker `id`.
     pub fn class(&self, id: WorkerId, kind: ChunkKind) -> Class {
-        let bits = self.classes.get(id as usize).copied().unwrap_or(0);
-        match (bits >> if kind == ChunkKind::Bytes { 2 } else { 0 }) & 3 {
-            1 => Class::Plain,
-            2 => Class::Rules,
-            _ => Class::Skip,
+        self.classes(kind).of(id)
+    }
+
+    /// Every worker's class in keyspaces of `kind`, for a loop over many: a query looks
+    /// up each holder of a run (the roster behind a reference would be loaded again
+    /// at every one).
+    pub fn classes(&self, kind: ChunkKind) -> Classes<'_> {
+        Classes {
+            bits: &self.classes,
+            shift: if kind == ChunkKind::Bytes { 2 } else { 0 },
         }
     }
 
