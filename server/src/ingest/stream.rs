@@ -72,9 +72,12 @@ pub struct Stream {
     empty: bool,
     /// The replay asked for and not yet answered: what its answer continues.
     waiting: Option<Then>,
-    /// The live message that asked for it, (seq, payload): taken once it is answered.
-    held: Option<(u64, Vec<u8>)>,
+    /// The live message that asked for it, (seq, payload, decoded): taken once it is
+    /// answered.
+    held: Option<Held>,
 }
+
+type Held = (u64, Vec<u8>, Result<Batch, payload::DecodeError>);
 
 /// What a replay's answer continues.
 #[derive(Debug, Clone, Copy)]
@@ -147,7 +150,7 @@ impl Stream {
             _ => None,
         };
         if ask.is_some() {
-            self.held = Some((seq, payload.to_vec()));
+            self.held = Some((seq, payload.to_vec(), decoded));
             return ask;
         }
         self.after_catch_up(seq, payload, decoded, out, t);
@@ -165,8 +168,7 @@ impl Stream {
         if ask.is_some() {
             return ask;
         }
-        if let Some((seq, payload)) = self.held.take() {
-            let decoded = payload::decode(&payload);
+        if let Some((seq, payload, decoded)) = self.held.take() {
             self.after_catch_up(seq, &payload, decoded, out, t);
         }
         None
