@@ -10,7 +10,8 @@ use rmp::Marker;
 use rmpv::Value;
 
 /// Token ids of one store, or the index of the first item that is not a token id (an
-/// integer in 0..2^32, or a pair whose first is one).
+/// integer in 0..2^32, or a pair whose first is one: SGLang's EAGLE bigram pages send
+/// each token as the pair (token, next token)).
 pub type TokenIds = Result<Vec<u32>, usize>;
 
 /// What one pass read.

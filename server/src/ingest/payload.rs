@@ -327,33 +327,16 @@ fn stored(f: &Fields<'_>, ids: Option<TokenIds>) -> Result<Stored, DecodeError> 
             "nil, an integer or raw bytes",
         ))?),
     };
-    let Value::Array(tokens) = f.required(2, "token_ids")? else {
-        return Err(DecodeError::field("token_ids", "an array"));
+    // Token ids are read aside in the one pass (msgpack.rs) wherever they are an array.
+    let ids = match (f.required(2, "token_ids")?, ids) {
+        (Value::Array(_), Some(ids)) => ids,
+        _ => return Err(DecodeError::field("token_ids", "an array")),
     };
-    let bad = |index| DecodeError::Item {
+    let token_ids = ids.map_err(|index| DecodeError::Item {
         field: "token_ids",
         index,
         want: "an integer in 0..2^32 or a pair of them",
-    };
-    let token_ids = match ids {
-        // Read aside in the one pass (msgpack.rs), by the same rule as below.
-        Some(ids) => ids.map_err(bad)?,
-        // SGLang's EAGLE bigram pages send each token as the pair (token, next token).
-        None => tokens
-            .iter()
-            .enumerate()
-            .map(|(index, t)| {
-                let t = match t {
-                    Value::Array(pair) if pair.len() == 2 => &pair[0],
-                    t => t,
-                };
-                match t.as_u64().and_then(|t| u32::try_from(t).ok()) {
-                    Some(t) => Ok(t),
-                    None => Err(bad(index)),
-                }
-            })
-            .collect::<Result<_, _>>()?,
-    };
+    })?;
     let block_size = opt_u32(Some(f.required(3, "block_size")?), "block_size")?
         .filter(|b| *b > 0)
         .ok_or(DecodeError::field("block_size", "a positive integer"))?;
