@@ -49,6 +49,7 @@ impl Context {
     }
 
     /// The most sockets it allows.
+    #[cfg(test)]
     pub fn max_sockets(&self) -> usize {
         // SAFETY: a getter on a live context.
         let n = unsafe { zmq_sys::zmq_ctx_get(self.raw, zmq_sys::ZMQ_MAX_SOCKETS as i32) };

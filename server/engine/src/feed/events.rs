@@ -448,7 +448,7 @@ impl EventFeed {
                         .or_else(|| {
                             if others > report.lookups_left {
                                 report.lookups_left = 0;
-                                report.unprobed += u64::from(others > 0);
+                                report.unprobed += 1;
                                 return None;
                             }
                             report.lookups_left -= others;
