@@ -10,6 +10,7 @@
 pub mod latency;
 pub mod load;
 pub mod lru;
+pub mod metrics;
 pub mod net;
 pub mod pick;
 pub mod redis;

@@ -23,7 +23,7 @@ use kvix_wire::{Event, EventBatch, Query, FLAG_NO_REPLY};
 use serde::{Deserialize, Serialize};
 
 use crate::latency::{echo_payload_for, query_sizes};
-use crate::net::{gateway, Dataset, WireConn};
+use crate::net::{self, gateway, Dataset, WireConn};
 use crate::rng::Rng;
 use crate::stats::{histogram, record, Ratios, Summary};
 
@@ -49,6 +49,9 @@ pub struct LoadConfig {
     pub token_block: u32,
     pub max_inflight: usize,
     pub seed: u64,
+    /// The server's metrics address, for the per-executor split ("" for none).
+    #[serde(default)]
+    pub metrics: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,6 +81,9 @@ pub struct LoadReport {
     pub block_events_per_s: f64,
     /// The gateways' clients, summed over the run.
     pub clients: ClientTally,
+    /// Queries each executor of the server answered during the run (from its metrics),
+    /// or why they could not be read.
+    pub executor_queries: Result<Vec<u64>, String>,
 }
 
 /// Why the gateways' queries failed open, and what their failover did: a lost server
@@ -400,6 +406,11 @@ pub fn run(
     if cfg.floor {
         kinds.push((echo, floor_rec.clone()));
     }
+    let split_at = |what: &str| -> Result<Vec<u64>, String> {
+        let addr = net::loopback(&cfg.metrics).map_err(|e| format!("--metrics: {e}"))?;
+        crate::metrics::executor_queries(addr).map_err(|e| format!("{what}: {e}"))
+    };
+    let split_before = split_at("before the run");
     let ev0 = Instant::now();
     let wall = pace(rt.handle(), &clients, &ds, cfg, &kinds, pb);
     let queries = query_rec.phase(wall);
@@ -417,6 +428,10 @@ pub fn run(
     }
     let batches = ev_sent.load(Relaxed);
     let tally = ClientTally::of(&clients);
+    let executor_queries = split_before.and_then(|before| {
+        let after = split_at("after the run")?;
+        Ok(after.iter().zip(&before).map(|(a, b)| a - b).collect())
+    });
     Ok(LoadReport {
         command: "load".into(),
         config: cfg.clone(),
@@ -433,5 +448,6 @@ pub fn run(
             0.0
         },
         clients: tally,
+        executor_queries,
     })
 }

@@ -289,6 +289,10 @@ struct LoadArgs {
     /// tokio worker threads for the gateways.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// The (last) server's metrics address: the report gives the queries each of its
+    /// executors answered ("" to skip).
+    #[arg(long, default_value = "127.0.0.1:7421")]
+    metrics: String,
     #[command(flatten)]
     data: DataArgs,
 }
@@ -656,6 +660,7 @@ fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
         token_block: a.data.token_block,
         max_inflight: a.max_inflight,
         seed: a.data.seed,
+        metrics: a.metrics,
     };
     let rt = runtime(a.threads)?;
     let pb = progress(quiet, "load: queries and echoes");
@@ -689,9 +694,21 @@ fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
                 )
             })
             .unwrap_or_default();
+        let split = match &r.executor_queries {
+            Ok(q) => {
+                let all = q.iter().sum::<u64>().max(1) as f64;
+                let shares: Vec<String> = q
+                    .iter()
+                    .enumerate()
+                    .map(|(e, n)| format!("{e}: {n} ({:.0} %)", 100.0 * *n as f64 / all))
+                    .collect();
+                format!("queries per executor: {}\n", shares.join(", "))
+            }
+            Err(e) => format!("queries per executor: not read ({e})\n"),
+        };
         format!(
             "load: open loop {} q/s from {} gateways, {} workers sending {:.0} block events/s, \
-             {}-block queries ({} B / {} B), deadline {} ms\n{}{}",
+             {}-block queries ({} B / {} B), deadline {} ms\n{}{}{}",
             r.config.rate,
             r.config.gateways,
             r.config.workers,
@@ -701,7 +718,8 @@ fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
             r.reply_bytes,
             r.config.deadline_ms,
             t.render(),
-            ratio
+            ratio,
+            split
         )
     })
 }

@@ -6,8 +6,7 @@
 //! count goes flat, and so must the memory (BRIEF trap 9). The server's metrics endpoint
 //! gives its resident bytes, its block count and how many executors hold a copy.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
@@ -15,6 +14,7 @@ use kvix_wire::chain::token_chain;
 use kvix_wire::{Feed, Placement, FLAG_NO_REPLY};
 use serde::{Deserialize, Serialize};
 
+use crate::metrics::scrape;
 use crate::net::WireConn;
 use crate::rng::Rng;
 
@@ -53,23 +53,6 @@ pub struct SoakReport {
     pub samples: Vec<Sample>,
     /// Resident bytes at the end over those when the caps were first all reached.
     pub growth_after_full: f64,
-}
-
-/// Reads the server's metrics page and picks the values of unlabelled metrics.
-fn scrape(addr: SocketAddr, names: &[&str]) -> anyhow::Result<Vec<u64>> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: kvix\r\n\r\n")?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    names
-        .iter()
-        .map(|n| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(n)?.strip_prefix(' ')?.parse().ok())
-                .ok_or_else(|| anyhow::anyhow!("{n} missing from the metrics at {addr}"))
-        })
-        .collect()
 }
 
 pub async fn run(

@@ -6,6 +6,7 @@
 //! executor that read it; writes go through their worker's home [`writer`] queue to
 //! every executor over the [`mesh`] ([`calls`] lists what crosses it).
 
+pub mod admit;
 pub mod apply;
 pub mod calls;
 pub mod config;
@@ -68,7 +69,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         }
         Err(e) => tracing::warn!("open files limit not raised: {e}"),
     }
-    reserve::hold();
+    admit::reserve::hold();
     let ingest = Arc::new(
         ingest::Ingest::start(
             config.ingest_threads,
@@ -362,6 +363,7 @@ async fn executor_main(
         jobs,
     );
     ex.refresh_gauges();
+    admit::set_conn_queue(queries);
     inbox.serve(&ex);
     glommio::spawn_local_into(writer::run(ex.clone(), queue), writes)
         .map_err(|e| anyhow::anyhow!("starting the write queue: {e}"))?
@@ -428,9 +430,9 @@ async fn executor_main(
         glommio::spawn_local_into(
             async move {
                 loop {
-                    match unix.accept().await {
-                        Ok(s) => spawn_conn(&ex, s, queries),
-                        Err(e) => accept_failed(&ex, "unix", e, None).await,
+                    match unix.shared_accept().await {
+                        Ok(s) => admit::admit(&ex, s, queries),
+                        Err(e) => admit::accept_failed(&ex, "unix", e, None).await,
                     }
                 }
             },
@@ -444,12 +446,9 @@ async fn executor_main(
         glommio::spawn_local_into(
             async move {
                 loop {
-                    match tcp.accept().await {
-                        Ok(s) => {
-                            let _ = s.set_nodelay(true);
-                            spawn_conn(&ex, s, queries);
-                        }
-                        Err(e) => accept_failed(&ex, "tcp", e, Some(fd)).await,
+                    match tcp.shared_accept().await {
+                        Ok(s) => admit::admit(&ex, s, queries),
+                        Err(e) => admit::accept_failed(&ex, "tcp", e, Some(fd)).await,
                     }
                 }
             },
@@ -592,95 +591,4 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the snapshot writer panicked")));
     }
     Ok(())
-}
-
-/// A failed accept (most often out of file descriptors): counted, logged at most once a
-/// second, and followed by a pause so the loop never spins; connections closing (idle
-/// and handshake timeouts) give the descriptors back.
-async fn accept_failed(
-    ex: &Executor,
-    what: &str,
-    e: glommio::GlommioError<()>,
-    listener: Option<std::os::fd::RawFd>,
-) {
-    let m = ex.metrics();
-    let n = m.accept_errors.fetch_add(1, Ordering::Relaxed);
-    if n.is_power_of_two() || n < 4 {
-        tracing::warn!("{what} accept failed ({} so far): {e}", n + 1);
-    }
-    let out_of_fds = matches!(&e, glommio::GlommioError::IoError(io)
-        if matches!(io.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)));
-    if let (true, Some(fd)) = (out_of_fds, listener) {
-        if reserve::shed(fd) {
-            ExecutorMetrics::add(&m.shed, 1);
-        }
-    }
-    glommio::timer::sleep(Duration::from_millis(50)).await;
-}
-
-/// One descriptor held back for when the process runs out: given up for a moment to
-/// accept the connection at the head of the queue and close it at once, so a full
-/// process says no (the client sees the connection closed) instead of leaving clients
-/// waiting in the queue.
-mod reserve {
-    use std::fs::File;
-    use std::os::fd::RawFd;
-    use std::sync::Mutex;
-
-    static RESERVE: Mutex<Option<File>> = Mutex::new(None);
-
-    pub fn hold() {
-        let mut r = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
-        if r.is_none() {
-            *r = File::open("/dev/null").ok();
-        }
-    }
-
-    /// Accepts and closes one queued connection on `listener`; true if one was shed.
-    pub fn shed(listener: RawFd) -> bool {
-        let mut r = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
-        drop(r.take());
-        // SAFETY: accept4 on our own listening socket; the new descriptor is closed here.
-        let fd = unsafe {
-            libc::accept4(
-                listener,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: fd was just returned by accept4 and is owned by nobody else.
-            unsafe { libc::close(fd) };
-        }
-        *r = File::open("/dev/null").ok();
-        fd >= 0
-    }
-}
-
-/// Serves a new connection unless this executor is at its connection limit.
-fn spawn_conn<S>(ex: &Rc<Executor>, stream: S, queue: glommio::TaskQueueHandle)
-where
-    S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
-{
-    let m = ex.metrics();
-    if m.connections_open.load(Ordering::Relaxed) as usize >= ex.config().max_connections {
-        m.reject(metrics::Rejected::Overloaded);
-        glommio::spawn_local_into(conn::refuse_overloaded(stream), queue)
-            .map(|t| t.detach())
-            .ok();
-        return;
-    }
-    ExecutorMetrics::add(&m.connections_total, 1);
-    m.connections_open.fetch_add(1, Ordering::Relaxed);
-    let ex = ex.clone();
-    let serve = async move {
-        conn::serve(stream, ex.clone()).await;
-        ex.metrics()
-            .connections_open
-            .fetch_sub(1, Ordering::Relaxed);
-    };
-    if let Ok(t) = glommio::spawn_local_into(serve, queue) {
-        t.detach();
-    }
 }

@@ -148,6 +148,16 @@ impl Mesh {
     }
 }
 
+impl Mesh {
+    /// Runs `job` on executor `to` (queued now, in call order), with no reply.
+    pub fn spawn_on(&self, to: usize, job: impl FnOnce(&Rc<Executor>) + Send + 'static) {
+        debug_assert_ne!(to, self.me, "local work is done in place");
+        if let Some(Some(out)) = self.outbox.get(to) {
+            let _ = out.try_send(Box::new(job));
+        }
+    }
+}
+
 impl Inbox {
     /// Runs the calls other executors send to `on`, in arrival order per sender.
     pub fn serve(mut self, on: &Rc<Executor>) {

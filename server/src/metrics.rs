@@ -79,6 +79,8 @@ pub struct ExecutorMetrics {
     pub placements: AtomicU64,
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
+    /// Connections this executor accepted while full and handed to a peer with room.
+    pub spilled: AtomicU64,
     pub rejected: [AtomicU64; REJECTED.len()],
     /// Gauges the executor refreshes after each change of its index copy.
     pub blocks: AtomicU64,
@@ -134,6 +136,9 @@ impl ExecutorMetrics {
 /// Picks one counter out of a shard's metrics.
 type Field = fn(&ExecutorMetrics) -> &AtomicU64;
 
+/// Reads one value out of a shard's metrics.
+type Reading = fn(&ExecutorMetrics) -> u64;
+
 fn sum(shards: &[ExecutorMetrics], f: impl Fn(&ExecutorMetrics) -> &AtomicU64) -> u64 {
     shards.iter().map(|s| f(s).load(Relaxed)).sum()
 }
@@ -163,7 +168,7 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 17] = [
+    let plain: [(&str, &str, &str, Field); 18] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -211,6 +216,12 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             "Client connections accepted.",
             "counter",
             |s| &s.connections_total,
+        ),
+        (
+            "kvix_connections_spilled_total",
+            "Connections accepted by a full executor and served by the least loaded one with room.",
+            "counter",
+            |s| &s.spilled,
         ),
         (
             "kvix_query_hops_total",
@@ -269,6 +280,30 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
     ];
     for (name, help, kind, f) in plain {
         counter(name, help, kind, vec![(String::new(), sum(shards, f))]);
+    }
+    // Where connections and queries land, executor by executor: a lopsided split shows
+    // the steering concentrating clients (see admit.rs).
+    let per_executor: [(&str, &str, &str, Reading); 2] = [
+        (
+            "kvix_executor_queries_total",
+            "Queries answered by each executor.",
+            "counter",
+            |s| s.queries.iter().map(|q| q.load(Relaxed)).sum(),
+        ),
+        (
+            "kvix_executor_connections",
+            "Open client connections on each executor.",
+            "gauge",
+            |s| s.connections_open.load(Relaxed),
+        ),
+    ];
+    for (name, help, kind, f) in per_executor {
+        let rows = shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("{{executor=\"{i}\"}}"), f(s)))
+            .collect();
+        counter(name, help, kind, rows);
     }
     // Every executor keeps a whole copy of the index and roster: one copy, not the sum.
     let copy: [(&str, &str, Field); 3] = [

@@ -560,6 +560,56 @@ fn connections_over_the_limit_get_overloaded_and_are_closed() {
         .contains("kvix_rejected_frames_total{reason=\"overloaded\"} 1"));
 }
 
+/// Pins the calling thread to one CPU.
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+/// Steering sends every connection of a thread pinned to one CPU to that CPU's
+/// executor: past its --max-connections share they are served by the other executor,
+/// and a client is refused only once both are full.
+#[test]
+fn a_full_executor_hands_new_connections_to_one_with_room() {
+    let server = Server::start(&["--cores", "2", "--max-connections", "4"]);
+    let server = &server;
+    let held = std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to(0);
+            (0..8).map(|_| server.session()).collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(held.len(), 8);
+    let split =
+        [0, 1].map(|e| server.metric(&format!("kvix_executor_connections{{executor=\"{e}\"}}")));
+    assert_eq!(split, [4, 4], "each executor serves its share");
+    let spilled = server.metric("kvix_connections_spilled_total");
+    assert!(spilled >= 1, "connections moved to the executor with room");
+    let mut c = server.connect();
+    let r = c.recv().expect("an error frame before the close");
+    assert_eq!(r.error().code, ErrorCode::Overloaded);
+    // A slot freed anywhere is a slot for the next client, whichever CPU it runs on.
+    drop(held);
+    eventually("slots given back", || {
+        (server.metric("kvix_connections") == 0).then_some(())
+    });
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to(0);
+            let _more: Vec<Conn> = (0..8).map(|_| server.session()).collect();
+        });
+    });
+}
+
 /// A client that pipelines without ever reading its replies stalls only itself.
 #[test]
 fn a_client_that_never_reads_does_not_stall_others() {
