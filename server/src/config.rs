@@ -100,6 +100,13 @@ pub struct Config {
     #[arg(long, default_value_t = 100)]
     pub wal_sync_ms: u64,
 
+    /// What start does when the write-ahead log is damaged before its tail (a flipped
+    /// byte, not a crash mid-write): `refuse` names the file and offset and stops;
+    /// `truncate` accepts the loss, cuts the log there (keeping the damaged file as
+    /// .damaged) and starts with the records before it.
+    #[arg(long, value_enum, default_value_t = crate::wal::Recover::Refuse)]
+    pub wal_recover: crate::wal::Recover,
+
     /// Replicas: every write goes through this Redis (or Valkey) Stream and every server
     /// naming it applies the stream in order, as identical copies (redis://HOST:PORT/KEY,
     /// or redis+sentinel://S1:P1,S2:P2/MASTER/KEY to follow the primary Sentinel names).

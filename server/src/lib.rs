@@ -103,12 +103,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             }
         }
     }
+    let mut wal_cut_bytes = 0;
     let (wal, replay) = match (&config.snapshot, config.wal) {
         (Some(path), true) => {
             let from = restored.as_ref().map_or(0, |i| i.wal_from);
-            let (wal, records) = wal::Wal::open(path, from, config.wal_sync_ms)
+            let opened = wal::Wal::open(path, from, config.wal_sync_ms, config.wal_recover)
                 .context("opening the write-ahead log")?;
-            (Some(wal), records)
+            wal_cut_bytes = opened.cut_bytes;
+            (Some(opened.wal), opened.records)
         }
         _ => (None, Vec::new()),
     };
@@ -140,7 +142,15 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     let shared = Arc::new(Shared {
         config: Arc::new(config),
-        metrics: (0..executors).map(|_| ExecutorMetrics::default()).collect(),
+        metrics: (0..executors)
+            .map(|e| {
+                let m = ExecutorMetrics::default();
+                if e == 0 {
+                    m.wal_cut_bytes.store(wal_cut_bytes, Ordering::Relaxed);
+                }
+                m
+            })
+            .collect(),
         stop,
         // No executor serves before every executor is wired to the mesh and restored.
         ready: StartGate::new(executors),

@@ -99,6 +99,9 @@ pub struct ExecutorMetrics {
     pub shed: AtomicU64,
     /// Writes the write-ahead log refused (the client got an error).
     pub wal_failures: AtomicU64,
+    /// Bytes of the write-ahead log cut off at start (executor 0's): a torn tail, or the
+    /// log after damage `--wal-recover truncate` accepted.
+    pub wal_cut_bytes: AtomicU64,
     /// Snapshots written to disk, and those that failed (executor 0's).
     pub snapshots: Arc<AtomicU64>,
     pub snapshot_failures: Arc<AtomicU64>,
@@ -168,7 +171,7 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 18] = [
+    let plain: [(&str, &str, &str, Field); 19] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -264,6 +267,12 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             "Writes refused because the write-ahead log could not take them (disk full, ...).",
             "counter",
             |s| &s.wal_failures,
+        ),
+        (
+            "kvix_wal_cut_bytes",
+            "Bytes of the write-ahead log cut off at this start: a torn last record, or the log after damage --wal-recover truncate accepted.",
+            "gauge",
+            |s| &s.wal_cut_bytes,
         ),
         (
             "kvix_snapshots_written_total",

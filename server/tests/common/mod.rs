@@ -516,3 +516,71 @@ pub fn chain_of(keyspace: &Keyspace, base: u32, n: usize) -> Vec<u64> {
     let tokens: Vec<u32> = (0..(n as u32 * 16)).map(|i| base.wrapping_add(i)).collect();
     chain::token_chain(keyspace.seed(16), 16, &tokens)
 }
+
+/// A real part a test needs is missing: the test fails saying how to get it, unless
+/// the tester opted out of that part by name (`KVIX_TEST_SKIP=tmpfs,...`), when it
+/// returns (the caller skips, and says so).
+pub fn missing_part(part: &str, how_to_get_it: &str) {
+    let skip = std::env::var("KVIX_TEST_SKIP").unwrap_or_default();
+    if skip.split(',').any(|s| s.trim() == part) {
+        eprintln!("SKIPPED: KVIX_TEST_SKIP names {part}");
+        return;
+    }
+    panic!("this test needs {part}: {how_to_get_it} (or set KVIX_TEST_SKIP={part} to skip it)");
+}
+
+/// A small tmpfs mounted for one test (a disk that fills up), unmounted when dropped.
+pub struct Tmpfs {
+    pub dir: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts `bytes` of tmpfs; None when the tester opted out of it.
+    pub fn mount(tag: &str, bytes: u64) -> Option<Tmpfs> {
+        let dir = std::env::temp_dir().join(format!("kvix-tmpfs-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs { dir }),
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+                    Err(e) => e.to_string(),
+                };
+                let _ = std::fs::remove_dir(&dir);
+                let how = format!(
+                    "mounting a tmpfs failed ({}); run the tests as root",
+                    why.trim()
+                );
+                missing_part("tmpfs", &how);
+                None
+            }
+        }
+    }
+
+    /// Fills the file system with `name` until a write is refused.
+    pub fn fill(&self, name: &str) {
+        let mut f = std::fs::File::create(self.dir.join(name)).unwrap();
+        let chunk = [0xa5u8; 4096];
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
