@@ -293,6 +293,47 @@ fn a_hello_announcing_megabytes_is_refused_before_its_body() {
     still_serves(&server, "after-d5b");
 }
 
+/// D5d: after Hello too, a header announcing megabytes gets no buffer sized for it: the
+/// buffer grows as the body's bytes arrive. 100 connections each sent a 24-byte header
+/// of a 4 MiB frame; the server used to zero 4 MiB for each (400 MiB resident).
+#[test]
+fn headers_announcing_megabytes_after_hello_pin_no_memory() {
+    let server = Server::start(&["--cores", "1", "--idle-timeout-s", "600"]);
+    let mut probe = server.session();
+    let mut round_trip = || {
+        let r = probe.ask(&Echo {
+            payload: vec![1; 8],
+            reply_len: 8,
+        });
+        assert_eq!(r.kind, Kind::Echo);
+    };
+    round_trip();
+    let before = rss_mib(server.pid());
+    let mut header = [0u8; HEADER_LEN];
+    Header {
+        kind: Kind::Echo as u8,
+        flags: 0,
+        request_id: 9,
+        body_len: DEFAULT_MAX_FRAME - 64,
+    }
+    .write(&mut header);
+    let held: Vec<Conn> = (0..100)
+        .map(|_| {
+            let mut c = server.session();
+            c.send_raw(&header);
+            c
+        })
+        .collect();
+    // One executor: two round trips after the headers were sent, each behind the
+    // previous one, mean every header was read.
+    round_trip();
+    round_trip();
+    let grown = rss_mib(server.pid()).saturating_sub(before);
+    assert!(grown < 64, "100 announced 4 MiB frames pinned {grown} MiB");
+    drop(held);
+    still_serves(&server, "after-d5d");
+}
+
 /// D5c: the handshake has one deadline: a Hello trickled a byte at a time, each well
 /// within the timeout, is still closed once the deadline passes (it used to restart
 /// with every byte, so such a connection held its slot for ever).

@@ -5,7 +5,9 @@
 //! [`FrameReader::spare`], reports them with [`FrameReader::filled`], and takes whole
 //! frames with [`FrameReader::next`] / [`FrameReader::consume`]. Frames are multiples of
 //! 8 bytes, so every body sits 8-aligned and is read in place. The buffer starts small
-//! and grows on demand, never past one largest frame plus one read.
+//! and grows as bytes arrive (at most doubling what is buffered per read), never past
+//! one largest frame plus one read: a header announcing megabytes pins no more memory
+//! than the bytes that actually came.
 
 use crate::codec::{split_frame, Frame};
 use crate::frame::FrameError;
@@ -74,7 +76,7 @@ impl FrameReader {
     }
 
     /// Where the next read goes: room for at least [`READ_CHUNK`] bytes, or for what the
-    /// frame being read still lacks. Moves unread bytes to the front or grows the buffer
+    /// frame being read still lacks, but never more than is buffered already. Moves unread bytes to the front or grows the buffer
     /// when needed (frames are multiples of 8 bytes, so the front keeps bodies aligned).
     pub fn spare(&mut self) -> &mut [u8] {
         let want = self.want();
@@ -116,7 +118,11 @@ impl FrameReader {
                 crate::Header::read(h, self.max_frame, |_| true).ok()
             })
             .map_or(0, |h| h.frame_len());
-        frame.saturating_sub(head.len()).max(READ_CHUNK)
+        // Growth follows the bytes that came, not what a header claims is coming.
+        frame
+            .saturating_sub(head.len())
+            .min(head.len())
+            .max(READ_CHUNK)
     }
 }
 
@@ -180,6 +186,23 @@ mod tests {
         spare[..24].copy_from_slice(&big[..24]);
         r.filled(24);
         assert!(matches!(r.next(), Err(FrameError::Oversize { .. })));
+        // A header announcing a frame of the largest size gets no buffer sized for it.
+        let mut r = FrameReader::new(DEFAULT_MAX_FRAME);
+        let huge = encode(
+            &Echo {
+                payload: vec![0; DEFAULT_MAX_FRAME as usize - 4096],
+                reply_len: 0,
+            },
+            1,
+            0,
+        )
+        .unwrap();
+        let spare = r.spare();
+        spare[..24].copy_from_slice(&huge[..24]);
+        r.filled(24);
+        assert!(r.next().unwrap().is_none());
+        let room = r.spare().len();
+        assert!(room <= 2 * READ_CHUNK && r.capacity() <= 2 * READ_CHUNK, "{room} {}", r.capacity());
         let mut r = FrameReader::new(DEFAULT_MAX_FRAME);
         let _ = r.spare();
         let start = r.capacity();
