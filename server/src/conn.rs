@@ -14,6 +14,7 @@
 //! When the connection ends, its slot and buffers are freed at once: pending replies
 //! are dropped with the writer.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -54,8 +55,11 @@ where
     let budget = Rc::new(Semaphore::new(max_unsent));
     let (tx, rx) = local_channel::new_unbounded::<Outgoing>();
     let (writer_gone, mut gone) = oneshot::channel::<()>();
+    // Set when the writer gave up (stalled client or broken socket): the reader stops at
+    // the next frame, whatever the client keeps sending.
+    let over = Rc::new(Cell::new(false));
     let writer = {
-        let (budget, ex) = (budget.clone(), ex.clone());
+        let (budget, ex, over) = (budget.clone(), ex.clone(), over.clone());
         glommio::spawn_local(async move {
             while let Some((frame, permit)) = rx.recv().await {
                 let write = async { wr.write_all(&frame).await.map_err(Into::into) };
@@ -69,6 +73,7 @@ where
                 }
             }
             // Wakes a reader waiting for budget, and tells it the connection is over.
+            over.set(true);
             budget.close();
             let _ = writer_gone.send(());
             let _ = wr.close().await;
@@ -89,6 +94,9 @@ where
     let closed = 'conn: loop {
         // Handle every whole frame already buffered.
         loop {
+            if over.get() {
+                break 'conn Closed::Stalled;
+            }
             let frame = match reader.next() {
                 Ok(Some(f)) => f,
                 Ok(None) => break,

@@ -334,6 +334,63 @@ fn headers_announcing_megabytes_after_hello_pin_no_memory() {
     still_serves(&server, "after-d5d");
 }
 
+/// D5e: a client that sends writes at full speed (their replies waiting on the other
+/// executor) and reads none of the replies is
+/// disconnected once its replies have waited --stall-timeout-ms, however fast it keeps
+/// sending. The reader used to pick the next request over the writer's stall signal
+/// whenever one was ready, so such a client was applied for as long as it sent.
+#[test]
+fn a_client_that_never_reads_is_cut_off_while_it_keeps_sending() {
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--stall-timeout-ms",
+        "200",
+        "--max-frame",
+        "65536",
+        "--max-unsent",
+        "65536",
+    ]);
+    let ks = Keyspace::tokens("m");
+    let mut hog = server.session();
+    // A worker homed on the executor this connection is not on: every reply waits on
+    // the other executor.
+    let here = (0..2)
+        .find(|e| server.metric(&format!("kvix_executor_connections{{executor=\"{e}\"}}")) == 1)
+        .expect("the connection's executor");
+    let w = (0..2)
+        .map(|i| hog.events_worker(&format!("hog-{i}")))
+        .find(|w| *w as usize % 2 != here)
+        .unwrap();
+    let chain = chain_of(&ks, 0, 1);
+    // The same batch over and over (duplicates after the first, each still a write with
+    // a reply), sent in large blocking writes so the server always has a request ready:
+    // the loop ends when the server stops reading and closes, or after a bound no
+    // stalled client should reach.
+    let frame = encode(&stored_batch(w, 0, &ks, &chain), 10, 0).unwrap();
+    let chunk: Vec<u8> = frame
+        .iter()
+        .copied()
+        .cycle()
+        .take(frame.len() * 2048)
+        .collect();
+    let bound = 2_000u64;
+    let sent = (0..bound)
+        .take_while(|_| hog.stream.write_all(&chunk).is_ok())
+        .count() as u64;
+    eprintln!(
+        "SENT {sent} batches {}",
+        server.metric("kvix_event_batch_duplicates_total")
+    );
+    assert!(
+        sent < bound,
+        "the server read all {} batches of a client that read nothing",
+        bound * 2048
+    );
+    assert!(server.metric("kvix_connections_stalled_total") >= 1);
+    still_serves(&server, "after-d5e");
+}
+
 /// D5c: the handshake has one deadline: a Hello trickled a byte at a time, each well
 /// within the timeout, is still closed once the deadline passes (it used to restart
 /// with every byte, so such a connection held its slot for ever).

@@ -202,7 +202,11 @@ mod tests {
         r.filled(24);
         assert!(r.next().unwrap().is_none());
         let room = r.spare().len();
-        assert!(room <= 2 * READ_CHUNK && r.capacity() <= 2 * READ_CHUNK, "{room} {}", r.capacity());
+        assert!(
+            room <= 2 * READ_CHUNK && r.capacity() <= 2 * READ_CHUNK,
+            "{room} {}",
+            r.capacity()
+        );
         let mut r = FrameReader::new(DEFAULT_MAX_FRAME);
         let _ = r.spare();
         let start = r.capacity();
