@@ -49,6 +49,9 @@ const IO_MEMORY: usize = 512 << 10;
 pub fn run(config: Config) -> anyhow::Result<()> {
     let executors = config.executors();
     let group = listener::tcp_group(config.listen, executors, config.steering)?;
+    if let Ok(metrics) = config.metrics.parse() {
+        listener::ensure_unserved(metrics)?;
+    }
     if !config.unix.is_empty() {
         listener::free_unix_path(&config.unix)?;
     }

@@ -49,20 +49,35 @@ pub fn tcp_group(addr: SocketAddr, executors: usize, wanted: Steering) -> anyhow
     })
 }
 
+/// How long a start waits for a port still held by a process that just exited (the
+/// kernel releases an io_uring process's sockets a moment after it is gone).
+const PORT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// SO_REUSEPORT would let this server share a port another process serves (answering
 /// some of its clients from an empty index): a plain bind first says whether it is free.
-fn ensure_unserved(addr: SocketAddr) -> anyhow::Result<()> {
-    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, None)
-        .context("creating a TCP socket")?;
-    probe
-        .set_reuse_address(true)
-        .context("setting SO_REUSEADDR")?;
-    match probe.bind(&addr.into()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
-            "{addr} is already served by another process (is another kvix-server running?)"
-        ),
-        Err(e) => Err(e).with_context(|| format!("binding {addr}")),
+/// A port in use is tried again for [`PORT_WAIT`] before the start is refused.
+pub fn ensure_unserved(addr: SocketAddr) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        let probe = Socket::new(Domain::for_address(addr), Type::STREAM, None)
+            .context("creating a TCP socket")?;
+        probe
+            .set_reuse_address(true)
+            .context("setting SO_REUSEADDR")?;
+        match probe.bind(&addr.into()) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                if started.elapsed() >= PORT_WAIT {
+                    anyhow::bail!(
+                        "{addr} is already served by another process (is another kvix-server \
+                         running?); waited {} s for it to be released",
+                        PORT_WAIT.as_secs()
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(e).with_context(|| format!("binding {addr}")),
+        }
     }
 }
 

@@ -489,6 +489,28 @@ fn a_second_server_on_a_served_port_refuses_to_start() {
     still_serves(&first, "after-d8");
 }
 
+/// D8b: a server stopped cleanly and started again at once on the same ports starts:
+/// the kernel may still hold the old instance's sockets for a moment after it exits
+/// (io_uring teardown), and the start used to take that for another server.
+#[test]
+fn an_immediate_restart_on_the_same_ports_starts() {
+    let (listen, metrics) = (free_port(), free_port());
+    let args = || {
+        let mut cmd = Command::new(server_bin());
+        cmd.args(["--cores", "2", "--unix", ""])
+            .args(["--listen", &format!("127.0.0.1:{listen}")])
+            .args(["--metrics", &format!("127.0.0.1:{metrics}")]);
+        cmd
+    };
+    for round in 0..20 {
+        let server =
+            Server::try_spawn(args()).unwrap_or_else(|e| panic!("restart {round} refused: {e}"));
+        assert!(server.stop().success());
+    }
+    let server = Server::try_spawn(args()).unwrap();
+    still_serves(&server, "after-restarts");
+}
+
 /// D9: snapshots that cannot be written: refused at start, and a write failing later
 /// makes shutdown exit non-zero.
 #[test]
