@@ -138,9 +138,11 @@ pub fn decode(bytes: &[u8], token_block: u32, path: &str) -> Result<ServerImage,
     // file is page-aligned, so this only happens for bytes held elsewhere).
     let mut aligned = kvix_wire::AlignedVec::with_capacity(body.len());
     aligned.extend_from_slice(body);
-    rkyv::from_bytes::<ServerImage, rancor::Error>(&aligned).map_err(|e| SnapshotError::Invalid {
-        path,
-        reason: e.to_string(),
+    rkyv::from_bytes::<ServerImage, rancor::BoxedError>(&aligned).map_err(|e| {
+        SnapshotError::Invalid {
+            path,
+            reason: e.to_string(),
+        }
     })
 }
 

@@ -397,7 +397,7 @@ fn read_records(
             Ok(len) => {
                 let mut aligned = kvix_wire::AlignedVec::with_capacity(len);
                 aligned.extend_from_slice(&bytes[at + 12..at + 12 + len]);
-                match rkyv::from_bytes::<Record, rancor::Error>(&aligned) {
+                match rkyv::from_bytes::<Record, rancor::BoxedError>(&aligned) {
                     Ok(r) => out.push(r),
                     Err(e) => {
                         return damage(path, at, e.to_string(), &bytes, later, recover, cut_at)

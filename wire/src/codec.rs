@@ -24,13 +24,13 @@ pub trait Body:
 /// What an archived body must be: validatable in place and convertible back.
 pub trait Checked<M>:
     Portable
-    + for<'a> CheckBytes<HighValidator<'a, rancor::Error>>
+    + for<'a> CheckBytes<HighValidator<'a, rancor::BoxedError>>
     + Deserialize<M, HighDeserializer<rancor::Error>>
 {
 }
 impl<M, T> Checked<M> for T where
     T: Portable
-        + for<'a> CheckBytes<HighValidator<'a, rancor::Error>>
+        + for<'a> CheckBytes<HighValidator<'a, rancor::BoxedError>>
         + Deserialize<M, HighDeserializer<rancor::Error>>
 {
 }
@@ -194,7 +194,9 @@ pub fn access<M: Body>(body: &[u8]) -> Result<&M::Archived, FrameError> {
     if !body.is_empty() && !(body.as_ptr() as usize).is_multiple_of(FRAME_ALIGN) {
         return Err(FrameError::Misaligned);
     }
-    rkyv::access::<M::Archived, rancor::Error>(body).map_err(|e| FrameError::InvalidBody {
+    // BoxedError keeps the reason in release builds too (rancor::Error is a bare
+    // "failed" there); it allocates only when validation fails.
+    rkyv::access::<M::Archived, rancor::BoxedError>(body).map_err(|e| FrameError::InvalidBody {
         kind: M::KIND.name(),
         reason: e.to_string(),
     })
