@@ -11,6 +11,7 @@
 //! executors spilling at once cannot overfill a peer.
 
 use std::cell::Cell;
+use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -37,6 +38,8 @@ pub fn set_conn_queue(queue: TaskQueueHandle) {
 pub trait Accepted: Send + 'static {
     type Stream: AsyncRead + AsyncWrite + Unpin + 'static;
     fn bind(self) -> Self::Stream;
+    /// The client's address (for the Hello gate's per-address slow-down).
+    fn peer(stream: &Self::Stream) -> Option<IpAddr>;
 }
 
 impl Accepted for AcceptedTcpStream {
@@ -46,12 +49,18 @@ impl Accepted for AcceptedTcpStream {
         let _ = s.set_nodelay(true);
         s
     }
+    fn peer(stream: &TcpStream) -> Option<IpAddr> {
+        stream.peer_addr().ok().map(|a| a.ip())
+    }
 }
 
 impl Accepted for AcceptedUnixStream {
     type Stream = UnixStream;
     fn bind(self) -> UnixStream {
         self.bind_to_executor()
+    }
+    fn peer(_: &UnixStream) -> Option<IpAddr> {
+        None
     }
 }
 
@@ -75,7 +84,7 @@ pub fn admit<A: Accepted>(ex: &Rc<Executor>, accepted: A, queue: TaskQueueHandle
     let max = ex.config().max_connections;
     let all = ex.all_metrics();
     if take_slot(ex.metrics(), max) {
-        serve(ex, accepted.bind(), queue);
+        serve::<A>(ex, accepted.bind(), queue);
         return;
     }
     if let Some(peer) = spill_target(all, ex.me(), max) {
@@ -83,7 +92,7 @@ pub fn admit<A: Accepted>(ex: &Rc<Executor>, accepted: A, queue: TaskQueueHandle
         ex.mesh().spawn_on(peer, move |on| {
             let queue = CONN_QUEUE.with(Cell::get);
             match queue {
-                Some(queue) => serve(on, accepted.bind(), queue),
+                Some(queue) => serve::<A>(on, accepted.bind(), queue),
                 // The peer serves nothing yet: give its slot back and refuse.
                 None => {
                     on.metrics().connections_open.fetch_sub(1, Relaxed);
@@ -112,14 +121,12 @@ where
 }
 
 /// Serves a connection whose slot on `ex` is taken; the slot is given back when it ends.
-fn serve<S>(ex: &Rc<Executor>, stream: S, queue: TaskQueueHandle)
-where
-    S: AsyncRead + AsyncWrite + Unpin + 'static,
-{
+fn serve<A: Accepted>(ex: &Rc<Executor>, stream: A::Stream, queue: TaskQueueHandle) {
     ExecutorMetrics::add(&ex.metrics().connections_total, 1);
     let on = ex.clone();
+    let peer = A::peer(&stream);
     let serve = async move {
-        crate::conn::serve(stream, on.clone()).await;
+        crate::conn::serve(stream, on.clone(), peer).await;
         on.metrics().connections_open.fetch_sub(1, Relaxed);
     };
     match glommio::spawn_local_into(serve, queue) {

@@ -43,7 +43,7 @@ enum Closed {
 }
 
 /// Serves one connection until the peer closes it, breaks the protocol or a limit ends it.
-pub async fn serve<S>(stream: S, ex: Rc<Executor>)
+pub async fn serve<S>(stream: S, ex: Rc<Executor>, peer: Option<std::net::IpAddr>)
 where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
@@ -85,7 +85,10 @@ where
         cap: max_unsent,
     };
     let inflight = Rc::new(Semaphore::new(max_inflight as u64));
-    let mut session = Session::default();
+    let mut session = Session {
+        peer,
+        ..Session::default()
+    };
     // Until Hello, frames are small and the whole handshake has one deadline: a peer
     // that announces a large frame and sends it a byte at a time holds neither the
     // buffer that frame would need nor its connection slot for longer than that.

@@ -54,6 +54,8 @@ pub struct Executor {
     holders: RefCell<Holders>,
     answer: RefCell<Answer>,
     candidates: RefCell<Vec<WorkerId>>,
+    /// Wrong-token Hellos per source address seen by this executor.
+    auth_failures: RefCell<crate::auth::Throttle>,
     started: Instant,
 }
 
@@ -82,6 +84,7 @@ impl Executor {
             holders: RefCell::new(holders),
             answer: RefCell::new(Answer::default()),
             candidates: RefCell::new(Vec::new()),
+            auth_failures: RefCell::default(),
             started: Instant::now(),
         })
     }
@@ -92,6 +95,10 @@ impl Executor {
 
     pub fn executors(&self) -> usize {
         self.executors
+    }
+
+    pub fn auth_failures(&self) -> RefMut<'_, crate::auth::Throttle> {
+        self.auth_failures.borrow_mut()
     }
 
     pub fn config(&self) -> &Config {

@@ -3,6 +3,7 @@
 //! here runs on the connection's executor.
 
 use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use kvix_wire::{
@@ -22,10 +23,16 @@ use crate::metrics::Rejected;
 
 /// Longest worker name accepted (names are kept for the life of the server).
 pub const MAX_NAME: usize = 256;
+/// Longest event-source endpoint (ZMQ address) an announce may carry.
+pub const MAX_ENDPOINT: usize = 1024;
+/// Longest cache salt an event source may carry.
+pub const MAX_SALT: usize = 1024;
 
 /// Per-connection protocol state.
 #[derive(Default)]
 pub struct Session {
+    /// The client's address (None on the Unix socket).
+    pub peer: Option<std::net::IpAddr>,
     pub hello: bool,
     /// Set when the reply being sent is the last one on this connection.
     pub closing: bool,
@@ -196,8 +203,8 @@ fn logged(
     let record = match msg {
         MessageRef::Announce(a) => {
             let a: kvix_wire::Announce = kvix_wire::to_native(*a);
-            if a.name.is_empty() || a.name.len() > MAX_NAME {
-                return Reply::Now(name_refused(id, a.name.len()));
+            if let Err(f) = check_announce(&a) {
+                return Reply::Now(failure_frame(id, f));
             }
             if a.source.is_some() {
                 checked = Some(check_source(ex, &a.name, a.feed, a.source.as_ref()));
@@ -248,14 +255,38 @@ fn logged(
     }
 }
 
-fn name_refused(id: u64, len: usize) -> AlignedVec {
-    failure_frame(
-        id,
-        Failure::new(
+/// The lengths an announce's strings may have: each is kept per worker, in every
+/// executor's copy, the log and the snapshot.
+fn check_announce(a: &kvix_wire::Announce) -> Result<(), Failure> {
+    if a.name.is_empty() || a.name.len() > MAX_NAME {
+        return Err(Failure::new(
             ErrorCode::BadLane,
-            format!("a worker name is 1 to {MAX_NAME} bytes, not {len}"),
-        ),
-    )
+            format!(
+                "a worker name is 1 to {MAX_NAME} bytes, not {}",
+                a.name.len()
+            ),
+        ));
+    }
+    let Some(src) = &a.source else {
+        return Ok(());
+    };
+    let fields = [
+        ("endpoint", &src.endpoint, MAX_ENDPOINT),
+        ("replay", &src.replay, MAX_ENDPOINT),
+        ("model", &src.model, MAX_NAME),
+        ("salt", &src.salt, MAX_SALT),
+    ];
+    match fields.into_iter().find(|(_, v, max)| v.len() > *max) {
+        Some((field, v, max)) => Err(Failure::new(
+            ErrorCode::BadSource,
+            format!(
+                "worker {:?}: the source's {field} is at most {max} bytes, not {}",
+                a.name,
+                v.len()
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A frame body copied out of the read buffer, to travel with the write.
@@ -270,21 +301,40 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
     let refuse = |session: &mut Session, why: Rejected, code, message: String| {
         ex.metrics().reject(why);
         session.closing = true;
-        Reply::Now(failure_frame(id, Failure::new(code, message)))
+        failure_frame(id, Failure::new(code, message))
     };
     if let Some(token) = &cfg.auth_token {
-        if h.auth.as_ref().map(|a| a.as_str()) != Some(token.as_str()) {
-            return refuse(
+        let given = h.auth.as_ref().map_or(&b""[..], |a| a.as_bytes());
+        if h.auth.is_none() || !crate::auth::same_token(given, token.as_bytes()) {
+            let failed = ex.metrics().rejected[Rejected::Unauthorized as usize].load(Relaxed);
+            if failed.is_power_of_two() {
+                tracing::warn!(
+                    peer = ?session.peer,
+                    "{} Hellos with a missing or wrong auth token so far",
+                    failed + 1
+                );
+            }
+            // Refusals to an address that keeps guessing are held back (up to 1 s each).
+            let hold = ex.auth_failures().failed(session.peer, ex.now_ms());
+            let frame = refuse(
                 session,
                 Rejected::Unauthorized,
                 ErrorCode::Unauthorized,
                 "missing or wrong auth token".into(),
             );
+            if hold.is_zero() {
+                return Reply::Now(frame);
+            }
+            return Reply::Later(Box::pin(async move {
+                glommio::timer::sleep(hold).await;
+                frame
+            }));
         }
+        ex.auth_failures().passed(session.peer);
     }
     let block = h.token_block.to_native();
     if block != cfg.block_size {
-        return refuse(
+        return Reply::Now(refuse(
             session,
             Rejected::BlockSize,
             ErrorCode::BlockSizeMismatch,
@@ -292,7 +342,7 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
                 "client hashes {block}-token blocks, this server {}-token blocks",
                 cfg.block_size
             ),
-        );
+        ));
     }
     session.hello = true;
     tracing::debug!(client = %h.client.as_str(), "hello");
@@ -310,8 +360,8 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
 
 fn announce(ex: &Rc<Executor>, id: u64, a: &ArchivedAnnounce) -> Reply {
     let a: kvix_wire::Announce = kvix_wire::to_native(a);
-    if a.name.is_empty() || a.name.len() > MAX_NAME {
-        return Reply::Now(name_refused(id, a.name.len()));
+    if let Err(f) = check_announce(&a) {
+        return Reply::Now(failure_frame(id, f));
     }
     let register = Register {
         name: a.name,

@@ -1,6 +1,7 @@
 //! The metrics endpoint: `GET /metrics` (Prometheus text) and `GET /healthz`, HTTP/1.1
 //! with `Connection: close`. Served by executor 0; it reads the executors' atomics only.
-//! Bounded: 64 scrapes at once, 8 KiB requests, 5 s per scrape.
+//! Bounded: 64 scrapes at once, 8 KiB requests, 5 s per scrape; 8 more connections are
+//! kept for `/healthz` alone, so slow scrapers never make a health check fail.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -16,6 +17,9 @@ use crate::metrics::{self, ExecutorMetrics};
 const MAX_REQUEST: usize = 8 * 1024;
 /// Scrapes served at once; more are closed at once (a scraper retries).
 const MAX_CONNECTIONS: usize = 64;
+/// Connections past [`MAX_CONNECTIONS`] that may still ask for `/healthz` (anything
+/// else gets 503 there).
+const HEALTH_RESERVE: usize = 8;
 /// A scrape must arrive and be taken within this long.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -38,10 +42,11 @@ pub async fn serve(
                 continue;
             }
         };
-        if open.get() >= MAX_CONNECTIONS {
+        if open.get() >= MAX_CONNECTIONS + HEALTH_RESERVE {
             drop(stream);
             continue;
         }
+        let health_only = open.get() >= MAX_CONNECTIONS;
         open.set(open.get() + 1);
         let (shards, open, replica) = (shards.clone(), open.clone(), replica.clone());
         glommio::spawn_local(async move {
@@ -54,7 +59,7 @@ pub async fn serve(
                         Ok(n) => req.extend_from_slice(&chunk[..n]),
                     }
                 }
-                let (status, body) = respond(&req, &shards, replica.as_deref());
+                let (status, body) = respond(&req, &shards, replica.as_deref(), health_only);
                 let head = format!(
                     "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
@@ -75,12 +80,17 @@ fn respond(
     req: &[u8],
     shards: &[ExecutorMetrics],
     replica: Option<&crate::replica::Replica>,
+    health_only: bool,
 ) -> (&'static str, String) {
     let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
     match (parts.next(), parts.next()) {
-        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", metrics::render(shards, replica)),
         (Some(b"GET"), Some(b"/healthz")) => ("200 OK", "ok\n".into()),
+        _ if health_only => (
+            "503 Service Unavailable",
+            "too many scrapes at once; /healthz only\n".into(),
+        ),
+        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", metrics::render(shards, replica)),
         (Some(b"GET"), _) => ("404 Not Found", "try /metrics or /healthz\n".into()),
         _ => ("405 Method Not Allowed", "GET only\n".into()),
     }
@@ -94,24 +104,35 @@ mod tests {
     fn routes() {
         let shards = vec![ExecutorMetrics::default()];
         assert_eq!(
-            respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards, None).0,
+            respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards, None, false).0,
             "200 OK"
         );
-        assert!(respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards, None)
-            .1
-            .contains("kvix_queries_total"));
+        assert!(
+            respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards, None, false)
+                .1
+                .contains("kvix_queries_total")
+        );
         assert_eq!(
-            respond(b"GET /healthz HTTP/1.1\r\n\r\n", &shards, None).0,
+            respond(b"GET /healthz HTTP/1.1\r\n\r\n", &shards, None, false).0,
             "200 OK"
         );
         assert_eq!(
-            respond(b"GET /x HTTP/1.1\r\n\r\n", &shards, None).0,
+            respond(b"GET /x HTTP/1.1\r\n\r\n", &shards, None, false).0,
             "404 Not Found"
         );
         assert_eq!(
-            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &shards, None).0,
+            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &shards, None, false).0,
             "405 Method Not Allowed"
         );
-        assert_eq!(respond(b"", &shards, None).0, "405 Method Not Allowed");
+        assert_eq!(
+            respond(b"", &shards, None, false).0,
+            "405 Method Not Allowed"
+        );
+        let busy = |req: &[u8]| respond(req, &shards, None, true).0;
+        assert_eq!(busy(b"GET /healthz HTTP/1.1\r\n\r\n"), "200 OK");
+        assert_eq!(
+            busy(b"GET /metrics HTTP/1.1\r\n\r\n"),
+            "503 Service Unavailable"
+        );
     }
 }

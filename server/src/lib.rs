@@ -8,6 +8,7 @@
 
 pub mod admit;
 pub mod apply;
+pub mod auth;
 pub mod calls;
 pub mod config;
 pub mod conn;

@@ -511,6 +511,83 @@ fn an_immediate_restart_on_the_same_ports_starts() {
     still_serves(&server, "after-restarts");
 }
 
+/// D10: wrong-token Hellos from one address are refused ever more slowly (up to 1 s
+/// each: guessing costs the guesser time), counted, while a client from another
+/// address is served at once. They used to be refused at once, 18 k a second.
+#[test]
+fn wrong_tokens_from_one_address_are_slowed_and_others_are_not() {
+    let server = Server::start(&["--cores", "1", "--auth-token", "s3cret"]);
+    let hello = |token: &str| Hello {
+        client: "t".into(),
+        token_block: 16,
+        auth: Some(token.into()),
+    };
+    for _ in 0..20 {
+        let mut guess = Conn::open(server.addr);
+        assert_eq!(
+            guess.hello(16, Some("guess")).unwrap_err().code,
+            ErrorCode::Unauthorized
+        );
+    }
+    // The next guess's refusal is held back (340 ms); meanwhile a client from another
+    // address says Hello with the right token and gets an answer.
+    let mut guess = Conn::open(server.addr);
+    guess.send(&hello("guess"));
+    let mut other = Conn::open_from([127, 0, 0, 2].into(), server.addr);
+    assert!(other.hello(16, Some("s3cret")).is_ok());
+    assert_eq!(
+        other
+            .ask(&Echo {
+                payload: vec![1; 8],
+                reply_len: 8
+            })
+            .kind,
+        Kind::Echo
+    );
+    guess.stream.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let early = std::io::Read::read(&mut guess.stream, &mut byte);
+    assert!(
+        matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the 21st wrong token was answered before a client elsewhere was served: {early:?}"
+    );
+    guess.stream.set_nonblocking(false).unwrap();
+    assert_eq!(guess.recv().unwrap().error().code, ErrorCode::Unauthorized);
+    assert_eq!(
+        server.metric("kvix_rejected_frames_total{reason=\"unauthorized\"}"),
+        21
+    );
+}
+
+/// D11: 64 scrapers that never finish their request fill the metrics endpoint, and a
+/// health check still gets its answer (it used to be closed unanswered).
+#[test]
+fn health_checks_are_answered_while_slow_scrapers_fill_the_endpoint() {
+    let server = Server::start(&["--cores", "1"]);
+    let metrics = server.metrics.unwrap();
+    let slow: Vec<TcpStream> = (0..64)
+        .map(|_| {
+            let mut s = TcpStream::connect(metrics).unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+            s
+        })
+        .collect();
+    let get = |path: &str| {
+        let mut s = TcpStream::connect(metrics).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text
+    };
+    let health = get("/healthz");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health:?}");
+    let scrape = get("/metrics");
+    assert!(scrape.starts_with("HTTP/1.1 503"), "{scrape:?}");
+    drop(slow);
+}
+
 /// D9: snapshots that cannot be written: refused at start, and a write failing later
 /// makes shutdown exit non-zero.
 #[test]
@@ -575,6 +652,20 @@ fn huge_worker_names_are_refused() {
     assert!(e.message.contains("256"), "{}", e.message);
     c.announce(&"n".repeat(256), vec![Lane::full(16)], Feed::Events)
         .unwrap();
+    // An event source's strings are bounded too (4 MB each used to be kept in every copy).
+    let source = |model: usize, salt: usize| EventSource {
+        endpoint: "tcp://127.0.0.1:1".into(),
+        replay: String::new(),
+        model: "m".repeat(model),
+        salt: "s".repeat(salt),
+    };
+    for (model, salt, field) in [(1 << 20, 0, "model"), (1, 1 << 20, "salt")] {
+        let e = c
+            .announce_source("big-source", vec![Lane::full(16)], source(model, salt))
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadSource);
+        assert!(e.message.contains(field), "{}", e.message);
+    }
 }
 
 /// Misc: error replies name the request, logs stay off stdout, the token comes from a

@@ -351,7 +351,18 @@ impl Received {
 
 impl Conn {
     pub fn open(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect(addr).expect("connects");
+        Self::over(TcpStream::connect(addr).expect("connects"))
+    }
+
+    /// A connection from loopback address `from` (e.g. 127.0.0.2): another client host.
+    pub fn open_from(from: std::net::Ipv4Addr, addr: SocketAddr) -> Conn {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+        s.connect(&addr.into()).expect("connects");
+        Self::over(s.into())
+    }
+
+    fn over(stream: TcpStream) -> Conn {
         stream.set_nodelay(true).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
