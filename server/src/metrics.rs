@@ -295,7 +295,7 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
     let per_executor: [(&str, &str, &str, Reading); 2] = [
         (
             "kvix_executor_queries_total",
-            "Queries answered by each executor.",
+            "Queries answered per executor (how connections spread over the cores).",
             "counter",
             |s| s.queries.iter().map(|q| q.load(Relaxed)).sum(),
         ),
@@ -351,19 +351,6 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
                     format!("{{reason=\"{n}\"}}"),
                     sum(shards, |s| &s.rejected[*r as usize]),
                 )
-            })
-            .collect(),
-    );
-    counter(
-        "kvix_executor_queries_total",
-        "Queries answered per executor (how connections spread over the cores).",
-        "counter",
-        shards
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let q = s.queries.iter().map(|q| q.load(Relaxed)).sum();
-                (format!("{{executor=\"{i}\"}}"), q)
             })
             .collect(),
     );
