@@ -416,8 +416,9 @@ async fn executor_main(
     }
     if me == 0 && !config.metrics.is_empty() {
         let addr = &config.metrics;
-        let l = glommio::net::TcpListener::bind(addr.as_str())
-            .map_err(|e| anyhow::anyhow!("binding metrics on {addr}: {e}"))?;
+        let fd = listener::metrics_socket(addr)?;
+        // SAFETY: a listening TCP socket made for this listener alone.
+        let l = unsafe { glommio::net::TcpListener::from_raw_fd(fd) };
         let bound = l
             .local_addr()
             .map_err(|e| anyhow::anyhow!("metrics address: {e}"))?;

@@ -81,6 +81,27 @@ pub fn ensure_unserved(addr: SocketAddr) -> anyhow::Result<()> {
     }
 }
 
+/// The metrics endpoint's listening socket. SO_REUSEADDR (which glommio's own bind
+/// does not set) so that the connections a previous instance closed after answering
+/// scrapes, in TIME_WAIT on this port for a minute, do not refuse a restart.
+pub fn metrics_socket(addr: &str) -> anyhow::Result<RawFd> {
+    use std::net::ToSocketAddrs;
+    let addr = addr
+        .to_socket_addrs()
+        .with_context(|| format!("metrics address {addr}"))?
+        .next()
+        .with_context(|| format!("metrics address {addr} resolves to nothing"))?;
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)
+        .context("creating the metrics socket")?;
+    sock.set_reuse_address(true)
+        .context("setting SO_REUSEADDR")?;
+    sock.bind(&addr.into())
+        .with_context(|| format!("binding metrics on {addr}"))?;
+    sock.listen(128)
+        .with_context(|| format!("listening on {addr}"))?;
+    Ok(sock.into_raw_fd())
+}
+
 /// Makes `path` free for a new Unix socket: removes a stale socket file left by a dead
 /// server, but never a live server's socket or a file that is not a socket.
 pub fn free_unix_path(path: &str) -> anyhow::Result<()> {
