@@ -36,6 +36,8 @@ pub struct Services {
     pub wal: Option<Arc<Wal>>,
     /// The replicated write log (`--log`).
     pub replica: Option<Arc<Replica>>,
+    /// Set once the process is stopping: client writes are refused from then on.
+    pub stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub struct Executor {
@@ -99,6 +101,11 @@ impl Executor {
 
     pub fn auth_failures(&self) -> RefMut<'_, crate::auth::Throttle> {
         self.auth_failures.borrow_mut()
+    }
+
+    /// Whether the process is stopping (client writes are refused).
+    pub fn stopping(&self) -> bool {
+        self.services.stopping.load(Relaxed)
     }
 
     pub fn config(&self) -> &Config {

@@ -114,6 +114,14 @@ pub fn handle(
             }
         };
     }
+    if is_write(&msg) && ex.stopping() {
+        // The last snapshot is being taken: it covers what was accepted before this.
+        ex.metrics().reject(Rejected::Stopping);
+        return Reply::Now(failure_frame(
+            id,
+            Failure::new(ErrorCode::Internal, "the server is stopping"),
+        ));
+    }
     if let (Some(r), true) = (ex.replica(), is_write(&msg)) {
         return logged(ex, r, id, &msg, body, header);
     }

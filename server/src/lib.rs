@@ -155,7 +155,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 m
             })
             .collect(),
-        stop,
+        stop: stop.clone(),
         // No executor serves before every executor is wired to the mesh and restored.
         ready: StartGate::new(executors),
         serving: std::sync::Barrier::new(executors),
@@ -165,6 +165,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             ingest: ingest.clone(),
             wal,
             replica: replica.clone(),
+            stopping: stop.clone(),
         },
         log_inboxes: std::sync::Mutex::new(log_receivers.into_iter().map(Some).collect()),
         replay: std::sync::Mutex::new(replay),
@@ -309,6 +310,34 @@ fn restore(
     Ok((core, registry, holders))
 }
 
+/// Writes replayed before the replay waits for them to be applied everywhere.
+const REPLAY_WINDOW: usize = 4096;
+
+/// Applies the log's records in their order. Each write is queued on its worker's home
+/// before [`apply::record`] returns, so writes of one worker keep their order without
+/// waiting on each other: only announces and retires (which number workers and change
+/// every executor's roster) wait for everything before them and are awaited themselves.
+async fn replay(ex: &Rc<Executor>, records: Vec<wal::Record>) {
+    let mut pending = Vec::with_capacity(REPLAY_WINDOW);
+    for r in records {
+        let roster = matches!(r, wal::Record::Announce { .. } | wal::Record::Retire { .. });
+        if roster || pending.len() >= REPLAY_WINDOW {
+            for p in pending.drain(..) {
+                let _ = p.await;
+            }
+        }
+        let done = apply::record(ex, r);
+        if roster {
+            let _ = done.await;
+        } else {
+            pending.push(done);
+        }
+    }
+    for p in pending {
+        let _ = p.await;
+    }
+}
+
 /// Executor 0, once every executor is ready: replays the write-ahead log over the
 /// snapshot, then has the ingest subscribe every source where its stream left off.
 async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
@@ -319,16 +348,25 @@ async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
     }
     let records = std::mem::take(&mut *shared.replay.lock().unwrap_or_else(|p| p.into_inner()));
     if !records.is_empty() {
-        tracing::info!(records = records.len(), "replaying the write-ahead log");
+        let (count, started) = (records.len(), std::time::Instant::now());
+        tracing::info!(records = count, "replaying the write-ahead log");
         if let Some(wal) = ex.wal() {
             wal.replaying(true);
         }
-        for r in records {
-            let _ = apply::record(ex, r).await;
-        }
+        replay(ex, records).await;
+        ex.metrics()
+            .wal_replayed
+            .store(count as u64, Ordering::Relaxed);
         if let Some(wal) = ex.wal() {
             wal.replaying(false);
         }
+        let took = started.elapsed().as_secs_f64();
+        tracing::info!(
+            records = count,
+            seconds = took,
+            per_second = (count as f64 / took.max(1e-9)) as u64,
+            "write-ahead log replayed"
+        );
     }
     let parts: Vec<_> = (0..ex.executors())
         .map(|e| ex.on(e, calls::lasts::Lasts))
@@ -506,9 +544,23 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
     let Some(path) = ex.config().snapshot.clone() else {
         return Ok(());
     };
-    // Everything appended from here on may be missing from the parts: replay it.
+    if last {
+        // Client writes are refused now: once every accepted one is applied everywhere,
+        // the parts cover the whole log and a restart has nothing to replay (engine
+        // deliveries arriving meanwhile go to the next generation).
+        for _ in 0..2 {
+            let drains: Vec<_> = (0..ex.executors())
+                .map(|e| ex.on(e, calls::drain::Drain))
+                .collect();
+            for d in drains {
+                let _ = d.await;
+            }
+        }
+    }
+    // Everything appended from here on may be missing from the parts: replay it. At the
+    // last snapshot nothing before the rotation is.
     let wal_from = match ex.wal().map(|w| w.rotate()).transpose() {
-        Ok(g) => g.unwrap_or(0),
+        Ok(g) => g.map_or(0, |old| if last { old + 1 } else { old }),
         Err(e) => {
             ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
             anyhow::bail!("snapshot not taken: {e}");

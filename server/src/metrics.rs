@@ -26,9 +26,10 @@ pub enum Rejected {
     BlockSize,
     Overloaded,
     Handshake,
+    Stopping,
 }
 
-const REJECTED: [(Rejected, &str); 11] = [
+const REJECTED: [(Rejected, &str); 12] = [
     (Rejected::BadMagic, "bad_magic"),
     (Rejected::Version, "version"),
     (Rejected::Kind, "kind"),
@@ -40,6 +41,7 @@ const REJECTED: [(Rejected, &str); 11] = [
     (Rejected::BlockSize, "block_size"),
     (Rejected::Overloaded, "overloaded"),
     (Rejected::Handshake, "handshake_timeout"),
+    (Rejected::Stopping, "stopping"),
 ];
 
 impl Rejected {
@@ -102,6 +104,8 @@ pub struct ExecutorMetrics {
     /// Bytes of the write-ahead log cut off at start (executor 0's): a torn tail, or the
     /// log after damage `--wal-recover truncate` accepted.
     pub wal_cut_bytes: AtomicU64,
+    /// Write-ahead log records replayed at this start (executor 0's).
+    pub wal_replayed: AtomicU64,
     /// Snapshots written to disk, and those that failed (executor 0's).
     pub snapshots: Arc<AtomicU64>,
     pub snapshot_failures: Arc<AtomicU64>,
@@ -171,7 +175,7 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 19] = [
+    let plain: [(&str, &str, &str, Field); 20] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -273,6 +277,12 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             "Bytes of the write-ahead log cut off at this start: a torn last record, or the log after damage --wal-recover truncate accepted.",
             "gauge",
             |s| &s.wal_cut_bytes,
+        ),
+        (
+            "kvix_wal_replayed_records",
+            "Write-ahead log records replayed at this start (0 after a clean stop).",
+            "gauge",
+            |s| &s.wal_replayed,
         ),
         (
             "kvix_snapshots_written_total",

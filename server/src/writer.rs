@@ -59,6 +59,8 @@ pub enum Job {
     },
     /// This executor's part of a snapshot.
     Export { reply: oneshot::Sender<Part> },
+    /// Answers once every job queued before it is done.
+    Flush { reply: oneshot::Sender<()> },
     /// Engine events the ingest read for a worker homed here; `slot` is held until every
     /// executor applied them.
     Ingest {
@@ -170,6 +172,7 @@ pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
             Job::Export { reply } => {
                 let _ = reply.send(export(&ex).await);
             }
+            Job::Flush { reply } => drop(reply.send(())),
             Job::Ingest { job, done } => {
                 let started = Instant::now();
                 // The engine's buffer is the source of truth: a log that refuses is
@@ -193,6 +196,7 @@ fn job_name(j: &Job) -> &'static str {
         Job::Expire => "expire",
         Job::Apply { .. } => "apply",
         Job::Export { .. } => "export",
+        Job::Flush { .. } => "flush",
         Job::Ingest { .. } => "ingest",
     }
 }

@@ -6,9 +6,11 @@
 //! then has the home [`forget`] it). A home's update reaches the others as [`apply`].
 //! [`stats`] and [`export`] gather every executor's part; [`lasts`] and [`redeliver`]
 //! serve the restore (where streams left off, ingest deliveries read back from the
-//! write-ahead log).
+//! write-ahead log); [`drain`] waits for every accepted write to be applied everywhere
+//! (a clean stop).
 
 pub mod apply;
+pub mod drain;
 pub mod events;
 pub mod export;
 pub mod forget;
