@@ -448,6 +448,12 @@ fn through_sentinel_the_log_follows_a_redis_failover_and_loses_nothing_acknowled
         .ok()
         .and_then(|a| a.get(1)?.parse::<u16>().ok())
     };
+    // WAIT below counts only a standby that finished its first sync (on a loaded
+    // machine that may take longer than WAIT's own timeout).
+    wait_for("the standby is in sync with the primary", &|| {
+        redis_cmd::<String>(standby.port, ::redis::cmd("INFO").arg("replication"))
+            .is_ok_and(|info| info.contains("master_link_status:up"))
+    });
     wait_for("the sentinel knows the standby", &|| {
         redis_cmd::<Vec<::redis::Value>>(
             sentinel.port,
