@@ -298,8 +298,15 @@ fn restore(
             .import(&image.engine.workers, block)
             .context("restoring the snapshot's workers")?;
         let home = |w: u32| w as usize % executors == me;
-        core.import(&entries, &image.engine.runs, &image.engine.feeds, home, 0)
+        let dropped = core
+            .import(&entries, &image.engine.runs, &image.engine.feeds, home, 0)
             .context("restoring the snapshot's index")?;
+        if dropped > 0 && me == 0 {
+            tracing::warn!(
+                dropped,
+                "snapshot: holders naming a worker or lane its roster lacks were dropped (a roster changed while it was taken)"
+            );
+        }
         for (w, h) in image.holders.iter().filter(|(w, _)| home(*w)) {
             let lanes = entries.iter().find(|e| e.id == *w).map(|e| &e.lanes[..]);
             if !lanes.is_some_and(|l| holders.import(*w, h, l, block)) {

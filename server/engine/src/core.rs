@@ -347,6 +347,9 @@ impl Core {
 
     /// Restores a snapshot into a fresh core: the active `entries`, every run, and the
     /// feeds of the workers `home` selects, at `now_ms`.
+    /// Restores a snapshot's roster, feeds and runs; the number of holders dropped for
+    /// naming a worker or lane the roster lacks (a roster changed while the snapshot was
+    /// taken). A holder no roster could have (lane >= 16, worker >= 2^20) refuses it.
     pub fn import(
         &mut self,
         entries: &[WorkerEntry],
@@ -354,7 +357,7 @@ impl Core {
         feeds: &[(WorkerId, FeedImage)],
         home: impl Fn(WorkerId) -> bool,
         now_ms: u64,
-    ) -> Result<(), EngineError> {
+    ) -> Result<usize, EngineError> {
         for e in entries {
             self.roster.install(e.clone());
             if home(e.id) {
@@ -368,9 +371,13 @@ impl Core {
         }
         self.index
             .reserve(runs.iter().map(|r| r.hashes.len()).sum());
+        let mut dropped = 0;
         for run in runs {
+            for &(worker, lane) in &run.holders {
+                crate::Holder::new(worker, lane).pack()?;
+            }
             // A holder is restored only on a lane its active worker has: one past the
-            // roster (a damaged image) would be held where no sweep reaches it.
+            // roster would be held where no sweep reaches it.
             let active = |&(w, lane): &(u32, u8)| {
                 self.roster
                     .get(w)
@@ -380,11 +387,13 @@ impl Core {
                 self.index.import(run)?;
             } else {
                 let mut run = run.clone();
+                let before = run.holders.len();
                 run.holders.retain(active);
+                dropped += before - run.holders.len();
                 self.index.import(&run)?;
             }
         }
-        Ok(())
+        Ok(dropped)
     }
 }
 

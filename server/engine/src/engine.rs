@@ -193,8 +193,13 @@ impl Engine {
         }
     }
 
-    /// Restores an image into a fresh engine at `now_ms`.
-    pub fn import(&mut self, image: &crate::EngineImage, now_ms: u64) -> Result<(), EngineError> {
+    /// Restores an image into a fresh engine at `now_ms`; the holders dropped (see
+    /// `Core::import`).
+    pub fn import(
+        &mut self,
+        image: &crate::EngineImage,
+        now_ms: u64,
+    ) -> Result<usize, EngineError> {
         let entries = self.registry.import(&image.workers, self.token_block)?;
         self.core
             .import(&entries, &image.runs, &image.feeds, |_| true, now_ms)

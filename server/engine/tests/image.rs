@@ -164,8 +164,25 @@ fn holders_on_lanes_the_roster_lacks_are_dropped_on_import() {
         .expect("a run of worker a");
     run.holders.push((id, 5));
     let mut b = engine();
-    b.import(&image, 300).unwrap();
+    assert_eq!(
+        b.import(&image, 300).unwrap(),
+        1,
+        "the dropped holder is counted"
+    );
     b.check_invariants().unwrap();
     assert_eq!(a.stats().memberships, b.stats().memberships);
     assert_eq!(answers(&mut a, ks), answers(&mut b, ks));
+}
+
+/// A holder no roster can have (lane 200; at most 16 lanes) is not a roster that
+/// changed but a forged or damaged image: the import refuses it, naming the holder,
+/// instead of restoring the rest without a word.
+#[test]
+fn holders_no_roster_can_have_refuse_the_import() {
+    let (a, _) = populated();
+    let mut image: EngineImage = a.export(300);
+    let id = a.registry().id_of("a").unwrap();
+    image.runs[0].holders.push((id, 200));
+    let err = engine().import(&image, 300).unwrap_err().to_string();
+    assert!(err.contains("lane 200"), "{err}");
 }
