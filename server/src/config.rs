@@ -130,6 +130,12 @@ pub struct Config {
     #[arg(long, default_value_t = 1024)]
     pub max_sources: usize,
 
+    /// Distinct blocks the index may hold (each executor holds a copy, ~30 B a block):
+    /// past it, event batches that store blocks are refused with Overloaded until
+    /// removals make room (0 = no bound). Placements are bounded by their own capacity.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_blocks: u64,
+
     /// Networks event sources may be in (comma-separated CIDRs, or "any"): the server
     /// connects to whatever endpoint an announce names, so by default only to loopback
     /// and private addresses. ipc:// sources are always local.

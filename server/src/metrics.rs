@@ -106,6 +106,8 @@ pub struct ExecutorMetrics {
     pub wal_cut_bytes: AtomicU64,
     /// Write-ahead log records replayed at this start (executor 0's).
     pub wal_replayed: AtomicU64,
+    /// Event batches with stores refused because the index held --max-blocks.
+    pub stores_refused: AtomicU64,
     /// Snapshots written to disk, and those that failed (executor 0's).
     pub snapshots: Arc<AtomicU64>,
     pub snapshot_failures: Arc<AtomicU64>,
@@ -175,7 +177,7 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 20] = [
+    let plain: [(&str, &str, &str, Field); 21] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -205,6 +207,12 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
             "Removal names not looked for in their lane's other keyspaces: the batch had used its 2^20 lookups there (send removals under the keyspace that stored them).",
             "counter",
             |s| &s.unprobed_removals,
+        ),
+        (
+            "kvix_event_batches_refused_full_total",
+            "Event batches with stores refused because the index held --max-blocks blocks.",
+            "counter",
+            |s| &s.stores_refused,
         ),
         (
             "kvix_placements_total",

@@ -208,6 +208,29 @@ fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Applied, F
     let m = ex.metrics();
     ExecutorMetrics::add(&m.batches, 1);
     let (worker, seq) = (b.worker.to_native(), b.seq.to_native());
+    let (max, held) = (ex.config().max_blocks, ex.core().index().blocks());
+    let stores = || {
+        b.events
+            .iter()
+            .any(|e| matches!(e, kvix_wire::ArchivedEvent::Stored { .. }))
+    };
+    if max > 0 && held >= max && stores() {
+        let refused = m
+            .stores_refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if refused.is_power_of_two() {
+            tracing::warn!(
+                held,
+                max,
+                "index full: {} event batches with stores refused so far",
+                refused + 1
+            );
+        }
+        return Err(Failure::new(
+            kvix_wire::ErrorCode::Overloaded,
+            format!("the index holds {held} blocks (--max-blocks {max}): batches that store blocks are refused until removals make room"),
+        ));
+    }
     let ks = Ks {
         seed: b.keyspace.seed(ex.config().block_size),
         kind: b.keyspace.kind(),
