@@ -85,7 +85,10 @@ fn respond(
     let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
     match (parts.next(), parts.next()) {
-        (Some(b"GET"), Some(b"/healthz")) => ("200 OK", "ok\n".into()),
+        (Some(b"GET"), Some(b"/healthz")) => match replica.and_then(|r| r.broken()) {
+            Some(why) => ("503 Service Unavailable", format!("{why}\n")),
+            None => ("200 OK", "ok\n".into()),
+        },
         _ if health_only => (
             "503 Service Unavailable",
             "too many scrapes at once; /healthz only\n".into(),

@@ -233,6 +233,58 @@ fn a_new_replica_starts_from_the_stored_snapshot_once_the_log_is_trimmed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A replica paused while the log is trimmed past its position (here by hand; in a
+/// fleet, by the others' snapshots once it stopped reporting) does not skip what it
+/// missed: it stops following, refuses writes and fails /healthz with the reason (a
+/// restart loads the stored snapshot). It used to read on from the trimmed stream and
+/// answer wrong, healthy and caught up.
+#[test]
+fn a_replica_behind_the_trim_point_refuses_instead_of_skipping() {
+    if available("behind_trim").is_none() {
+        return;
+    }
+    let redis = Redis::start("behind-trim");
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    write_fleet(&[&a, &b], "one");
+    settle(&[&a, &b]);
+    b.pause(true);
+    write_fleet(&[&a], "two");
+    let last: ::redis::streams::StreamRangeReply = redis_cmd(
+        redis.port,
+        ::redis::cmd("XREVRANGE")
+            .arg("kvix")
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1),
+    )
+    .unwrap();
+    let last_id = last.ids[0].id.clone();
+    let trimmed: u64 = redis_cmd(
+        redis.port,
+        ::redis::cmd("XTRIM").arg("kvix").arg("MINID").arg(&last_id),
+    )
+    .unwrap();
+    assert!(trimmed > 0);
+    b.pause(false);
+    wait_for("the paused replica sees the hole", &|| {
+        b.metric("kvix_log_behind_trim") == 1
+    });
+    assert_eq!(b.metric("kvix_log_caught_up"), 0);
+    let health = http_get(b.metrics.unwrap(), "/healthz");
+    assert!(
+        health.starts_with("HTTP/1.1 503") && health.contains("trimmed past"),
+        "{health}"
+    );
+    let mut c = b.session();
+    let e = c
+        .announce("late", vec![Lane::full(16)], Feed::Events)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::LogUnavailable, "{}", e.message);
+    assert_eq!(a.metric("kvix_log_behind_trim"), 0);
+    assert!(http_get(a.metrics.unwrap(), "/healthz").starts_with("HTTP/1.1 200"));
+}
+
 #[test]
 fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubled() {
     if available("redis_away").is_none() {

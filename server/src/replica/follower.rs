@@ -24,6 +24,70 @@ const BLOCK_MS: usize = 200;
 /// the stream is trimmed.
 const STALE_MS: u64 = 60_000;
 
+/// What one read of the stream found.
+enum Read {
+    Entries(Option<StreamReadReply>),
+    /// Entries this replica has not read were trimmed away; the stream's first entry.
+    Trimmed(String),
+}
+
+/// Reads what follows `position`, unless entries this replica has not read were trimmed
+/// away: its own position's entry is gone (trimming keeps every entry at or after the
+/// oldest live replica's position, so a live replica's own entry stays), or, reading
+/// from the start ("0-0"), the stream ever had more entries than it holds. A stream
+/// lost altogether (flushed) is such a hole too: this replica's history went with it.
+fn read_after(
+    c: &mut redis::Connection,
+    key: &str,
+    position: &str,
+    opts: &StreamReadOptions,
+) -> redis::RedisResult<Read> {
+    let first = |c: &mut redis::Connection| -> redis::RedisResult<String> {
+        let r: StreamRangeReply = c.xrange_count(key, "-", "+", 1)?;
+        Ok(r.ids.first().map_or("nothing".into(), |e| e.id.clone()))
+    };
+    if position == "0-0" {
+        if trimmed_from_start(c, key)? {
+            return first(c).map(Read::Trimmed);
+        }
+        return c
+            .xread_options(&[key], &[position], opts)
+            .map(Read::Entries);
+    }
+    let (mine, reply): (StreamRangeReply, Option<StreamReadReply>) = redis::pipe()
+        .xrange(key, position, position)
+        .xread_options(&[key], &[position], opts)
+        .query(c)?;
+    if mine.ids.is_empty() {
+        return first(c).map(Read::Trimmed);
+    }
+    Ok(Read::Entries(reply))
+}
+
+/// Whether entries were ever removed from the stream (Redis 7's XINFO counts every
+/// entry added: more than it holds).
+fn trimmed_from_start(c: &mut redis::Connection, key: &str) -> redis::RedisResult<bool> {
+    let info: redis::RedisResult<redis::Value> =
+        redis::cmd("XINFO").arg("STREAM").arg(key).query(c);
+    let fields = match info {
+        Ok(redis::Value::Array(f)) => f,
+        Ok(redis::Value::Map(m)) => m.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        Ok(_) => return Ok(false),
+        Err(e) if e.to_string().contains("no such key") => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let field = |name: &[u8]| {
+        fields.chunks(2).find_map(|kv| match kv {
+            [redis::Value::BulkString(k), redis::Value::Int(v)] if k.as_slice() == name => Some(*v),
+            _ => None,
+        })
+    };
+    Ok(matches!(
+        (field(b"entries-added"), field(b"length")),
+        (Some(added), Some(len)) if added > len
+    ))
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -77,11 +141,27 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
             );
             reported = Instant::now();
         }
+        // The read goes with a check that this replica's position is still in the
+        // stream, in one round trip: a read from a trimmed position would return what
+        // follows the hole as if nothing were missing.
         let opts = StreamReadOptions::default().count(COUNT).block(BLOCK_MS);
-        let read: redis::RedisResult<Option<StreamReadReply>> =
-            c.xread_options(&[&r.url.key], &[&position], &opts);
+        let read = read_after(c, &r.url.key, &position, &opts);
         let reply = match read {
-            Ok(reply) => reply,
+            Ok(Read::Entries(reply)) => reply,
+            Ok(Read::Trimmed(first)) => {
+                let why = format!(
+                    "the write log was trimmed past this replica's position ({position} is \
+                     gone; the stream now starts at {first}): it stopped following the log \
+                     rather than skip what it missed; restart it to load the stored snapshot"
+                );
+                tracing::error!("{why}");
+                r.caught_up.store(false, Relaxed);
+                *r.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                while !r.stopped() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                return;
+            }
             Err(e) => {
                 r.metrics.read_failures.fetch_add(1, Relaxed);
                 tracing::warn!("reading the write log failed: {e}");

@@ -122,6 +122,9 @@ pub struct Replica {
     snapshot_request: Mutex<Option<oneshot::Sender<Mark>>>,
     /// Set once the follower passed the stream's end as it was at start.
     pub caught_up: AtomicBool,
+    /// Why this replica stopped following the log for good (entries after its position
+    /// were trimmed away): it refuses writes and /healthz says so until restarted.
+    pub broken: Mutex<Option<String>>,
     pub metrics: ReplicaMetrics,
     stop: AtomicBool,
 }
@@ -147,6 +150,7 @@ impl Replica {
             next_token: AtomicU64::new(1),
             snapshot_request: Mutex::new(None),
             caught_up: AtomicBool::new(false),
+            broken: Mutex::new(None),
             metrics: ReplicaMetrics::default(),
             stop: AtomicBool::new(false),
         });
@@ -170,6 +174,14 @@ impl Replica {
         self.link.connect()
     }
 
+    /// Why this replica no longer follows the log, if it does not.
+    pub fn broken(&self) -> Option<String> {
+        self.broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub fn stopped(&self) -> bool {
         self.stop.load(Relaxed)
     }
@@ -182,6 +194,11 @@ impl Replica {
     /// `LogUnavailable` when it could not be appended).
     pub fn submit(&self, record: &Record) -> oneshot::Receiver<Result<Outcome, Failure>> {
         let (tx, rx) = oneshot::channel();
+        if let Some(why) = self.broken() {
+            self.metrics.append_failures.fetch_add(1, Relaxed);
+            let _ = tx.send(Err(Failure::new(ErrorCode::LogUnavailable, why)));
+            return rx;
+        }
         let token = self.next_token.fetch_add(1, Relaxed);
         let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(record)
             .expect("plain data serializes")
@@ -238,7 +255,7 @@ impl Replica {
 pub fn render(r: &Replica, out: &mut String) {
     use std::fmt::Write;
     let m = &r.metrics;
-    let rows: [(&str, &str, &str, u64); 10] = [
+    let rows: [(&str, &str, &str, u64); 11] = [
         (
             "kvix_log_appended_total",
             "Writes this replica appended to the shared log.",
@@ -280,6 +297,12 @@ pub fn render(r: &Replica, out: &mut String) {
             "1 once the replica applied the log as far as it went at start.",
             "gauge",
             u64::from(r.caught_up.load(Relaxed)),
+        ),
+        (
+            "kvix_log_behind_trim",
+            "1 when entries after this replica's position were trimmed away: it stopped following the log, refuses writes and fails /healthz until restarted (it then loads the stored snapshot).",
+            "gauge",
+            u64::from(r.broken().is_some()),
         ),
         (
             "kvix_log_trimmed_total",

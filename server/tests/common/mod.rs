@@ -595,3 +595,14 @@ impl Drop for Tmpfs {
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
+
+/// A plain HTTP GET of `path` on `addr`: status line, headers and body.
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
