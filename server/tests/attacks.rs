@@ -580,18 +580,9 @@ fn health_checks_are_answered_while_slow_scrapers_fill_the_endpoint() {
             s
         })
         .collect();
-    let get = |path: &str| {
-        let mut s = TcpStream::connect(metrics).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut text = String::new();
-        let _ = s.read_to_string(&mut text);
-        text
-    };
-    let health = get("/healthz");
+    let health = http_get(metrics, "/healthz");
     assert!(health.starts_with("HTTP/1.1 200"), "{health:?}");
-    let scrape = get("/metrics");
+    let scrape = http_get(metrics, "/metrics");
     assert!(scrape.starts_with("HTTP/1.1 503"), "{scrape:?}");
     drop(slow);
 }

@@ -181,18 +181,24 @@ fn await_growth(server: &Server, name: &str, by: u64) {
     panic!("{name} did not grow by {by}");
 }
 
-#[test]
-fn with_the_write_ahead_log_a_kill_9_loses_no_acknowledged_write() {
-    let path = snapshot_path("wal");
-    let args = [
+/// Two executors, the write-ahead log beside `path`, a snapshot every `every` seconds.
+fn wal_args<'a>(path: &'a std::path::Path, every: &'a str) -> [&'a str; 7] {
+    let path = path.to_str().unwrap();
+    [
         "--cores",
         "2",
         "--snapshot",
-        path.to_str().unwrap(),
+        path,
         "--snapshot-every",
-        "1",
+        every,
         "--wal",
-    ];
+    ]
+}
+
+#[test]
+fn with_the_write_ahead_log_a_kill_9_loses_no_acknowledged_write() {
+    let path = snapshot_path("wal");
+    let args = wal_args(&path, "1");
     let ks = Keyspace::tokens("m");
     let (a_chain, b_chain) = (chain_of(&ks, 0, 8), chain_of(&ks, 100_000, 6));
     let server = Server::start(&args);
@@ -333,15 +339,7 @@ fn a_write_refused_for_a_full_disk_leaves_no_partial_record_behind() {
 #[test]
 fn a_clean_stop_leaves_nothing_to_replay() {
     let path = snapshot_path("clean-stop");
-    let args = [
-        "--cores",
-        "2",
-        "--snapshot",
-        path.to_str().unwrap(),
-        "--snapshot-every",
-        "0",
-        "--wal",
-    ];
+    let args = wal_args(&path, "0");
     let ks = Keyspace::tokens("m");
     let chain = chain_of(&ks, 0, 40);
     let server = Server::start_restartable(&args);
