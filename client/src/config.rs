@@ -33,25 +33,43 @@ impl Addr {
 impl FromStr for Addr {
     type Err = ClientError;
 
-    /// `unix:/path`, or anything containing a `/`, is a Unix socket path; anything else
-    /// is a TCP `host:port`.
+    /// `host:port` or `tcp://host:port` (as the server prints it) is TCP; `unix:/path`,
+    /// `unix:///path` or anything else containing a `/` is a Unix socket path. Another
+    /// scheme (`http://…`), a missing or out-of-range port is refused here, not left to
+    /// fail open on every query.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim();
+        let refused =
+            |why: String| Err(ClientError::Config(format!("server address {s:?}: {why}")));
         if s.is_empty() {
             return Err(ClientError::Config("empty server address".into()));
         }
-        if let Some(path) = s.strip_prefix("unix:") {
+        if let Some(path) = s
+            .strip_prefix("unix://")
+            .or_else(|| s.strip_prefix("unix:"))
+        {
             return Ok(Addr::Unix(path.into()));
         }
-        if s.contains('/') {
-            return Ok(Addr::Unix(s.into()));
+        let host_port = match s.split_once("://") {
+            Some(("tcp", rest)) => rest,
+            Some((scheme, _)) => {
+                return refused(format!(
+                    "{scheme}:// is not a kvix address (host:port, tcp://host:port or unix:/path)"
+                ))
+            }
+            None if s.contains('/') => return Ok(Addr::Unix(s.into())),
+            None => s,
+        };
+        let Some((host, port)) = host_port.rsplit_once(':') else {
+            return refused("neither host:port nor a socket path".into());
+        };
+        if host.is_empty() {
+            return refused("no host before the port".into());
         }
-        if !s.contains(':') {
-            return Err(ClientError::Config(format!(
-                "server address {s:?} is neither host:port nor a socket path"
-            )));
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 => Ok(Addr::Tcp(host_port.to_string())),
+            _ => refused(format!("the port {port:?} is not a number from 1 to 65535")),
         }
-        Ok(Addr::Tcp(s.to_string()))
     }
 }
 
@@ -195,6 +213,32 @@ mod tests {
         );
         assert!("nonsense".parse::<Addr>().is_err());
         assert!("".parse::<Addr>().is_err());
+        // The forms the server prints are accepted as they are.
+        assert_eq!(
+            "tcp://127.0.0.1:7420".parse::<Addr>().unwrap(),
+            Addr::tcp("127.0.0.1:7420")
+        );
+        assert_eq!(
+            "unix:///tmp/kvix.sock".parse::<Addr>().unwrap(),
+            Addr::unix("/tmp/kvix.sock")
+        );
+        assert_eq!(
+            "[::1]:7420".parse::<Addr>().unwrap(),
+            Addr::tcp("[::1]:7420")
+        );
+        // Mistakes are refused at once, saying what is wrong (they used to fail open on
+        // every query: "tcp://…" and "http://…" were taken for socket paths).
+        for (bad, says) in [
+            ("http://127.0.0.1:7420", "http://"),
+            ("127.0.0.1:99999", "99999"),
+            ("127.0.0.1:0", "\"0\""),
+            ("127.0.0.1:", "port"),
+            (":7420", "no host"),
+            ("tcp://localhost", "neither"),
+        ] {
+            let e = bad.parse::<Addr>().unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

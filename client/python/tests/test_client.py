@@ -149,6 +149,13 @@ def test_control_errors_are_typed_exceptions_with_the_rust_message(server, dead_
     assert e.value.code == "UnknownWorker" and "never-announced" in str(e.value)
     with pytest.raises(kvix.ConfigError, match="neither host:port nor a socket path"):
         kvix.Client("no-port-here")
+    # The form the server prints works; other schemes and bad ports are refused at
+    # once (they were taken for socket paths, or accepted, and failed open for ever).
+    assert kvix.Client("tcp://" + server.addr, deadline_ms=SLOW).stats() is not None
+    with pytest.raises(kvix.ConfigError, match="http://"):
+        kvix.Client("http://" + server.addr)
+    with pytest.raises(kvix.ConfigError, match="99999"):
+        kvix.Client("127.0.0.1:99999")
     with pytest.raises(kvix.ConfigError, match="token_block"):
         kvix.Client(server.addr, token_block=0)
     with pytest.raises(ValueError, match="deadline_ms"):

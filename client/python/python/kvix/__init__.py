@@ -127,7 +127,7 @@ class Client(_Base):
     released; one background thread (shared by all clients) keeps the connections up,
     reconnecting with backoff and re-announcing this client's workers.
 
-    servers: "host:port" or "unix:/path", a list or a comma-separated string, in order of
+    servers: "host:port", "tcp://host:port" or "unix:/path", a list or a comma-separated string, in order of
       preference; queries go to the first one up.
 
     Options (keywords; the Rust client's defaults):
