@@ -131,7 +131,7 @@ class Client(_Base):
       preference; queries go to the first one up.
 
     Options (keywords; the Rust client's defaults):
-    token_block: tokens per block (16); must match the server's (`--token-block`).
+    token_block: tokens per block (16); must match the server's (`--block-size`).
     deadline_ms: what a query may take in all (2.0); past it the query fails open.
     replicas: the servers are replicas of one log (`kvix-server --log`): writes go to the
       primary only. Otherwise (False) every server is sent every write.
