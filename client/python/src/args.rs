@@ -217,7 +217,22 @@ pub fn workers(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<WorkerRef>> {
     let Some(obj) = obj else {
         return Ok(Vec::new());
     };
-    obj.try_iter()?.map(|w| worker(&w?)).collect()
+    // A string is iterable too: "w0" would be read as the workers "w" and "0".
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(PyTypeError::new_err(
+            "candidates: a list of worker names or ids, not one string (write [\"w0\"])",
+        ));
+    }
+    obj.try_iter()
+        .map_err(|_| PyTypeError::new_err("candidates: a list of worker names or ids"))?
+        .map(|w| worker(&w?))
+        .collect()
+}
+
+/// `top_k` as the wire carries it: 0 (all) or more.
+pub fn top_k(top_k: i64) -> PyResult<u32> {
+    u32::try_from(top_k)
+        .map_err(|_| bad_arg(format!("top_k: 0 (every score) or more, not {top_k}")))
 }
 
 /// `kind@block_tokens` strings (e.g. `sliding_window:4096@16`); none: one full lane.

@@ -102,14 +102,14 @@ impl Core {
         prompt: &Bound<'_, PyAny>,
         deadline_ms: Option<f64>,
         candidates: Option<&Bound<'_, PyAny>>,
-        top_k: u32,
+        top_k: i64,
         done: Option<&Bound<'_, Completer>>,
     ) -> PyResult<Py<PyAny>> {
         let ks = args::keyspace(keyspace)?;
         let prompt = args::prompt(prompt_kind(kind)?, prompt)?;
         let opts = QueryOptions {
             candidates: args::workers(candidates)?,
-            top_k,
+            top_k: args::top_k(top_k)?,
             deadline: ms_opt("deadline_ms", deadline_ms)?,
         };
         let client = self.client.clone();

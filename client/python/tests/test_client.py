@@ -101,6 +101,12 @@ def test_candidates_and_top_k_limit_the_answer(server):
     assert [s.worker for s in only.scores] == ["w1", "w0"]
     # Names the server does not know are left out; none known: empty.
     assert c.query_tokens(MODEL, p, candidates=["ghost"]).outcome == "empty"
+    # Plain mistakes raise, naming the argument: a string is not read as the workers
+    # "w" and "0", and a negative top_k is no OverflowError.
+    with pytest.raises(TypeError, match="candidates"):
+        c.query_tokens(MODEL, p, candidates="w0")
+    with pytest.raises(ValueError, match="top_k"):
+        c.query_tokens(MODEL, p, top_k=-1)
 
 
 def test_text_prompts_use_the_byte_keyspace(server):
