@@ -42,7 +42,7 @@ pub enum RosterError {
     EmptyName,
     #[error("the server's token block size must be positive")]
     ZeroTokenBlock,
-    #[error("no more worker ids (at most 2^20 workers)")]
+    #[error("no more worker ids: 2^20 names were announced over this index's life (ids are not reused after a retire; restart from an empty snapshot and log to number again)")]
     TooManyWorkers,
     #[error("snapshot gives {name:?} id {want}, but the roster numbered it {got} (ids must be restored into an empty roster, in order)")]
     IdMismatch {
