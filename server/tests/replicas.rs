@@ -320,6 +320,67 @@ fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubl
     whole_and_once(&[&a, &b], &ks, &chain, w, 12, &[stored(2, 8, 12)]);
 }
 
+/// Redis at maxmemory refuses every append (writes get LogUnavailable) and the log
+/// heals by itself: the next snapshot trims the stream before it stores itself, which
+/// frees the memory. The snapshot's store used to abort under OOM before the trim, so
+/// the stream was never trimmed and writes stayed refused until an operator stepped in.
+#[test]
+fn redis_out_of_memory_refuses_writes_then_heals_by_itself() {
+    if available("redis_oom").is_none() {
+        return;
+    }
+    let redis = Redis::start("oom");
+    let dir = std::env::temp_dir().join(format!("kvix-replica-oom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let snap = dir.join("a.snapshot");
+    let snap = snap.to_str().unwrap();
+    let a = replica(&redis, &["--snapshot", snap, "--snapshot-every", "1"]);
+    let ks = Keyspace::tokens("m");
+    let mut c = a.session();
+    let w = c.events_worker("w");
+    let chain = chain_of(&ks, 0, 4096);
+    // A little above what Redis uses now: the stream fills it within a few hundred
+    // batches.
+    let info: String = redis_cmd(redis.port, ::redis::cmd("INFO").arg("memory")).unwrap();
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    let _: () = redis_cmd(
+        redis.port,
+        ::redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(used + (256 << 10)),
+    )
+    .unwrap();
+    let batch = |seq: u64| {
+        let at = (seq as usize * 4) % 4000;
+        stored_at(w, seq, &ks, at as u32, &chain[at..at + 4])
+    };
+    let mut seq = 0;
+    let refused = loop {
+        let r = c.ask(&batch(seq));
+        if r.kind != Kind::Applied {
+            break r.error();
+        }
+        seq += 1;
+        assert!(seq < 100_000, "Redis never ran out of memory");
+    };
+    assert_eq!(
+        refused.code,
+        ErrorCode::LogUnavailable,
+        "{}",
+        refused.message
+    );
+    // No operator: the refused batch is applied once a snapshot has trimmed the log.
+    let applied = until_applied(&mut c, &batch(seq), || {});
+    assert_eq!(applied.status, ApplyStatus::Applied);
+    assert!(a.metric("kvix_log_trimmed_total") > 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Every replica holds all `blocks` of `chain` for `w`, and applied each of `again`
 /// once (sent again, it is a duplicate).
 fn whole_and_once(

@@ -265,12 +265,19 @@ fn mark(inboxes: &mut [mpsc::Sender<LogJob>], position: &str, req: oneshot::Send
     });
 }
 
-/// Stores a snapshot in Redis for new replicas, records its position, and trims the
-/// stream below the oldest position still needed: the stored snapshot's and that of
-/// every replica that reported in the last minute.
+/// Stores a snapshot in Redis for new replicas and records its position, after trimming
+/// the stream below the oldest position still needed: this snapshot's and that of every
+/// replica that reported in the last minute.
+///
+/// The trim comes first so that a log that filled Redis's memory (maxmemory: every
+/// append refused) is freed by it: the store is then not refused for the memory it was
+/// about to free, and the fleet heals by itself. Should the store still fail, the stored
+/// snapshot is older than the trim point and a replica starting from it finds its
+/// position trimmed and refuses (`kvix_log_behind_trim`) until a later store succeeds.
 pub fn publish_snapshot(r: &Replica, bytes: &[u8], position: &str) -> redis::RedisResult<()> {
     let mut c = r.connect()?;
     let key = &r.url.key;
+    trim(r, &mut c, position)?;
     redis::pipe()
         .atomic()
         .set(snapshot_key(key), bytes)
@@ -284,32 +291,36 @@ pub fn publish_snapshot(r: &Replica, bytes: &[u8], position: &str) -> redis::Red
             &r.id,
             format!("{position} {}", now_ms()),
         )
-        .query::<()>(&mut c)?;
-    trim(r, &mut c)
+        .query::<()>(&mut c)
 }
 
-/// Trims the stream below every position still needed.
-pub fn trim(r: &Replica, c: &mut redis::Connection) -> redis::RedisResult<()> {
+/// Trims the stream below every position still needed once the snapshot at `snapshot`
+/// is stored: it and every other replica that reported in the last minute (the snapshot
+/// it replaces is not needed any more, and this replica has read at least as far as its
+/// own snapshot: its last report may be older, or refused while Redis is out of memory).
+pub fn trim(r: &Replica, c: &mut redis::Connection, snapshot: &str) -> redis::RedisResult<()> {
     let key = &r.url.key;
     let all: std::collections::HashMap<String, String> = c.hgetall(positions_key(key))?;
     let now = now_ms();
     let floor = all
-        .values()
-        .filter_map(|v| v.split_once(' '))
+        .iter()
+        .filter(|(who, _)| who.as_str() != "snapshot" && **who != r.id)
+        .filter_map(|(_, v)| v.split_once(' '))
         .filter(|(_, at)| {
             at.parse::<u64>()
                 .is_ok_and(|at| at >= now.saturating_sub(STALE_MS))
         })
-        .map(|(pos, _)| pos.to_string())
-        .min_by_key(|p| id_key(p));
-    if let Some(floor) = floor {
-        let removed: u64 = redis::cmd("XTRIM")
-            .arg(key)
-            .arg("MINID")
-            .arg(&floor)
-            .query(c)?;
-        r.metrics.trimmed.fetch_add(removed, Relaxed);
-    }
+        .map(|(pos, _)| pos)
+        .chain(std::iter::once(snapshot))
+        .min_by_key(|p| id_key(p))
+        .unwrap_or(snapshot)
+        .to_string();
+    let removed: u64 = redis::cmd("XTRIM")
+        .arg(key)
+        .arg("MINID")
+        .arg(&floor)
+        .query(c)?;
+    r.metrics.trimmed.fetch_add(removed, Relaxed);
     Ok(())
 }
 
