@@ -315,7 +315,7 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
         let given = h.auth.as_ref().map_or(&b""[..], |a| a.as_bytes());
         if h.auth.is_none() || !crate::auth::same_token(given, token.as_bytes()) {
             let failed = ex.metrics().rejected[Rejected::Unauthorized as usize].load(Relaxed);
-            if failed.is_power_of_two() {
+            if (failed + 1).is_power_of_two() {
                 tracing::warn!(
                     peer = ?session.peer,
                     "{} Hellos with a missing or wrong auth token so far",

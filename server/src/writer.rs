@@ -218,7 +218,7 @@ fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Applied, F
         let refused = m
             .stores_refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if refused.is_power_of_two() {
+        if (refused + 1).is_power_of_two() {
             tracing::warn!(
                 held,
                 max,
