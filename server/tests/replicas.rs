@@ -320,6 +320,38 @@ fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubl
     whole_and_once(&[&a, &b], &ks, &chain, w, 12, &[stored(2, 8, 12)]);
 }
 
+/// The log lost whole (FLUSHALL, or Redis restarted without persistence): the replicas
+/// that applied it refuse writes and fail /healthz instead of numbering new workers
+/// from scratch beside their old ones (ids then meant different workers on different
+/// replicas); restarted, they start from the empty log together and agree again.
+#[test]
+fn a_lost_log_makes_its_replicas_refuse_until_restarted_and_then_agree() {
+    if available("lost_log").is_none() {
+        return;
+    }
+    let redis = Redis::start("lost");
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    write_fleet(&[&a, &b], "one");
+    settle(&[&a, &b]);
+    let _: () = redis_cmd(redis.port, &mut ::redis::cmd("FLUSHALL")).unwrap();
+    for s in [&a, &b] {
+        wait_for("the replica sees its log gone", &|| {
+            s.metric("kvix_log_behind_trim") == 1
+        });
+        assert!(http_get(s.metrics.unwrap(), "/healthz").starts_with("HTTP/1.1 503"));
+        let e = s
+            .session()
+            .announce("after-flush", vec![Lane::full(16)], Feed::Events)
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::LogUnavailable, "{}", e.message);
+    }
+    drop((a, b));
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    write_fleet(&[&a, &b], "two");
+    settle(&[&a, &b]);
+    assert_identical(&[&a, &b]);
+}
+
 /// Redis at maxmemory refuses every append (writes get LogUnavailable) and the log
 /// heals by itself: the next snapshot trims the stream before it stores itself, which
 /// frees the memory. The snapshot's store used to abort under OOM before the trim, so
