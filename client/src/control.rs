@@ -142,7 +142,7 @@ impl Client {
         let Some((conn, rid, mut rx)) = wait else {
             return Err(ClientError::Rejected(ErrorReply {
                 code: ErrorCode::UnknownWorker,
-                message: format!("worker {worker:?} is not known to this client"),
+                message: format!("worker {worker} is not known to this client"),
             }));
         };
         match wait_reply(&mut rx, until, None).await {

@@ -17,6 +17,16 @@ pub enum WorkerRef {
     Name(Arc<str>),
 }
 
+/// `"name"` (quoted) or `id 7`, as messages name a worker.
+impl std::fmt::Display for WorkerRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerRef::Id(id) => write!(f, "id {id}"),
+            WorkerRef::Name(n) => write!(f, "{n:?}"),
+        }
+    }
+}
+
 impl From<WorkerId> for WorkerRef {
     fn from(id: WorkerId) -> Self {
         WorkerRef::Id(id)

@@ -153,6 +153,7 @@ def test_control_errors_are_typed_exceptions_with_the_rust_message(server, dead_
     with pytest.raises(kvix.RejectedError) as e:
         c.retire("never-announced")
     assert e.value.code == "UnknownWorker" and "never-announced" in str(e.value)
+    assert "Name(" not in str(e.value), str(e.value)
     with pytest.raises(kvix.ConfigError, match="neither host:port nor a socket path"):
         kvix.Client("no-port-here")
     # The form the server prints works; other schemes and bad ports are refused at
