@@ -181,6 +181,16 @@ def test_control_errors_are_typed_exceptions_with_the_rust_message(server, dead_
     assert issubclass(kvix.NotConnectedError, kvix.KvixError)
 
 
+def test_clients_close_and_say_how_they_are_made(server):
+    with kvix.Client(server.addr, deadline_ms=SLOW) as c:
+        assert c.stats() is not None
+    with pytest.raises(kvix.KvixError, match="closed"):
+        c.stats()
+    # The constructor is not the way to an AsyncClient: say which is.
+    with pytest.raises(TypeError, match="AsyncClient.connect"):
+        kvix.AsyncClient(server.addr)
+
+
 def test_a_wrong_auth_token_is_refused(start_server, tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")

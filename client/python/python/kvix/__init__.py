@@ -202,6 +202,17 @@ class Client(_Base):
         """Waits until some server is up (at most `timeout_ms`); whether one is."""
         return self._core.wait_connected(timeout_ms, None)
 
+    def close(self) -> None:
+        """Closes the client: its connections go and later calls raise KvixError. Also
+        what leaving `with client:` does."""
+        self._core = _Closed()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()
+
 
 class AsyncClient(_Base):
     """The asyncio twin of `Client`: the same calls, awaited. Make one with
@@ -210,7 +221,13 @@ class AsyncClient(_Base):
     watches); the loop is never blocked waiting, and the client's I/O thread never
     waits for the GIL."""
 
-    def __init__(self, core: _Core, done: _Completer, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, core: Any, done: Optional[_Completer] = None,
+                 loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+        if not isinstance(core, _Core) or done is None or loop is None:
+            raise TypeError(
+                "an AsyncClient is made inside its event loop with "
+                "`await kvix.AsyncClient.connect(servers, ...)`"
+            )
         self._core = core
         self._done = done
         self._loop = loop
