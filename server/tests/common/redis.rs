@@ -1,10 +1,13 @@
 //! A private `redis-server` for a test: its own port and directory, append-only file on
-//! (so a restart keeps the stream), stopped on drop. Missing redis-server skips the test
-//! with a printed reason, except under CI=true, where it fails.
+//! (so a restart keeps the stream), stopped on drop. A missing redis-server is installed
+//! from the distribution's packages when this runs as root with apt-get; otherwise the
+//! test fails saying how to get it (or skips, saying so, when `KVIX_TEST_SKIP` names
+//! `redis`).
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 pub struct Redis {
@@ -15,16 +18,57 @@ pub struct Redis {
     args: Vec<String>,
 }
 
-/// Whether redis-server can run here; None (after printing why) to skip.
-pub fn available(test: &str) -> Option<()> {
-    match Command::new("redis-server").arg("--version").output() {
-        Ok(o) if o.status.success() => Some(()),
-        other => {
-            let why = format!("redis-server is not installed ({other:?})");
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{test} needs redis-server under CI: {why}");
+fn installed() -> bool {
+    Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Installs redis-server with apt-get, once per test binary; why not, when it cannot.
+fn install() -> Result<(), String> {
+    static TRIED: OnceLock<Result<(), String>> = OnceLock::new();
+    TRIED
+        .get_or_init(|| {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                return Err("not root, so apt-get cannot install it".into());
             }
-            eprintln!("SKIPPED {test}: {why}; `apt-get install redis-server` to run it");
+            let apt = |args: &[&str]| {
+                Command::new("apt-get")
+                    .args(args)
+                    .env("DEBIAN_FRONTEND", "noninteractive")
+                    .stdout(Stdio::null())
+                    .output()
+                    .map_err(|e| format!("apt-get: {e}"))
+                    .and_then(|o| {
+                        o.status
+                            .success()
+                            .then_some(())
+                            .ok_or_else(|| String::from_utf8_lossy(&o.stderr).trim().to_string())
+                    })
+            };
+            eprintln!("redis-server is missing: installing it with apt-get");
+            apt(&["update", "-qq"])?;
+            apt(&["install", "-y", "-qq", "redis-server"])?;
+            installed()
+                .then_some(())
+                .ok_or_else(|| "installed, but redis-server does not run".into())
+        })
+        .clone()
+}
+
+/// Whether redis-server can run here (installing it when it can); None when the tester
+/// opted out of it. Otherwise a missing one fails the test with the command to run.
+pub fn available(test: &str) -> Option<()> {
+    if installed() {
+        return Some(());
+    }
+    match install() {
+        Ok(()) => Some(()),
+        Err(why) => {
+            let how = format!("redis-server is missing ({why}); `apt-get install redis-server`");
+            super::missing_part("redis", &format!("{test}: {how}"));
             None
         }
     }
