@@ -312,8 +312,8 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
         failure_frame(id, Failure::new(code, message))
     };
     if let Some(token) = &cfg.auth_token {
-        let given = h.auth.as_ref().map_or(&b""[..], |a| a.as_bytes());
-        if h.auth.is_none() || !crate::auth::same_token(given, token.as_bytes()) {
+        let given = h.auth.as_ref().map(|a| a.as_bytes());
+        if !given.is_some_and(|g| crate::auth::same_token(g, token.as_bytes())) {
             let failed = ex.metrics().rejected[Rejected::Unauthorized as usize].load(Relaxed);
             if (failed + 1).is_power_of_two() {
                 tracing::warn!(

@@ -129,31 +129,25 @@ impl Mesh {
         to: usize,
         call: C,
     ) -> impl Future<Output = Result<C::Reply, PeerGone>> + 'static {
-        debug_assert_ne!(to, self.me, "local work is done in place");
         if IN_QUERY.with(Cell::get) {
             self.hops.fetch_add(1, Relaxed);
         }
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |on: &Rc<Executor>| {
+        self.spawn_on(to, move |on| {
             let reply = call.run(on);
             glommio::spawn_local(async move {
                 let _ = tx.send(reply.await);
             })
             .detach();
         });
-        if let Some(Some(out)) = self.outbox.get(to) {
-            let _ = out.try_send(job);
-        }
         async move { rx.await.map_err(|_| PeerGone(to)) }
     }
-}
 
-impl Mesh {
     /// Runs `job` on executor `to` (queued now, in call order), with no reply.
     pub fn spawn_on(&self, to: usize, job: impl FnOnce(&Rc<Executor>) + Send + 'static) {
         debug_assert_ne!(to, self.me, "local work is done in place");
         if let Some(Some(out)) = self.outbox.get(to) {
-            let _ = out.try_send(Box::new(job));
+            let _ = out.try_send(Box::new(job) as Job);
         }
     }
 }

@@ -196,11 +196,27 @@ impl Wal {
                 tracing::error!(path = %path.display(), "write-ahead log: generation after the damage set aside, not replayed");
                 continue;
             }
-            let later: u64 = gens[i + 1..]
-                .iter()
-                .map(|&g| std::fs::metadata(Self::path(snapshot, g)).map_or(0, |m| m.len()))
-                .sum();
-            let read = read_records(&path, i + 1 == gens.len(), later, recover, &mut records)?;
+            let read = match read_records(&path, i + 1 == gens.len(), recover, &mut records) {
+                // The refusal counts what truncating would drop: the later generations too.
+                Err(WalError::Damaged {
+                    path,
+                    at,
+                    why,
+                    after,
+                }) => {
+                    let later: u64 = gens[i + 1..]
+                        .iter()
+                        .map(|&g| std::fs::metadata(Self::path(snapshot, g)).map_or(0, |m| m.len()))
+                        .sum();
+                    return Err(WalError::Damaged {
+                        path,
+                        at,
+                        why,
+                        after: after + later,
+                    });
+                }
+                read => read?,
+            };
             cut_bytes += read.cut;
             stopped = read.damaged;
         }
@@ -371,12 +387,10 @@ struct FileRead {
 
 /// Reads every whole record of one file. A torn tail is cut off when `last` (the newest
 /// file, where a crash can leave one); other damage refuses, or with
-/// [`Recover::Truncate`] is cut off too. `later` is the size of the generations after
-/// this one (in the refusal, so the operator knows what truncating drops).
+/// [`Recover::Truncate`] is cut off too.
 fn read_records(
     path: &Path,
     last: bool,
-    later: u64,
     recover: Recover,
     out: &mut Vec<Record>,
 ) -> Result<FileRead, WalError> {
@@ -399,9 +413,7 @@ fn read_records(
                 aligned.extend_from_slice(&bytes[at + 12..at + 12 + len]);
                 match rkyv::from_bytes::<Record, rancor::BoxedError>(&aligned) {
                     Ok(r) => out.push(r),
-                    Err(e) => {
-                        return damage(path, at, e.to_string(), &bytes, later, recover, cut_at)
-                    }
+                    Err(e) => return damage(path, at, e.to_string(), &bytes, recover, cut_at),
                 }
                 at += 12 + len;
             }
@@ -413,9 +425,7 @@ fn read_records(
                     damaged: false,
                 });
             }
-            Err((why, _)) => {
-                return damage(path, at, why.to_string(), &bytes, later, recover, cut_at)
-            }
+            Err((why, _)) => return damage(path, at, why.to_string(), &bytes, recover, cut_at),
         }
     }
     Ok(FileRead {
@@ -453,11 +463,10 @@ fn damage(
     at: usize,
     why: String,
     bytes: &[u8],
-    later: u64,
     recover: Recover,
     cut_at: impl Fn(usize) -> Result<(), WalError>,
 ) -> Result<FileRead, WalError> {
-    let after = (bytes.len() - at) as u64 + later;
+    let after = (bytes.len() - at) as u64;
     if recover == Recover::Refuse {
         return Err(WalError::Damaged {
             path: path.display().to_string(),
@@ -474,7 +483,7 @@ fn damage(
         "write-ahead log: damaged; --wal-recover truncate cut the log here"
     );
     Ok(FileRead {
-        cut: (bytes.len() - at) as u64,
+        cut: after,
         damaged: true,
     })
 }
@@ -611,9 +620,11 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[20] ^= 0x80;
         std::fs::write(&path, &bytes).unwrap();
+        // The refusal counts everything truncating would drop, later generations too.
+        let all = bytes.len() as u64 + std::fs::metadata(Wal::path(&snap, 1)).unwrap().len();
         assert!(matches!(
             open(&snap, 0, 50),
-            Err(WalError::Damaged { at: 0, .. })
+            Err(WalError::Damaged { at: 0, after, .. }) if after == all
         ));
         let opened = Wal::open(&snap, 0, 50, Recover::Truncate).unwrap();
         assert!(

@@ -233,6 +233,26 @@ fn a_new_replica_starts_from_the_stored_snapshot_once_the_log_is_trimmed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Waits (bounded) until `s` found entries it had not read gone from the log, then
+/// checks that it says so everywhere: the metric, caught_up, /healthz with the reason,
+/// and writes refused with LogUnavailable.
+fn stopped_following(s: &Server) {
+    wait_for("the replica sees the hole in its log", &|| {
+        s.metric("kvix_log_behind_trim") == 1
+    });
+    assert_eq!(s.metric("kvix_log_caught_up"), 0);
+    let health = http_get(s.metrics.unwrap(), "/healthz");
+    assert!(
+        health.starts_with("HTTP/1.1 503") && health.contains("trimmed past"),
+        "{health}"
+    );
+    let e = s
+        .session()
+        .announce("after-the-hole", vec![Lane::full(16)], Feed::Events)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::LogUnavailable, "{}", e.message);
+}
+
 /// A replica paused while the log is trimmed past its position (here by hand; in a
 /// fleet, by the others' snapshots once it stopped reporting) does not skip what it
 /// missed: it stops following, refuses writes and fails /healthz with the reason (a
@@ -267,20 +287,7 @@ fn a_replica_behind_the_trim_point_refuses_instead_of_skipping() {
     .unwrap();
     assert!(trimmed > 0);
     b.pause(false);
-    wait_for("the paused replica sees the hole", &|| {
-        b.metric("kvix_log_behind_trim") == 1
-    });
-    assert_eq!(b.metric("kvix_log_caught_up"), 0);
-    let health = http_get(b.metrics.unwrap(), "/healthz");
-    assert!(
-        health.starts_with("HTTP/1.1 503") && health.contains("trimmed past"),
-        "{health}"
-    );
-    let mut c = b.session();
-    let e = c
-        .announce("late", vec![Lane::full(16)], Feed::Events)
-        .unwrap_err();
-    assert_eq!(e.code, ErrorCode::LogUnavailable, "{}", e.message);
+    stopped_following(&b);
     assert_eq!(a.metric("kvix_log_behind_trim"), 0);
     assert!(http_get(a.metrics.unwrap(), "/healthz").starts_with("HTTP/1.1 200"));
 }
@@ -334,17 +341,8 @@ fn a_lost_log_makes_its_replicas_refuse_until_restarted_and_then_agree() {
     write_fleet(&[&a, &b], "one");
     settle(&[&a, &b]);
     let _: () = redis_cmd(redis.port, &mut ::redis::cmd("FLUSHALL")).unwrap();
-    for s in [&a, &b] {
-        wait_for("the replica sees its log gone", &|| {
-            s.metric("kvix_log_behind_trim") == 1
-        });
-        assert!(http_get(s.metrics.unwrap(), "/healthz").starts_with("HTTP/1.1 503"));
-        let e = s
-            .session()
-            .announce("after-flush", vec![Lane::full(16)], Feed::Events)
-            .unwrap_err();
-        assert_eq!(e.code, ErrorCode::LogUnavailable, "{}", e.message);
-    }
+    stopped_following(&a);
+    stopped_following(&b);
     drop((a, b));
     let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
     write_fleet(&[&a, &b], "two");
