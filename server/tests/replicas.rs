@@ -293,6 +293,30 @@ fn a_replica_behind_the_trim_point_refuses_instead_of_skipping() {
 }
 
 #[test]
+fn a_replica_started_while_redis_is_down_waits_for_it_instead_of_exiting() {
+    if available("start_waits").is_none() {
+        return;
+    }
+    let mut redis = Redis::start("start-waits");
+    let fleet = replica(&redis, &[]);
+    write_fleet(&[&fleet], "before");
+    redis.kill();
+    // Hold Redis's port so the new replica's first try is seen to fail (a connection
+    // closed unanswered), then let Redis come back on it.
+    let holder = std::net::TcpListener::bind(("127.0.0.1", redis.port)).unwrap();
+    let url = redis.url("kvix");
+    let starting = std::thread::spawn(move || Server::start(&["--cores", "2", "--log", &url]));
+    drop(holder.accept().unwrap());
+    drop(holder);
+    redis.restart();
+    let late = starting
+        .join()
+        .expect("the replica waits for a Redis that comes back");
+    settle(&[&fleet, &late]);
+    assert_identical(&[&fleet, &late]);
+}
+
+#[test]
 fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubled() {
     if available("redis_away").is_none() {
         return;

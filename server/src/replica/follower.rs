@@ -324,9 +324,46 @@ pub fn trim(r: &Replica, c: &mut redis::Connection, snapshot: &str) -> redis::Re
     Ok(())
 }
 
-/// The snapshot stored in Redis and the position it covers, if there is one.
+/// How long a starting replica keeps trying a log it cannot reach (a Redis restarting,
+/// a Sentinel between primaries) before it gives up: long enough for a failover, short
+/// enough that a wrong address still fails the start while someone watches.
+pub const START_WAIT: Duration = Duration::from_secs(30);
+
+/// The snapshot stored in Redis, if there is one. Errors that pass (the connection,
+/// a Sentinel that names no primary yet, Redis loading) are retried for [`START_WAIT`],
+/// each logged with its cause; any other error, or the last, is returned.
 pub fn fetch_snapshot(server: &super::LogServer, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
-    let mut c = super::Link::open(server)?.connect()?;
-    let bytes: Option<Vec<u8>> = c.get(snapshot_key(key))?;
-    Ok(bytes)
+    let link = super::Link::open(server)?;
+    let fetch =
+        || -> redis::RedisResult<Option<Vec<u8>>> { link.connect()?.get(snapshot_key(key)) };
+    let deadline = Instant::now() + START_WAIT;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match fetch() {
+            Err(e) if passes(&e) && Instant::now() + pause < deadline => {
+                tracing::warn!("the write log at {server} is not reachable yet, retrying: {e}");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            done => return Ok(done?),
+        }
+    }
+}
+
+/// Whether a Redis error is one that heals by itself: trying again later may succeed.
+fn passes(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || matches!(
+            e.kind(),
+            ErrorKind::MasterNameNotFoundBySentinel
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::MasterDown
+                )
+        )
 }
