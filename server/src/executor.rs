@@ -5,7 +5,8 @@
 //! A query is answered here, from this copy, without leaving the executor. A write is
 //! done by the worker's home (`worker % executors`): its write queue turns it into an
 //! update, applies it in bounded slices and hands it to every other executor's queue;
-//! the reply goes out once every executor applied it (see [`crate::writer`]).
+//! the reply goes out once every executor applied it (see [`crate::writer`]). Work for
+//! another executor is a closure run there ([`Executor::on`]), in place when local.
 
 use std::cell::{RefCell, RefMut};
 use std::rc::Rc;
@@ -13,6 +14,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::channel::oneshot;
+use futures::Future;
 use glommio::channels::local_channel::LocalSender;
 use kvix_engine::{Answer, Core, Ks, Registry};
 use kvix_wire::{ArchivedQuery, WorkerId};
@@ -21,11 +24,36 @@ use crate::config::Config;
 use crate::failure::Failure;
 use crate::ingest::holders::Holders;
 use crate::ingest::Ingest;
-use crate::mesh::{Call, LocalFuture, Mesh, QueryScope};
+use crate::mesh::{LocalFuture, QueryScope};
 use crate::metrics::{ExecutorMetrics, Outcome};
 use crate::replica::Replica;
-use crate::wal::{Record, Wal};
-use crate::writer::Job;
+use crate::wal::Wal;
+use crate::write::Write;
+
+pub type Mesh = crate::mesh::Mesh<Executor>;
+
+/// A write run by an executor's write queue, after every one queued before it; what it
+/// returns finishes outside the queue (waiting for the other executors).
+pub type Queued = Box<dyn FnOnce(Rc<Executor>) -> LocalFuture<Option<LocalFuture<()>>>>;
+
+/// What a queued write gives back: its result, due once `acks` (every other executor
+/// applied what it published) resolve.
+pub struct Written<R> {
+    pub result: R,
+    pub acks: Option<LocalFuture<()>>,
+}
+
+impl<R> Written<R> {
+    /// A result due now (nothing was published).
+    pub fn now(result: R) -> Self {
+        Written { result, acks: None }
+    }
+}
+
+/// The failure a write sees when the process stopped under it.
+fn stopping() -> Failure {
+    Failure::new(kvix_wire::ErrorCode::Internal, "the server is stopping")
+}
 
 /// The process-wide services every executor reaches.
 #[derive(Clone)]
@@ -49,7 +77,7 @@ pub struct Executor {
     /// Names → ids. Only executor 0's is used: it numbers every worker.
     registry: RefCell<Registry>,
     mesh: Mesh,
-    writes: LocalSender<Job>,
+    writes: LocalSender<Queued>,
     /// What the executors share with the rest of the process.
     services: Services,
     /// Ingest state of the event-source workers homed here.
@@ -71,7 +99,7 @@ impl Executor {
         registry: Registry,
         holders: Holders,
         services: Services,
-        writes: LocalSender<Job>,
+        writes: LocalSender<Queued>,
     ) -> Rc<Self> {
         Rc::new(Executor {
             me: mesh.me(),
@@ -158,7 +186,7 @@ impl Executor {
     /// Appends an accepted write to the write-ahead log (if there is one) and waits
     /// until it is as durable as `--wal-sync-ms` promises; a log that refuses the write
     /// refuses it to the client.
-    pub async fn log(&self, record: &Record) -> Result<(), Failure> {
+    pub async fn log(&self, record: &Write) -> Result<(), Failure> {
         let Some(wal) = &self.services.wal else {
             return Ok(());
         };
@@ -184,25 +212,58 @@ impl Executor {
         self.holders.borrow_mut()
     }
 
-    /// Queues a write job on this executor.
-    pub fn enqueue(&self, job: Job) {
+    /// Runs `f` on executor `to`: in place when that is this one, else over the mesh.
+    pub fn on<T: Send + 'static>(
+        self: &Rc<Self>,
+        to: usize,
+        f: impl FnOnce(&Rc<Executor>) -> LocalFuture<Result<T, Failure>> + Send + 'static,
+    ) -> LocalFuture<Result<T, Failure>> {
+        if to == self.me {
+            return f(self);
+        }
+        let reply = self.mesh.invoke_on(to, f);
+        Box::pin(async move { reply.await.unwrap_or_else(|_| Err(stopping())) })
+    }
+
+    /// Queues `work` on this executor's write queue; answers with its result once what
+    /// it published is applied everywhere.
+    pub fn queue<T: 'static, F>(
+        self: &Rc<Self>,
+        work: impl FnOnce(Rc<Executor>) -> F + 'static,
+    ) -> LocalFuture<Result<T, Failure>>
+    where
+        F: Future<Output = Written<Result<T, Failure>>> + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: Queued = Box::new(move |ex| {
+            Box::pin(async move {
+                let Written { result, acks } = work(ex).await;
+                let Some(acks) = acks else {
+                    let _ = tx.send(result);
+                    return None;
+                };
+                Some(Box::pin(async move {
+                    acks.await;
+                    let _ = tx.send(result);
+                }) as LocalFuture<()>)
+            })
+        });
         if self.writes.try_send(job).is_err() {
             tracing::error!("the write queue is closed; a write was dropped");
         }
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopping())) })
     }
 
-    /// Runs `call` on executor `to`: in place when that is this one, else over the mesh.
-    pub fn on<C: Call>(
+    /// Queues `work` on executor `to`'s write queue (see [`Executor::queue`]).
+    pub fn queue_on<T: Send + 'static, F>(
         self: &Rc<Self>,
         to: usize,
-        call: C,
-    ) -> LocalFuture<Result<C::Reply, Failure>> {
-        if to == self.me {
-            let reply = call.run(self);
-            return Box::pin(async move { Ok(reply.await) });
-        }
-        let reply = self.mesh.invoke_on(to, call);
-        Box::pin(async move { reply.await.map_err(Failure::from) })
+        work: impl FnOnce(Rc<Executor>) -> F + Send + 'static,
+    ) -> LocalFuture<Result<T, Failure>>
+    where
+        F: Future<Output = Written<Result<T, Failure>>> + 'static,
+    {
+        self.on(to, move |ex| ex.queue(work))
     }
 
     /// Answers a query from this executor's copy; `f` reads the answer in place.

@@ -32,9 +32,3 @@ impl From<EngineError> for Failure {
         Failure::new(code, e.to_string())
     }
 }
-
-impl From<crate::mesh::PeerGone> for Failure {
-    fn from(e: crate::mesh::PeerGone) -> Self {
-        Failure::new(ErrorCode::Internal, e.to_string())
-    }
-}

@@ -4,22 +4,18 @@
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 
 use kvix_wire::{
-    encode, AlignedVec, ArchivedAnnounce, ArchivedHello, Body, ErrorCode, ErrorReply, Header,
-    MessageRef, Stats, Welcome, BYTE_CHUNK,
+    encode, AlignedVec, ArchivedHello, Body, ErrorCode, ErrorReply, Header, MessageRef, Stats,
+    Welcome, BYTE_CHUNK,
 };
 
-use crate::calls::events::Events;
-use crate::calls::place::Place;
-use crate::calls::register::{check_source, Register};
-use crate::calls::retire::Retire;
-use crate::calls::stats::StatsPart;
 use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::mesh::LocalFuture;
 use crate::metrics::Rejected;
+use crate::route::{route_write, Origin};
+use crate::write::{Body as WriteBody, Outcome, Write};
 
 /// Longest worker name accepted (names are kept for the life of the server).
 pub const MAX_NAME: usize = 256;
@@ -75,19 +71,6 @@ pub fn failure_frame(id: u64, f: Failure) -> AlignedVec {
     )
 }
 
-/// A reply frame once `reply` resolves.
-fn later<T: Body + 'static>(
-    id: u64,
-    reply: LocalFuture<Result<Result<T, Failure>, Failure>>,
-) -> Reply {
-    Reply::Later(Box::pin(async move {
-        match reply.await.and_then(|r| r) {
-            Ok(msg) => frame(id, &msg),
-            Err(f) => failure_frame(id, f),
-        }
-    }))
-}
-
 /// Routes one validated message; `body` is its frame body (writes carry it to the
 /// worker's home as it is). Requests start here, in arrival order.
 pub fn handle(
@@ -122,8 +105,13 @@ pub fn handle(
             Failure::new(ErrorCode::Internal, "the server is stopping"),
         ));
     }
-    if let (Some(r), true) = (ex.replica(), is_write(&msg)) {
-        return logged(ex, r, id, &msg, body, header);
+    if is_write(&msg) {
+        let fut = write(ex, id, &msg, body);
+        return if header.wants_reply() {
+            Reply::Later(fut)
+        } else {
+            Reply::Quiet(fut)
+        };
     }
     let reply = match msg {
         MessageRef::Query(q) => Reply::Now(ex.query(q, |a| {
@@ -143,27 +131,6 @@ pub fn handle(
                 ),
             )
         })),
-        MessageRef::Announce(a) => announce(ex, id, a),
-        MessageRef::Retire(r) => {
-            let worker = r.worker.to_native();
-            let done = ex.on(0, Retire { worker });
-            later(
-                id,
-                Box::pin(async move { done.await.map(|r| r.map(|()| kvix_wire::Ack {})) }),
-            )
-        }
-        MessageRef::EventBatch(b) => {
-            let body = owned(body);
-            later(id, ex.on(ex.home_of(b.worker.to_native()), Events { body }))
-        }
-        MessageRef::Placement(p) => {
-            let body = owned(body);
-            let done = ex.on(ex.home_of(p.worker.to_native()), Place { body });
-            later(
-                id,
-                Box::pin(async move { done.await.map(|r| r.map(|()| kvix_wire::Ack {})) }),
-            )
-        }
         MessageRef::StatsRequest(_) => stats(ex, id),
         MessageRef::Echo(e) => echo(ex, id, e.reply_len.to_native()),
         MessageRef::Hello(_) => Reply::Now(failure_frame(
@@ -195,71 +162,50 @@ fn is_write(msg: &MessageRef<'_>) -> bool {
     )
 }
 
-/// Replicas: a write goes to the shared log; the reply comes once this replica applied
-/// it in the log's order. An announce's source is checked here, before the log takes
-/// it: every replica then registers what the log holds.
-fn logged(
-    ex: &Rc<Executor>,
-    r: &Arc<crate::replica::Replica>,
-    id: u64,
-    msg: &MessageRef<'_>,
-    body: &[u8],
-    header: &Header,
-) -> Reply {
-    use crate::wal::Record;
-    let mut checked: Option<LocalFuture<Result<(), Failure>>> = None;
-    let record = match msg {
+/// The write a message asks for, as the logs keep it; `body` is its frame body.
+fn write_of(msg: &MessageRef<'_>, body: &[u8]) -> Result<Write, Failure> {
+    Ok(match msg {
         MessageRef::Announce(a) => {
             let a: kvix_wire::Announce = kvix_wire::to_native(*a);
-            if let Err(f) = check_announce(&a) {
-                return Reply::Now(failure_frame(id, f));
-            }
-            if a.source.is_some() {
-                checked = Some(check_source(ex, &a.name, a.feed, a.source.as_ref()));
-            }
-            Record::Announce {
+            check_announce(&a)?;
+            Write::Announce {
                 name: a.name,
                 lanes: a.lanes,
                 feed: a.feed,
                 source: a.source,
             }
         }
-        MessageRef::Retire(rt) => Record::Retire {
-            worker: rt.worker.to_native(),
+        MessageRef::Retire(r) => Write::Retire {
+            worker: r.worker.to_native(),
         },
-        MessageRef::EventBatch(_) => Record::Events {
-            body: body.to_vec(),
+        MessageRef::EventBatch(_) => Write::Events {
+            body: WriteBody::from(body),
         },
-        _ => Record::Place {
-            body: body.to_vec(),
+        _ => Write::Place {
+            body: WriteBody::from(body),
         },
-    };
-    let stopping = || Err(Failure::new(ErrorCode::Internal, "the server is stopping"));
-    let fut: LocalFuture<AlignedVec> = match checked {
-        // Submitted now, in the order the connection sent its writes.
-        None => {
-            let applied = r.submit(&record);
-            Box::pin(async move {
-                let outcome = applied.await.unwrap_or_else(|_| stopping());
-                crate::apply::reply_frame(id, outcome)
-            })
+    })
+}
+
+/// A write on its route (queued, or sent to the shared log, now: in the order the
+/// connection sent its writes); the reply frame once it is applied everywhere.
+fn write(ex: &Rc<Executor>, id: u64, msg: &MessageRef<'_>, body: &[u8]) -> LocalFuture<AlignedVec> {
+    match write_of(msg, body) {
+        Ok(w) => {
+            let applied = route_write(ex, w, Origin::Accepted);
+            Box::pin(async move { reply_frame(id, applied.await) })
         }
-        // A client waits for an announce's reply before writing for its worker.
-        Some(check) => {
-            let r = r.clone();
-            Box::pin(async move {
-                if let Err(f) = check.await {
-                    return failure_frame(id, f);
-                }
-                let outcome = r.submit(&record).await.unwrap_or_else(|_| stopping());
-                crate::apply::reply_frame(id, outcome)
-            })
-        }
-    };
-    if header.wants_reply() {
-        Reply::Later(fut)
-    } else {
-        Reply::Quiet(fut)
+        Err(f) => Box::pin(std::future::ready(failure_frame(id, f))),
+    }
+}
+
+/// The outcome of one applied write as the reply frame its client waits for.
+fn reply_frame(id: u64, outcome: Result<Outcome, Failure>) -> AlignedVec {
+    match outcome {
+        Ok(Outcome::Announced(a)) => frame(id, &a),
+        Ok(Outcome::Applied(a)) => frame(id, &a),
+        Ok(Outcome::Done) => frame(id, &kvix_wire::Ack {}),
+        Err(f) => failure_frame(id, f),
     }
 }
 
@@ -295,13 +241,6 @@ fn check_announce(a: &kvix_wire::Announce) -> Result<(), Failure> {
         )),
         None => Ok(()),
     }
-}
-
-/// A frame body copied out of the read buffer, to travel with the write.
-fn owned(body: &[u8]) -> AlignedVec {
-    let mut v = AlignedVec::with_capacity(body.len());
-    v.extend_from_slice(body);
-    v
 }
 
 fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Reply {
@@ -366,21 +305,6 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
     ))
 }
 
-fn announce(ex: &Rc<Executor>, id: u64, a: &ArchivedAnnounce) -> Reply {
-    let a: kvix_wire::Announce = kvix_wire::to_native(a);
-    if let Err(f) = check_announce(&a) {
-        return Reply::Now(failure_frame(id, f));
-    }
-    let register = Register {
-        name: a.name,
-        lanes: a.lanes,
-        feed: a.feed,
-        source: a.source,
-        logged: false,
-    };
-    later(id, ex.on(0, register))
-}
-
 fn echo(ex: &Executor, id: u64, reply_len: u32) -> Reply {
     let cap = ex.config().max_frame as usize - kvix_wire::HEADER_LEN - 64;
     let payload = vec![0u8; (reply_len as usize).min(cap)];
@@ -390,7 +314,9 @@ fn echo(ex: &Executor, id: u64, reply_len: u32) -> Reply {
 /// Every executor's counters: the roster and index are whole on each (one copy counts),
 /// queries and events add up.
 fn stats(ex: &Rc<Executor>, id: u64) -> Reply {
-    let parts: Vec<_> = (0..ex.executors()).map(|e| ex.on(e, StatsPart)).collect();
+    let parts: Vec<_> = (0..ex.executors())
+        .map(|e| ex.on(e, |on| Box::pin(std::future::ready(Ok(stats_part(on))))))
+        .collect();
     Reply::Later(Box::pin(async move {
         let mut total = Stats::default();
         for (i, part) in parts.into_iter().enumerate() {
@@ -405,4 +331,19 @@ fn stats(ex: &Rc<Executor>, id: u64) -> Reply {
         }
         frame(id, &total)
     }))
+}
+
+/// One executor's counters.
+fn stats_part(ex: &Executor) -> Stats {
+    let m = ex.metrics();
+    let queries = m.queries.iter().map(|q| q.load(Relaxed)).sum();
+    let core = ex.core();
+    Stats {
+        workers: core.roster().len(),
+        blocks: core.index().blocks(),
+        memberships: core.index().memberships(),
+        queries,
+        events: m.block_events.load(Relaxed),
+        shard_load: vec![queries],
+    }
 }

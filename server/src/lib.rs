@@ -3,13 +3,12 @@
 //! Data path, top to bottom: [`listener`] (sockets, [`steering`]) → [`conn`] (frames)
 //! → [`handler`] (messages) → [`executor`] (this core's copy of the engine) →
 //! `kvix_engine` → the answer frame back through [`conn`]. A query never leaves the
-//! executor that read it; writes go through their worker's home [`writer`] queue to
-//! every executor over the [`mesh`] ([`calls`] lists what crosses it).
+//! executor that read it; every write ([`write::Write`], whoever sent it) takes
+//! [`route::route_write`] to its worker's home [`writer`] queue, which publishes it to
+//! every executor over the [`mesh`].
 
 pub mod admit;
-pub mod apply;
 pub mod auth;
-pub mod calls;
 pub mod config;
 pub mod conn;
 pub mod executor;
@@ -22,9 +21,11 @@ pub mod mesh;
 pub mod metrics;
 pub mod replica;
 pub mod rlimit;
+pub mod route;
 pub mod snapshot;
 pub mod steering;
 pub mod wal;
+pub mod write;
 pub mod writer;
 
 use std::os::fd::FromRawFd;
@@ -172,7 +173,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         restored_all: AtomicBool::new(false),
     });
     let config = shared.config.clone();
-    let mesh = mesh::builder(executors);
+    let mesh = mesh::builder::<Executor>(executors);
     let cpus = config::online_cpus();
     // Printed on stdout (not the log) so scripts and tests can find a port-0 server.
     println!(
@@ -239,10 +240,9 @@ struct Shared {
     restored: Option<snapshot::ServerImage>,
     services: executor::Services,
     /// Each executor's end of the replicated log's follower, taken once.
-    log_inboxes:
-        std::sync::Mutex<Vec<Option<futures::channel::mpsc::Receiver<replica::inbox::LogJob>>>>,
+    log_inboxes: std::sync::Mutex<Vec<Option<futures::channel::mpsc::Receiver<replica::LogJob>>>>,
     /// The write-ahead log's records, replayed by executor 0 before anyone is served.
-    replay: std::sync::Mutex<Vec<wal::Record>>,
+    replay: std::sync::Mutex<Vec<write::Write>>,
     /// Set by executor 0 once the snapshot and the log are in: then connections are taken.
     restored_all: AtomicBool,
     /// Set by executor 0 once the shutdown snapshot is written; peers serve it until then.
@@ -321,19 +321,19 @@ fn restore(
 const REPLAY_WINDOW: usize = 4096;
 
 /// Applies the log's records in their order. Each write is queued on its worker's home
-/// before [`apply::record`] returns, so writes of one worker keep their order without
+/// before [`route::route_write`] returns, so writes of one worker keep their order without
 /// waiting on each other: only announces and retires (which number workers and change
 /// every executor's roster) wait for everything before them and are awaited themselves.
-async fn replay(ex: &Rc<Executor>, records: Vec<wal::Record>) {
+async fn replay(ex: &Rc<Executor>, records: Vec<write::Write>) {
     let mut pending = Vec::with_capacity(REPLAY_WINDOW);
     for r in records {
-        let roster = matches!(r, wal::Record::Announce { .. } | wal::Record::Retire { .. });
+        let roster = r.changes_roster();
         if roster || pending.len() >= REPLAY_WINDOW {
             for p in pending.drain(..) {
                 let _ = p.await;
             }
         }
-        let done = apply::record(ex, r);
+        let done = route::route_write(ex, r, route::Origin::Logged);
         if roster {
             let _ = done.await;
         } else {
@@ -376,7 +376,11 @@ async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
         );
     }
     let parts: Vec<_> = (0..ex.executors())
-        .map(|e| ex.on(e, calls::lasts::Lasts))
+        .map(|e| {
+            ex.on(e, |on| {
+                Box::pin(std::future::ready(Ok(on.holders().lasts())))
+            })
+        })
         .collect();
     let mut lasts = std::collections::HashMap::new();
     for p in parts {
@@ -391,7 +395,7 @@ async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
 async fn executor_main(
     fd: std::os::fd::RawFd,
     shared: Arc<Shared>,
-    mesh: mesh::Builder,
+    mesh: mesh::Builder<Executor>,
 ) -> anyhow::Result<()> {
     let config = shared.config.clone();
     // SAFETY: the fd is a listening TCP socket created for this executor alone.
@@ -401,7 +405,8 @@ async fn executor_main(
     // queue, the write queue in a throughput one, and long writes yield between slices.
     let queries = gx.create_task_queue(Shares::Static(1000), Latency::NotImportant, "queries");
     let writes = gx.create_task_queue(Shares::Static(100), Latency::NotImportant, "writes");
-    let (mesh, inbox) = mesh::Mesh::join(mesh, &shared.metrics).await?;
+    let hops = |me: usize| shared.metrics[me].query_hops.clone();
+    let (mesh, inbox) = mesh::Mesh::join(mesh, hops).await?;
     let me = mesh.me();
     let restored = restore(&shared, me, mesh.executors());
     // Every executor reports here, failed or not, so none waits for a peer that left.
@@ -434,12 +439,12 @@ async fn executor_main(
         .get_mut(me)
         .and_then(Option::take);
     if let (Some(rx), Some(_)) = (log_inbox, ex.replica()) {
-        glommio::spawn_local_into(replica::inbox::serve(ex.clone(), rx), writes)
+        glommio::spawn_local_into(route::serve_log(ex.clone(), rx), writes)
             .map_err(|e| anyhow::anyhow!("starting the log inbox: {e}"))?
             .detach();
     }
     if let Some(deliveries) = shared.services.ingest.take_inbox(me) {
-        glommio::spawn_local_into(ingest::serve_inbox(ex.clone(), deliveries), writes)
+        glommio::spawn_local_into(route::serve_deliveries(ex.clone(), deliveries), writes)
             .map_err(|e| anyhow::anyhow!("starting the ingest inbox: {e}"))?
             .detach();
     }
@@ -522,7 +527,7 @@ async fn executor_main(
         glommio::timer::sleep(Duration::from_millis(50)).await;
         ticks += 1;
         if ticks.is_multiple_of(20) {
-            ex.enqueue(writer::Job::Expire);
+            drop(ex.queue(writer::expire));
         }
         if me == 0 && snapshot_ticks > 0 && ticks.is_multiple_of(snapshot_ticks) {
             // A failure is counted and logged; the next period tries again.
@@ -556,9 +561,7 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
         // the parts cover the whole log and a restart has nothing to replay (engine
         // deliveries arriving meanwhile go to the next generation).
         for _ in 0..2 {
-            let drains: Vec<_> = (0..ex.executors())
-                .map(|e| ex.on(e, calls::drain::Drain))
-                .collect();
+            let drains: Vec<_> = (0..ex.executors()).map(|e| ex.on(e, drain)).collect();
             for d in drains {
                 let _ = d.await;
             }
@@ -575,7 +578,7 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
     };
     // Replicas: every part cut at the same stream position, by the follower.
     let (parts, log_position): (
-        Vec<LocalFuture<Result<writer::Part, failure::Failure>>>,
+        Vec<LocalFuture<Result<snapshot::Part, failure::Failure>>>,
         String,
     ) = match ex.replica() {
         Some(r) => {
@@ -597,7 +600,7 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
         }
         None => (
             (0..ex.executors())
-                .map(|e| ex.on(e, calls::export::Export))
+                .map(|e| ex.queue_on(e, writer::export))
                 .collect(),
             String::new(),
         ),
@@ -665,4 +668,22 @@ async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the snapshot writer panicked")));
     }
     Ok(())
+}
+
+/// Waits, on executor `on`, until the writes accepted so far are applied everywhere (a
+/// clean stop's last snapshot then covers the whole log): it flushes every executor's
+/// write queue through `on`'s own channels, so each flush arrives behind every write `on`
+/// sent before. Run on every executor once, it sees each accepted write through its
+/// home's queue (which then sent its update to the others); run on every executor a
+/// second time, it sees those updates applied.
+fn drain(on: &Rc<Executor>) -> mesh::LocalFuture<Result<(), failure::Failure>> {
+    let flushes: Vec<_> = (0..on.executors())
+        .map(|e| on.queue_on(e, writer::flush))
+        .collect();
+    Box::pin(async move {
+        for f in flushes {
+            let _ = f.await;
+        }
+        Ok(())
+    })
 }

@@ -1,13 +1,12 @@
-//! Typed calls between executors over glommio's channel mesh.
+//! Work sent from one executor to another over glommio's channel mesh.
 //!
-//! A [`Call`] is a request type with its own reply type, run on another executor by
-//! [`Mesh::invoke_on`]. What crosses the channel is the call boxed with the sending half
-//! of a oneshot for its reply: no request or reply enum, each handler its own file (see
-//! `calls/`). Calls to one peer are queued locally in call order and forwarded by one
-//! task per peer, so a caller never blocks on a full channel (two executors calling each
-//! other cannot deadlock), and a peer starts them in arrival order: the synchronous part
-//! of each call runs before the next one starts, which is what keeps one sender's writes
-//! in order everywhere.
+//! What crosses a channel is a closure run on the receiving executor's state `T`
+//! ([`Mesh::invoke_on`], with a oneshot for its reply; [`Mesh::spawn_on`], without): no
+//! request or reply enums. Closures to one peer are queued locally in call order and
+//! forwarded by one task per peer, so a caller never blocks on a full channel (two
+//! executors calling each other cannot deadlock), and a peer starts them in arrival
+//! order: the synchronous part of each runs before the next one starts, which is what
+//! keeps one sender's writes in order everywhere.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -20,25 +19,14 @@ use futures::channel::oneshot;
 use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
 
-use crate::executor::Executor;
-
 pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
 
-/// A request run on another executor, with its own reply type.
-pub trait Call: Send + 'static {
-    type Reply: Send + 'static;
+/// What crosses the mesh: work to run on the receiving executor's state.
+type Sent<T> = Box<dyn FnOnce(&Rc<T>) + Send>;
 
-    /// Starts the call on `on`. Whatever runs before the returned future is first polled
-    /// runs in the order calls arrived.
-    fn run(self, on: &Rc<Executor>) -> LocalFuture<Self::Reply>;
-}
+pub type Builder<T> = MeshBuilder<Sent<T>, Full>;
 
-/// What crosses the mesh: a call, ready to run and answer on the receiving executor.
-type Job = Box<dyn FnOnce(&Rc<Executor>) + Send>;
-
-pub type Builder = MeshBuilder<Job, Full>;
-
-pub fn builder(executors: usize) -> Builder {
+pub fn builder<T: 'static>(executors: usize) -> Builder<T> {
     MeshBuilder::full(executors, 1024)
 }
 
@@ -48,16 +36,16 @@ pub fn builder(executors: usize) -> Builder {
 pub struct PeerGone(pub usize);
 
 /// This executor's sending end of the mesh.
-pub struct Mesh {
+pub struct Mesh<T> {
     me: usize,
-    outbox: Vec<Option<LocalSender<Job>>>,
+    outbox: Vec<Option<LocalSender<Sent<T>>>>,
     /// Calls sent while answering a query (`kvix_query_hops_total`): zero by design.
     hops: Arc<AtomicU64>,
 }
 
 /// This executor's receiving end: run by [`Inbox::serve`] once the executor exists.
-pub struct Inbox {
-    receivers: Receivers<Job>,
+pub struct Inbox<T> {
+    receivers: Receivers<Sent<T>>,
 }
 
 thread_local! {
@@ -81,13 +69,14 @@ impl Drop for QueryScope {
     }
 }
 
-impl Mesh {
-    /// Joins the mesh (every executor must call it) and starts the forwarding tasks.
+impl<T: 'static> Mesh<T> {
+    /// Joins the mesh (every executor must call it) and starts the forwarding tasks;
+    /// `hops(me)` counts what this executor sends while a query is answered.
     pub async fn join(
-        builder: Builder,
-        metrics: &[crate::metrics::ExecutorMetrics],
-    ) -> anyhow::Result<(Mesh, Inbox)> {
-        let (senders, receivers): (Senders<Job>, Receivers<Job>) = builder
+        builder: Builder<T>,
+        hops: impl FnOnce(usize) -> Arc<AtomicU64>,
+    ) -> anyhow::Result<(Self, Inbox<T>)> {
+        let (senders, receivers): (Senders<Sent<T>>, Receivers<Sent<T>>) = builder
             .join()
             .await
             .map_err(|e| anyhow::anyhow!("joining the executor mesh: {e}"))?;
@@ -110,7 +99,7 @@ impl Mesh {
                 })
             })
             .collect();
-        let hops = metrics[me].query_hops.clone();
+        let hops = hops(me);
         Ok((Mesh { me, outbox, hops }, Inbox { receivers }))
     }
 
@@ -123,18 +112,19 @@ impl Mesh {
         self.outbox.len()
     }
 
-    /// Runs `call` on executor `to` (queued now, in call order) and waits for its reply.
-    pub fn invoke_on<C: Call>(
+    /// Runs `f` on executor `to` (queued now, in call order) and waits for the reply
+    /// its future gives.
+    pub fn invoke_on<R: Send + 'static>(
         &self,
         to: usize,
-        call: C,
-    ) -> impl Future<Output = Result<C::Reply, PeerGone>> + 'static {
+        f: impl FnOnce(&Rc<T>) -> LocalFuture<R> + Send + 'static,
+    ) -> impl Future<Output = Result<R, PeerGone>> + 'static {
         if IN_QUERY.with(Cell::get) {
             self.hops.fetch_add(1, Relaxed);
         }
         let (tx, rx) = oneshot::channel();
         self.spawn_on(to, move |on| {
-            let reply = call.run(on);
+            let reply = f(on);
             glommio::spawn_local(async move {
                 let _ = tx.send(reply.await);
             })
@@ -144,17 +134,17 @@ impl Mesh {
     }
 
     /// Runs `job` on executor `to` (queued now, in call order), with no reply.
-    pub fn spawn_on(&self, to: usize, job: impl FnOnce(&Rc<Executor>) + Send + 'static) {
+    pub fn spawn_on(&self, to: usize, job: impl FnOnce(&Rc<T>) + Send + 'static) {
         debug_assert_ne!(to, self.me, "local work is done in place");
         if let Some(Some(out)) = self.outbox.get(to) {
-            let _ = out.try_send(Box::new(job) as Job);
+            let _ = out.try_send(Box::new(job) as Sent<T>);
         }
     }
 }
 
-impl Inbox {
-    /// Runs the calls other executors send to `on`, in arrival order per sender.
-    pub fn serve(mut self, on: &Rc<Executor>) {
+impl<T: 'static> Inbox<T> {
+    /// Runs what other executors send to `on`, in arrival order per sender.
+    pub fn serve(mut self, on: &Rc<T>) {
         for (_, rx) in self.receivers.streams() {
             let on = Rc::downgrade(on);
             glommio::spawn_local(async move {

@@ -54,6 +54,15 @@ pub enum SnapshotError {
     },
 }
 
+/// One executor's part of a snapshot: the feeds of its workers, and their runs (taken
+/// from its own copy, where their writes are applied in order with their feeds).
+#[derive(Debug, Default)]
+pub struct Part {
+    pub feeds: Vec<(WorkerId, kvix_engine::FeedImage)>,
+    pub runs: Vec<kvix_engine::RunImage>,
+    pub holders: Vec<(WorkerId, crate::ingest::holders::HolderImage)>,
+}
+
 /// What a snapshot holds.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct ServerImage {

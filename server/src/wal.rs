@@ -10,7 +10,7 @@
 //! sequenced, the rest are last-writer-wins), and every later record is replayed too.
 //!
 //! ```text
-//! record: len u32 LE | xxh3-64 of the body u64 LE | body (rkyv Record)
+//! record: len u32 LE | xxh3-64 of the body u64 LE | body (rkyv [`Write`])
 //! ```
 //! A write that fails part-way (disk full) is cut back to the last whole record before
 //! the error reaches the client, so a later record never follows a partial one. On
@@ -23,49 +23,17 @@
 //! generations set aside as `.skipped`). Both are counted in `kvix_wal_cut_bytes`.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{Read, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use futures::channel::oneshot;
-use kvix_wire::{EventSource, Feed, Lane, WorkerId};
-use rkyv::{rancor, Archive, Deserialize, Serialize};
+use rkyv::rancor;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// One accepted write.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub enum Record {
-    Announce {
-        name: String,
-        lanes: Vec<Lane>,
-        feed: Feed,
-        source: Option<EventSource>,
-    },
-    Retire {
-        worker: WorkerId,
-    },
-    /// An `EventBatch` frame body.
-    Events {
-        body: Vec<u8>,
-    },
-    /// A `Placement` frame body.
-    Place {
-        body: Vec<u8>,
-    },
-    /// A delivery of the engine-event ingest.
-    Ingest {
-        worker: WorkerId,
-        /// The ingest lease's epoch it was read under (0 without replicas).
-        epoch: u64,
-        model: String,
-        salt: String,
-        reset: bool,
-        last: Option<crate::ingest::stream::Record>,
-        payload: Option<Vec<u8>>,
-    },
-}
+use crate::write::Write;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
@@ -100,7 +68,7 @@ pub enum Recover {
 pub struct Opened {
     pub wal: Arc<Wal>,
     /// Records to replay, oldest first.
-    pub records: Vec<Record>,
+    pub records: Vec<Write>,
     /// Bytes cut off: a torn tail, or the log after damage `--wal-recover truncate`
     /// accepted.
     pub cut_bytes: u64,
@@ -258,7 +226,7 @@ impl Wal {
 
     /// Appends `record`. With `--wal-sync-ms 0` the returned receiver resolves once it is
     /// on disk; the caller applies the write after that.
-    pub fn append(&self, record: &Record) -> Result<Option<oneshot::Receiver<()>>, WalError> {
+    pub fn append(&self, record: &Write) -> Result<Option<oneshot::Receiver<()>>, WalError> {
         if self.replaying.load(Relaxed) {
             return Ok(None);
         }
@@ -392,7 +360,7 @@ fn read_records(
     path: &Path,
     last: bool,
     recover: Recover,
-    out: &mut Vec<Record>,
+    out: &mut Vec<Write>,
 ) -> Result<FileRead, WalError> {
     let mut bytes = Vec::new();
     File::open(path)
@@ -411,7 +379,7 @@ fn read_records(
             Ok(len) => {
                 let mut aligned = kvix_wire::AlignedVec::with_capacity(len);
                 aligned.extend_from_slice(&bytes[at + 12..at + 12 + len]);
-                match rkyv::from_bytes::<Record, rancor::BoxedError>(&aligned) {
+                match rkyv::from_bytes::<Write, rancor::BoxedError>(&aligned) {
                     Ok(r) => out.push(r),
                     Err(e) => return damage(path, at, e.to_string(), &bytes, recover, cut_at),
                 }
@@ -491,6 +459,7 @@ fn damage(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvix_wire::WorkerId;
 
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("kvix-wal-{name}-{}", std::process::id()));
@@ -499,11 +468,11 @@ mod tests {
         d
     }
 
-    fn retire(w: WorkerId) -> Record {
-        Record::Retire { worker: w }
+    fn retire(w: WorkerId) -> Write {
+        Write::Retire { worker: w }
     }
 
-    fn open(snap: &Path, from: u64, sync_ms: u64) -> Result<(Arc<Wal>, Vec<Record>), WalError> {
+    fn open(snap: &Path, from: u64, sync_ms: u64) -> Result<(Arc<Wal>, Vec<Write>), WalError> {
         Wal::open(snap, from, sync_ms, Recover::Refuse).map(|o| (o.wal, o.records))
     }
 

@@ -2,207 +2,152 @@
 //! jobs one after another. Queries never wait in it: they run in the latency task queue
 //! and read the index between the slices a long job is cut into.
 //!
-//! A job of a worker homed here is turned into an update by the engine's feed step;
-//! [`publish`] then hands the update to every other executor (their queues apply it in
-//! the order this one sends), applies it here in slices of [`SLICE_BLOCKS`] blocks, and
-//! answers once every executor has applied it, so a client that read the reply sees its
-//! write in its next query, wherever that lands.
+//! A write of a worker homed here ([`home_write`], [`install`], [`forget`], [`expire`]) is
+//! turned into an update by the engine's feed step; [`publish`] then hands the update to
+//! every other executor (their queues [`apply`] it in the order this one sends), applies
+//! it here in slices of [`SLICE_BLOCKS`] blocks, and the write's reply is due once every
+//! executor has applied it, so a client that read the reply sees its write in its next
+//! query, wherever that lands. Each is queued by [`Executor::queue`].
 
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::channel::oneshot;
 use glommio::channels::local_channel::LocalReceiver;
-use kvix_engine::{AnnounceOutcome, Cursor, FeedImage, Ks, RunImage, Update, WorkerEntry};
+use kvix_engine::{AnnounceOutcome, Cursor, Ks, Update, WorkerEntry};
 use kvix_wire::{AlignedVec, Applied, ApplyStatus, EventBatch, Placement, WorkerId};
 
-use crate::calls;
-use crate::executor::Executor;
+use crate::executor::{Executor, Queued, Written};
 use crate::failure::Failure;
-use crate::ingest::holders::HolderImage;
+use crate::mesh::LocalFuture;
 use crate::metrics::ExecutorMetrics;
-use crate::wal::Record;
+use crate::snapshot::Part;
+use crate::write::{Outcome, Write};
 
 /// Blocks applied between two yields to the query task queue (about 50 µs of work).
 pub const SLICE_BLOCKS: u64 = 512;
 
-/// What this executor's write queue runs.
-pub enum Job {
-    /// An `EventBatch` frame body of a worker homed here.
-    Events {
-        body: AlignedVec,
-        reply: oneshot::Sender<Result<Applied, Failure>>,
-    },
-    /// A `Placement` frame body of a worker homed here.
-    Place {
-        body: AlignedVec,
-        reply: oneshot::Sender<Result<(), Failure>>,
-    },
-    /// A worker homed here was (re-)registered.
-    Register {
-        entry: WorkerEntry,
-        outcome: AnnounceOutcome,
-        reply: oneshot::Sender<()>,
-    },
-    /// A worker homed here was retired.
-    Retire {
-        worker: WorkerId,
-        reply: oneshot::Sender<Result<(), Failure>>,
-    },
-    /// Expire the placements of the workers homed here.
-    Expire,
-    /// An update another executor's queue published.
-    Apply {
-        update: Arc<Update>,
-        ack: oneshot::Sender<()>,
-    },
-    /// This executor's part of a snapshot.
-    Export { reply: oneshot::Sender<Part> },
-    /// Answers once every job queued before it is done.
-    Flush { reply: oneshot::Sender<()> },
-    /// Engine events the ingest read for a worker homed here; `slot` is held until every
-    /// executor applied them.
-    Ingest {
-        job: crate::ingest::IngestJob,
-        done: Box<dyn FnOnce()>,
-    },
-}
-
-/// One executor's part of a snapshot: the feeds of its workers, and their runs (taken
-/// from its own copy, where their writes are applied in order with their feeds).
-#[derive(Debug, Default)]
-pub struct Part {
-    pub feeds: Vec<(WorkerId, FeedImage)>,
-    pub runs: Vec<RunImage>,
-    pub holders: Vec<(WorkerId, HolderImage)>,
-}
-
-/// Runs `ex`'s write jobs in order until the queue closes.
-pub async fn run(ex: Rc<Executor>, jobs: LocalReceiver<Job>) {
-    while let Some(job) = jobs.recv().await {
-        tracing::debug!(executor = ex.me(), job = job_name(&job), "write job");
-        match job {
-            Job::Events { body, reply } => {
-                let started = Instant::now();
-                let logged = ex
-                    .log(&Record::Events {
-                        body: body.to_vec(),
-                    })
-                    .await;
-                if let Err(f) = logged {
-                    let _ = reply.send(Err(f));
-                    continue;
-                }
-                let mut u = Update::new();
-                match events(&ex, &body, &mut u) {
-                    Ok(applied) => {
-                        publish(&ex, u, move || {
-                            let _ = reply.send(Ok(applied));
-                        })
-                        .await
-                    }
-                    Err(f) => drop(reply.send(Err(f))),
-                }
-                ex.metrics().applied(started.elapsed());
-            }
-            Job::Place { body, reply } => {
-                let started = Instant::now();
-                let logged = ex
-                    .log(&Record::Place {
-                        body: body.to_vec(),
-                    })
-                    .await;
-                if let Err(f) = logged {
-                    let _ = reply.send(Err(f));
-                    continue;
-                }
-                let mut u = Update::new();
-                match place(&ex, &body, &mut u).await {
-                    Ok(()) => {
-                        publish(&ex, u, move || {
-                            let _ = reply.send(Ok(()));
-                        })
-                        .await
-                    }
-                    Err(f) => drop(reply.send(Err(f))),
-                }
-                ex.metrics().applied(started.elapsed());
-            }
-            Job::Register {
-                entry,
-                outcome,
-                reply,
-            } => {
-                let mut u = Update::new();
-                let worker = entry.id;
-                if outcome != AnnounceOutcome::Unchanged {
-                    ex.holders().forget(worker);
-                }
-                ex.core().register(entry, outcome, &mut u);
-                publish(&ex, u, move || {
-                    let _ = reply.send(());
-                })
-                .await;
-            }
-            Job::Retire { worker, reply } => {
-                let mut u = Update::new();
-                ex.holders().forget(worker);
-                let retired = ex.core().retire(worker, &mut u);
-                match retired {
-                    Ok(()) => {
-                        publish(&ex, u, move || {
-                            let _ = reply.send(Ok(()));
-                        })
-                        .await
-                    }
-                    Err(e) => drop(reply.send(Err(e.into()))),
-                }
-            }
-            Job::Expire => {
-                let mut u = Update::new();
-                let now = ex.now_ms();
-                ex.core().expire(now, &mut u);
-                publish(&ex, u, || {}).await;
-            }
-            Job::Apply { update, ack } => {
-                apply(&ex, &update).await;
-                let _ = ack.send(());
-            }
-            Job::Export { reply } => {
-                let _ = reply.send(export(&ex).await);
-            }
-            Job::Flush { reply } => drop(reply.send(())),
-            Job::Ingest { job, done } => {
-                let started = Instant::now();
-                // The engine's buffer is the source of truth: a log that refuses is
-                // counted and the delivery applied all the same.
-                let _ = ex.log(&crate::ingest::holders::record(&job)).await;
-                let mut u = Update::new();
-                crate::ingest::holders::apply(&ex, job, &mut u);
-                publish(&ex, u, done).await;
-                ex.metrics().applied(started.elapsed());
-            }
+/// Runs `ex`'s queued writes in order until the queue closes. What a write leaves to
+/// finish (waiting for the other executors) runs beside the queue, not in it.
+pub async fn run(ex: Rc<Executor>, queue: LocalReceiver<Queued>) {
+    while let Some(write) = queue.recv().await {
+        if let Some(rest) = write(ex.clone()).await {
+            glommio::spawn_local(rest).detach();
         }
     }
 }
 
-fn job_name(j: &Job) -> &'static str {
-    match j {
-        Job::Events { .. } => "events",
-        Job::Place { .. } => "place",
-        Job::Register { .. } => "register",
-        Job::Retire { .. } => "retire",
-        Job::Expire => "expire",
-        Job::Apply { .. } => "apply",
-        Job::Export { .. } => "export",
-        Job::Flush { .. } => "flush",
-        Job::Ingest { .. } => "ingest",
+/// An event batch, placement or engine delivery of a worker homed here: logged, turned
+/// into an update by the feed step, published.
+pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcome, Failure>> {
+    let started = Instant::now();
+    let logged = ex.log(&write).await;
+    let mut u = Update::new();
+    let result = match write {
+        Write::Events { body } => logged.and_then(|()| events(&ex, &body, &mut u)),
+        Write::Place { body } => match logged {
+            Ok(()) => place(&ex, &body, &mut u).await.map(|()| Outcome::Done),
+            Err(f) => Err(f),
+        },
+        // The engine's buffer is the source of truth: a log that refuses is counted and
+        // the delivery applied all the same.
+        ingest @ Write::Ingest { .. } => {
+            crate::ingest::holders::apply(&ex, ingest, &mut u);
+            Ok(Outcome::Done)
+        }
+        Write::Announce { .. } | Write::Retire { .. } => Err(Failure::new(
+            kvix_wire::ErrorCode::Internal,
+            "announces and retires are numbered by executor 0 (a bug)",
+        )),
+    };
+    let written = match result {
+        Ok(outcome) => Written {
+            result: Ok(outcome),
+            acks: publish(&ex, u).await,
+        },
+        Err(f) => Written::now(Err(f)),
+    };
+    ex.metrics().applied(started.elapsed());
+    written
+}
+
+/// A (re-)registered worker homed here: its feed starts afresh (what it held is dropped
+/// when its roster or feed changed) and every executor's roster learns it.
+pub async fn install(
+    ex: Rc<Executor>,
+    entry: WorkerEntry,
+    outcome: AnnounceOutcome,
+) -> Written<Result<(), Failure>> {
+    let mut u = Update::new();
+    if outcome != AnnounceOutcome::Unchanged {
+        ex.holders().forget(entry.id);
+    }
+    ex.core().register(entry, outcome, &mut u);
+    Written {
+        result: Ok(()),
+        acks: publish(&ex, u).await,
     }
 }
 
+/// A retired worker homed here: everything it held goes, on every executor.
+pub async fn forget(ex: Rc<Executor>, worker: WorkerId) -> Written<Result<(), Failure>> {
+    let mut u = Update::new();
+    ex.holders().forget(worker);
+    let retired = ex.core().retire(worker, &mut u);
+    match retired {
+        Ok(()) => Written {
+            result: Ok(()),
+            acks: publish(&ex, u).await,
+        },
+        Err(e) => Written::now(Err(e.into())),
+    }
+}
+
+/// Expires the placements of the workers homed here.
+pub async fn expire(ex: Rc<Executor>) -> Written<Result<(), Failure>> {
+    let mut u = Update::new();
+    let now = ex.now_ms();
+    ex.core().expire(now, &mut u);
+    Written {
+        result: Ok(()),
+        acks: publish(&ex, u).await,
+    }
+}
+
+/// An update another executor's queue published, applied here in its order.
+pub async fn apply(ex: Rc<Executor>, update: Arc<Update>) -> Written<Result<(), Failure>> {
+    apply_here(&ex, &update).await;
+    Written::now(Ok(()))
+}
+
+/// Nothing: due once every write queued before it is done.
+pub async fn flush(_: Rc<Executor>) -> Written<Result<(), Failure>> {
+    Written::now(Ok(()))
+}
+
+/// This executor's snapshot part, taken in its queue (so no write of its workers is
+/// half in it), its runs in slices.
+pub async fn export(ex: Rc<Executor>) -> Written<Result<Part, Failure>> {
+    let me = ex.me();
+    let home = |w: WorkerId| ex.home_of(w) == me;
+    let mut part = Part {
+        feeds: ex.core().export_feeds(ex.now_ms()),
+        runs: Vec::new(),
+        holders: ex.holders().export(),
+    };
+    let mut cursor = 0;
+    while !ex
+        .core()
+        .index()
+        .export_some(&mut cursor, SLICE_BLOCKS * 8, home, &mut part.runs)
+    {
+        slice_done(&ex).await;
+    }
+    Written::now(Ok(part))
+}
+
 /// The feed step of an event batch: checks it whole and turns it into `u`.
-fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Applied, Failure> {
+fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Outcome, Failure> {
     let b = kvix_wire::codec::access::<EventBatch>(body)
         .map_err(|e| Failure::new(kvix_wire::ErrorCode::BadFrame, e.to_string()))?;
     let m = ex.metrics();
@@ -243,10 +188,10 @@ fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Applied, F
     }
     ExecutorMetrics::add(&m.block_events, report.block_events);
     ExecutorMetrics::add(&m.unprobed_removals, report.unprobed);
-    Ok(Applied {
+    Ok(Outcome::Applied(Applied {
         seq,
         status: report.status,
-    })
+    }))
 }
 
 /// The feed step of a placement, in slices (a chain may hold millions of blocks).
@@ -275,38 +220,34 @@ async fn slice_done(ex: &Executor) {
     glommio::executor().yield_task_queue_now().await;
 }
 
-/// Hands `update` to every other executor, applies it here, and calls `done` once every
-/// executor applied it (without holding up this queue meanwhile).
-async fn publish(ex: &Rc<Executor>, update: Update, done: impl FnOnce() + 'static) {
+/// Hands `update` to every other executor and applies it here; what it returns resolves
+/// once every other executor applied it (None: nothing to wait for).
+async fn publish(ex: &Rc<Executor>, update: Update) -> Option<LocalFuture<()>> {
     if update.is_empty() {
-        return done();
+        return None;
     }
     let update = Arc::new(update);
     let acks: Vec<_> = (0..ex.executors())
         .filter(|&peer| peer != ex.me())
         .map(|peer| {
-            ex.mesh()
-                .invoke_on(peer, calls::apply::Apply(update.clone()))
+            let update = update.clone();
+            ex.queue_on(peer, move |ex| apply(ex, update))
         })
         .collect();
-    apply(ex, &update).await;
+    apply_here(ex, &update).await;
     if acks.is_empty() {
-        return done();
+        return None;
     }
-    let me = ex.me();
-    glommio::spawn_local(async move {
+    Some(Box::pin(async move {
         for ack in acks {
             // A peer gone means the process is stopping: nothing left to wait for.
             let _ = ack.await;
         }
-        tracing::debug!(executor = me, "published");
-        done();
-    })
-    .detach();
+    }))
 }
 
 /// Applies `update` to this executor's copy in slices, yielding to queries between them.
-async fn apply(ex: &Executor, update: &Update) {
+async fn apply_here(ex: &Executor, update: &Update) {
     let mut cursor = Cursor::default();
     loop {
         if let Err(e) = ex.core().apply_some(update, &mut cursor, SLICE_BLOCKS) {
@@ -318,24 +259,4 @@ async fn apply(ex: &Executor, update: &Update) {
         slice_done(ex).await;
     }
     ex.refresh_gauges();
-}
-
-/// This executor's snapshot part, its runs taken in slices.
-async fn export(ex: &Executor) -> Part {
-    let me = ex.me();
-    let home = |w: WorkerId| ex.home_of(w) == me;
-    let mut part = Part {
-        feeds: ex.core().export_feeds(ex.now_ms()),
-        runs: Vec::new(),
-        holders: ex.holders().export(),
-    };
-    let mut cursor = 0;
-    while !ex
-        .core()
-        .index()
-        .export_some(&mut cursor, SLICE_BLOCKS * 8, home, &mut part.runs)
-    {
-        slice_done(ex).await;
-    }
-    part
 }

@@ -4,16 +4,16 @@
 //! that queue has the two in step.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use kvix_engine::{Ks, Update};
 use kvix_wire::{ChunkKind, Event, Lane, WorkerId};
 use rkyv::{Archive, Deserialize, Serialize};
 
-use super::stream::Record;
+use super::stream::LastBatch;
 use super::translate::{Counts, Group, Translator, TranslatorImage};
-use super::{IngestJob, SourceSpec, METRICS};
+use super::METRICS;
 use crate::executor::Executor;
+use crate::write::Write;
 
 /// One worker's ingest state, as plain data.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -22,7 +22,7 @@ pub struct HolderImage {
     pub epoch: u64,
     pub model: String,
     pub salt: String,
-    pub last: Option<Record>,
+    pub last: Option<LastBatch>,
     pub translator: TranslatorImage,
 }
 
@@ -30,7 +30,7 @@ struct Holder {
     epoch: u64,
     model: String,
     salt: String,
-    last: Option<Record>,
+    last: Option<LastBatch>,
     translator: Translator,
 }
 
@@ -42,7 +42,7 @@ pub struct Holders {
 
 impl Holders {
     /// The last batch applied from each worker's stream.
-    pub fn lasts(&self) -> Vec<(WorkerId, Option<Record>)> {
+    pub fn lasts(&self) -> Vec<(WorkerId, Option<LastBatch>)> {
         self.by_worker.iter().map(|(w, h)| (*w, h.last)).collect()
     }
 
@@ -98,22 +98,10 @@ impl Holders {
     }
 }
 
-/// The write-ahead log's record of a delivery.
-pub fn record(job: &IngestJob) -> crate::wal::Record {
-    crate::wal::Record::Ingest {
-        worker: job.worker,
-        epoch: job.epoch,
-        model: job.source.model.clone(),
-        salt: job.source.salt.clone(),
-        reset: job.delivery.reset,
-        last: job.delivery.record,
-        payload: job.delivery.payload.clone(),
-    }
-}
-
-/// The delivery a write-ahead log record holds (its batch decoded again).
-pub fn from_record(r: crate::wal::Record) -> Option<IngestJob> {
-    let crate::wal::Record::Ingest {
+/// Applies one delivery (a [`Write::Ingest`]) on the worker's home, appending the block
+/// operations to `u`.
+pub fn apply(ex: &Executor, delivery: Write, u: &mut Update) {
+    let Write::Ingest {
         worker,
         epoch,
         model,
@@ -121,38 +109,17 @@ pub fn from_record(r: crate::wal::Record) -> Option<IngestJob> {
         reset,
         last,
         payload,
-    } = r
+        batch,
+    } = delivery
     else {
-        return None;
+        return;
     };
-    Some(IngestJob {
-        worker,
-        epoch,
-        source: Arc::new(SourceSpec {
-            endpoint: String::new(),
-            replay: String::new(),
-            model,
-            salt,
-        }),
-        delivery: super::stream::Delivery {
-            reset,
-            record: last,
-            batch: payload
-                .as_deref()
-                .and_then(|p| super::payload::decode(p).ok()),
-            payload,
-        },
-    })
-}
-
-/// Applies one delivery on the worker's home, appending the block operations to `u`.
-pub fn apply(ex: &Executor, job: IngestJob, u: &mut Update) {
-    let IngestJob {
-        worker,
-        epoch,
-        source,
-        delivery,
-    } = job;
+    // Read back from a log, the batch is decoded again from the engine's message.
+    let batch = batch.or_else(|| {
+        payload
+            .as_deref()
+            .and_then(|p| super::payload::decode(p).ok())
+    });
     let block = ex.config().block_size;
     let Some(lanes) = lanes_of(ex, worker) else {
         // Retired (or re-announced without events) while the delivery was on its way.
@@ -162,7 +129,7 @@ pub fn apply(ex: &Executor, job: IngestJob, u: &mut Update) {
         return;
     };
     let mut holders = ex.holders();
-    let h = holder(&mut holders, worker, &source, &lanes, block);
+    let h = holder(&mut holders, worker, &model, &salt, &lanes, block);
     if epoch < h.epoch {
         // Read under a lease that has passed to another replica since.
         METRICS
@@ -172,17 +139,17 @@ pub fn apply(ex: &Executor, job: IngestJob, u: &mut Update) {
     }
     h.epoch = epoch;
     let mut core = ex.core();
-    if delivery.reset {
+    if reset {
         h.translator.reset();
         let ks = Ks {
-            seed: source_seed(&source, block),
+            seed: source_seed(&model, &salt, block),
             kind: ChunkKind::Tokens,
         };
         if let Err(e) = core.ingest(worker, ks, &[Event::Cleared], u) {
             tracing::error!(worker, "ingest: clearing the worker failed: {e}");
         }
     }
-    if let Some(batch) = &delivery.batch {
+    if let Some(batch) = &batch {
         let (mut groups, mut counts) = (Vec::<Group>::new(), Counts::default());
         h.translator.apply(batch, &mut groups, &mut counts);
         for g in &groups {
@@ -206,7 +173,7 @@ pub fn apply(ex: &Executor, job: IngestJob, u: &mut Update) {
         }
         METRICS.record(&counts);
     }
-    h.last = delivery.record;
+    h.last = last;
     ex.ingest().note_last(worker, h.last);
 }
 
@@ -220,29 +187,30 @@ fn lanes_of(ex: &Executor, worker: WorkerId) -> Option<Vec<Lane>> {
 fn holder<'a>(
     holders: &'a mut Holders,
     worker: WorkerId,
-    source: &Arc<SourceSpec>,
+    model: &str,
+    salt: &str,
     lanes: &[Lane],
     block: u32,
 ) -> &'a mut Holder {
     let fresh = || Holder {
         epoch: 0,
-        model: source.model.clone(),
-        salt: source.salt.clone(),
+        model: model.to_string(),
+        salt: salt.to_string(),
         last: None,
-        translator: Translator::new(block, &source.model, &source.salt, lanes),
+        translator: Translator::new(block, model, salt, lanes),
     };
     let h = holders.by_worker.entry(worker).or_insert_with(fresh);
-    if h.model != source.model || h.salt != source.salt {
+    if h.model != model || h.salt != salt {
         *h = fresh();
     }
     h
 }
 
-fn source_seed(source: &SourceSpec, block: u32) -> u64 {
+fn source_seed(model: &str, salt: &str, block: u32) -> u64 {
     kvix_wire::Keyspace {
-        model: source.model.clone(),
+        model: model.to_string(),
         lora: String::new(),
-        salt: source.salt.clone(),
+        salt: salt.to_string(),
         kind: ChunkKind::Tokens,
     }
     .seed(block)

@@ -21,23 +21,22 @@ pub mod translate;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc;
-use futures::StreamExt;
 use kvix_wire::{EventSource, Feed, WorkerId};
 
-use crate::executor::Executor;
-use crate::writer::Job;
 use pool::{Pool, StreamSpec};
-use stream::{Delivery, Record};
+use stream::LastBatch;
+
+/// A delivery on its way to the worker's home (a [`crate::write::Write::Ingest`]).
+pub type Delivered = crate::write::Write;
 
 /// Deliveries queued per executor before the ingest threads wait.
 const INBOX: usize = 64;
 /// Deliveries one executor applies at a time (each waits for every executor's ack).
-const IN_FLIGHT: u64 = 16;
+pub const IN_FLIGHT: u64 = 16;
 
 /// Where a source's events come from and which keyspace they are rehashed into.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,14 +56,6 @@ impl From<&EventSource> for SourceSpec {
             salt: s.salt.clone(),
         }
     }
-}
-
-/// One delivery on its way to the worker's home.
-pub struct IngestJob {
-    pub worker: WorkerId,
-    pub epoch: u64,
-    pub source: Arc<SourceSpec>,
-    pub delivery: Delivery,
 }
 
 /// Why an event source is refused at announce.
@@ -150,7 +141,7 @@ pub fn check_hosts(
 /// The process's ingest: its threads, the executors' inboxes, the sources subscribed.
 pub struct Ingest {
     pool: Pool,
-    inboxes: Mutex<Vec<Option<mpsc::Receiver<IngestJob>>>>,
+    inboxes: Mutex<Vec<Option<mpsc::Receiver<Delivered>>>>,
     /// Every subscribed source by worker (executor 0 announces and retires; snapshots).
     sources: Mutex<BTreeMap<WorkerId, EventSource>>,
     max_sources: usize,
@@ -162,7 +153,7 @@ pub struct Ingest {
     /// Replicas: streams are subscribed only under a lease ([`Ingest::lead`]).
     leased: std::sync::atomic::AtomicBool,
     /// The last batch applied from each stream (where a new lease holder resumes).
-    lasts: Mutex<std::collections::HashMap<WorkerId, Option<Record>>>,
+    lasts: Mutex<std::collections::HashMap<WorkerId, Option<LastBatch>>>,
 }
 
 impl Ingest {
@@ -189,7 +180,7 @@ impl Ingest {
     }
 
     /// Executor `me`'s end of its inbox (once).
-    pub fn take_inbox(&self, me: usize) -> Option<mpsc::Receiver<IngestJob>> {
+    pub fn take_inbox(&self, me: usize) -> Option<mpsc::Receiver<Delivered>> {
         self.inboxes.lock().ok()?.get_mut(me)?.take()
     }
 
@@ -283,7 +274,7 @@ impl Ingest {
     /// last batch its worker's home applied), named by `name`.
     pub fn resume(
         &self,
-        last: impl Fn(WorkerId) -> Option<Record>,
+        last: impl Fn(WorkerId) -> Option<LastBatch>,
         name: impl Fn(WorkerId) -> String,
     ) {
         let sources = self.sources.lock().expect("not poisoned");
@@ -311,7 +302,7 @@ impl Ingest {
     }
 
     /// Notes the last batch applied from a worker's stream.
-    pub fn note_last(&self, worker: WorkerId, last: Option<Record>) {
+    pub fn note_last(&self, worker: WorkerId, last: Option<LastBatch>) {
         self.lasts
             .lock()
             .expect("not poisoned")
@@ -372,38 +363,6 @@ impl Ingest {
     /// Stops the ingest threads.
     pub fn stop(&self) {
         self.pool.stop();
-    }
-}
-
-/// Runs on every executor: moves the ingest's deliveries for workers homed here into
-/// the write queue, at most [`IN_FLIGHT`] at a time.
-pub async fn serve_inbox(ex: Rc<Executor>, mut inbox: mpsc::Receiver<IngestJob>) {
-    let slots = Rc::new(glommio::sync::Semaphore::new(IN_FLIGHT));
-    while let Some(job) = inbox.next().await {
-        let Ok(slot) = slots.acquire_static_permit(1).await else {
-            return;
-        };
-        match ex.replica() {
-            // Replicas: through the shared log, applied by everyone in its order.
-            Some(r) => {
-                let applied = r.submit(&holders::record(&job));
-                glommio::spawn_local(async move {
-                    if let Ok(Err(f)) = applied.await {
-                        tracing::warn!(
-                            worker = job.worker,
-                            "ingest: a delivery was not logged: {}",
-                            f.message
-                        );
-                    }
-                    drop(slot);
-                })
-                .detach();
-            }
-            None => ex.enqueue(Job::Ingest {
-                job,
-                done: Box::new(move || drop(slot)),
-            }),
-        }
     }
 }
 

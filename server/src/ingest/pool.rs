@@ -17,8 +17,8 @@ use kvix_wire::WorkerId;
 
 use super::context::{Context, SOCKETS_PER_SOURCE};
 use super::socket::{Backoff, Link, ReplayCall, Subscription};
-use super::stream::{Ask, Delivery, Record, Stream, Tally};
-use super::{IngestJob, SourceSpec, METRICS};
+use super::stream::{Ask, Delivery, LastBatch, Stream, Tally};
+use super::{Delivered, SourceSpec, METRICS};
 
 /// How long a thread waits in `zmq_poll` before it looks at its commands again.
 const POLL_MS: i64 = 50;
@@ -31,7 +31,7 @@ pub struct StreamSpec {
     pub name: String,
     pub source: Arc<SourceSpec>,
     /// Where the last snapshot left this stream (None: a new stream).
-    pub last: Option<Record>,
+    pub last: Option<LastBatch>,
     /// The ingest lease's epoch (replicas; 0 otherwise).
     pub epoch: u64,
 }
@@ -59,7 +59,7 @@ impl Pool {
     pub fn start(
         threads: usize,
         max_sources: usize,
-        homes: Vec<mpsc::Sender<IngestJob>>,
+        homes: Vec<mpsc::Sender<Delivered>>,
     ) -> std::io::Result<Pool> {
         let threads = threads.max(1);
         // Twice the sources' sockets: a replaced subscription's sockets keep their slots
@@ -223,7 +223,7 @@ impl Live {
 
 struct Worker {
     lane: Arc<Lane>,
-    homes: Vec<mpsc::Sender<IngestJob>>,
+    homes: Vec<mpsc::Sender<Delivered>>,
     stop: Arc<AtomicBool>,
     streams: Vec<Live>,
     replays: Replays,
@@ -421,11 +421,15 @@ impl Worker {
         let s = &self.streams[i];
         let home = s.spec.worker as usize % self.homes.len();
         for delivery in out.drain(..) {
-            let job = IngestJob {
+            let job = Delivered::Ingest {
                 worker: s.spec.worker,
                 epoch: s.spec.epoch,
-                source: s.spec.source.clone(),
-                delivery,
+                model: s.spec.source.model.clone(),
+                salt: s.spec.source.salt.clone(),
+                reset: delivery.reset,
+                last: delivery.record,
+                payload: delivery.payload,
+                batch: delivery.batch,
             };
             if futures::executor::block_on(self.homes[home].send(job)).is_err() {
                 return false;

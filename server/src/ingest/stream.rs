@@ -3,7 +3,7 @@
 //! the sockets are behind [`Replay`], the output is a list of [`Delivery`].
 //!
 //! A publisher numbers its batches 0, 1, 2, … per process and keeps the last ones for
-//! replay. The stream remembers the last batch it applied as a [`Record`]: its seq, its
+//! replay. The stream remembers the last batch it applied as a [`LastBatch`]: its seq, its
 //! timestamp and a fingerprint (xxh3) of its payload. Identity is checked whenever
 //! continuity is in doubt:
 //!
@@ -25,7 +25,7 @@ use super::payload::{self, Batch};
 
 /// The last batch applied from a stream.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, Copy, PartialEq)]
-pub struct Record {
+pub struct LastBatch {
     pub seq: u64,
     /// The batch's own timestamp (the engine's clock, seconds).
     pub ts: f64,
@@ -39,7 +39,7 @@ pub struct Delivery {
     /// Drop everything the worker holds first (a new engine process).
     pub reset: bool,
     /// The stream's last batch once this one is applied (None after a reset alone).
-    pub record: Option<Record>,
+    pub record: Option<LastBatch>,
     /// None: nothing to apply (a reset alone, or a payload that did not decode).
     pub batch: Option<Batch>,
     /// The payload the batch was decoded from (what the write-ahead log keeps).
@@ -64,7 +64,7 @@ pub struct Tally {
 
 #[derive(Debug, Default)]
 pub struct Stream {
-    last: Option<Record>,
+    last: Option<LastBatch>,
     has_replay: bool,
     /// The next delivery must clear the worker (a resync found no replay to apply).
     reset_pending: bool,
@@ -83,7 +83,7 @@ type Held = (u64, Vec<u8>, Result<Batch, payload::DecodeError>);
 #[derive(Debug, Clone, Copy)]
 enum Then {
     /// Whether the publisher still has this batch (the same process).
-    Verify(Record),
+    Verify(LastBatch),
     /// Apply all it has onto a cleared worker.
     Resync,
 }
@@ -95,7 +95,7 @@ pub type Ask = Option<u64>;
 
 impl Stream {
     /// A stream that resumes after `last` (None: a new one), with or without replay.
-    pub fn new(last: Option<Record>, has_replay: bool) -> Self {
+    pub fn new(last: Option<LastBatch>, has_replay: bool) -> Self {
         Stream {
             last,
             has_replay,
@@ -103,7 +103,7 @@ impl Stream {
         }
     }
 
-    pub fn last(&self) -> Option<Record> {
+    pub fn last(&self) -> Option<LastBatch> {
         self.last
     }
 
@@ -208,7 +208,7 @@ impl Stream {
                 (self.last.map_or(0.0, |l| l.ts), None)
             }
         };
-        let record = Record { seq, ts, fp };
+        let record = LastBatch { seq, ts, fp };
         self.last = Some(record);
         t.applied += u64::from(batch.is_some());
         out.push(Delivery {
@@ -231,7 +231,7 @@ impl Stream {
 
     fn verified(
         &mut self,
-        l: Record,
+        l: LastBatch,
         got: Replayed,
         out: &mut Vec<Delivery>,
         t: &mut Tally,

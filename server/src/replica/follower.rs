@@ -13,9 +13,8 @@ use kvix_wire::{codec, EventBatch, Placement};
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 use redis::Commands;
 
-use super::inbox::LogJob;
-use super::{id_key, positions_key, snapshot_key, Mark, Replica};
-use crate::wal::Record;
+use super::{id_key, positions_key, snapshot_key, LogJob, Mark, Replica};
+use crate::write::Write;
 
 /// Entries read per round trip, and how long one read waits for new ones.
 const COUNT: usize = 256;
@@ -201,7 +200,7 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
 fn dispatch(r: &Replica, inboxes: &mut [mpsc::Sender<LogJob>], bytes: &[u8], origin: &str) -> bool {
     let mut aligned = kvix_wire::AlignedVec::with_capacity(bytes.len());
     aligned.extend_from_slice(bytes);
-    let Ok(record) = rkyv::from_bytes::<Record, rkyv::rancor::Error>(&aligned) else {
+    let Ok(record) = rkyv::from_bytes::<Write, rkyv::rancor::Error>(&aligned) else {
         return false;
     };
     let waiter = origin
@@ -212,24 +211,16 @@ fn dispatch(r: &Replica, inboxes: &mut [mpsc::Sender<LogJob>], bytes: &[u8], ori
     let n = inboxes.len();
     let home = |w: u32| w as usize % n;
     let (to, barrier) = match &record {
-        Record::Announce { .. } | Record::Retire { .. } => (0, true),
-        Record::Events { body } => {
-            let mut b = kvix_wire::AlignedVec::with_capacity(body.len());
-            b.extend_from_slice(body);
-            match codec::access::<EventBatch>(&b) {
-                Ok(e) => (home(e.worker.to_native()), false),
-                Err(_) => return false,
-            }
-        }
-        Record::Place { body } => {
-            let mut b = kvix_wire::AlignedVec::with_capacity(body.len());
-            b.extend_from_slice(body);
-            match codec::access::<Placement>(&b) {
-                Ok(p) => (home(p.worker.to_native()), false),
-                Err(_) => return false,
-            }
-        }
-        Record::Ingest { worker, .. } => (home(*worker), false),
+        Write::Announce { .. } | Write::Retire { .. } => (0, true),
+        Write::Events { body } => match codec::access::<EventBatch>(body) {
+            Ok(e) => (home(e.worker.to_native()), false),
+            Err(_) => return false,
+        },
+        Write::Place { body } => match codec::access::<Placement>(body) {
+            Ok(p) => (home(p.worker.to_native()), false),
+            Err(_) => return false,
+        },
+        Write::Ingest { worker, .. } => (home(*worker), false),
     };
     let (done, wait) = if barrier {
         let (tx, rx) = std_mpsc::channel();
@@ -238,7 +229,7 @@ fn dispatch(r: &Replica, inboxes: &mut [mpsc::Sender<LogJob>], bytes: &[u8], ori
         (None, None)
     };
     let job = LogJob::Apply {
-        record,
+        write: record,
         waiter,
         barrier: done,
     };

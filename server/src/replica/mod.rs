@@ -5,7 +5,7 @@
 //! A write a client sends to any replica is appended (XADD, [`appender`]) and applied
 //! when this replica's [`follower`] reads it back, like everybody else's; the client's
 //! reply waits for that, so it sees its write in its next query on that replica. The
-//! follower hands each record to the executor that applies it ([`inbox`]); announces
+//! follower hands each record to the executor that applies it ([`LogJob`]); announces
 //! and retires are barriers (the records after them wait), the rest are pipelined in
 //! order per worker.
 //!
@@ -17,7 +17,6 @@
 
 pub mod appender;
 pub mod follower;
-pub mod inbox;
 pub mod lease;
 pub mod link;
 
@@ -29,10 +28,9 @@ use std::time::Duration;
 use futures::channel::{mpsc, oneshot};
 use kvix_wire::ErrorCode;
 
-use crate::apply::Outcome;
 use crate::failure::Failure;
-use crate::wal::Record;
-use crate::writer::Part;
+use crate::snapshot::Part;
+use crate::write::{Outcome, Write};
 
 pub use link::{Link, LogServer};
 
@@ -90,6 +88,19 @@ impl std::str::FromStr for LogUrl {
 
 pub type Waiter = oneshot::Sender<Result<Outcome, Failure>>;
 
+/// What the follower hands an executor, in stream order.
+pub enum LogJob {
+    /// A write read from the stream; `waiter`: this replica's client waiting for it;
+    /// `barrier`: the follower waits until it is applied (announces and retires).
+    Apply {
+        write: Write,
+        waiter: Option<Waiter>,
+        barrier: Option<std_mpsc::Sender<()>>,
+    },
+    /// The executor's snapshot part after everything handed over before.
+    Export { reply: oneshot::Sender<Part> },
+}
+
 /// What a snapshot needs from the follower: the position every part covers.
 pub struct Mark {
     pub position: String,
@@ -135,7 +146,7 @@ impl Replica {
     pub fn start(
         url: LogUrl,
         position: String,
-        inboxes: Vec<mpsc::Sender<inbox::LogJob>>,
+        inboxes: Vec<mpsc::Sender<LogJob>>,
     ) -> anyhow::Result<Arc<Replica>> {
         let link =
             Link::open(&url.server).map_err(|e| anyhow::anyhow!("--log {}: {e}", url.server))?;
@@ -192,7 +203,7 @@ impl Replica {
 
     /// Appends `record`; the receiver answers once this replica applied it (or with
     /// `LogUnavailable` when it could not be appended).
-    pub fn submit(&self, record: &Record) -> oneshot::Receiver<Result<Outcome, Failure>> {
+    pub fn submit(&self, record: &Write) -> oneshot::Receiver<Result<Outcome, Failure>> {
         let (tx, rx) = oneshot::channel();
         if let Some(why) = self.broken() {
             self.metrics.append_failures.fetch_add(1, Relaxed);
