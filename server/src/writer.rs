@@ -51,8 +51,13 @@ pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcom
         },
         // The engine's buffer is the source of truth: a log that refuses is counted and
         // the delivery applied all the same.
-        ingest @ Write::Ingest { .. } => {
-            crate::ingest::holders::apply(&ex, ingest, &mut u);
+        ingest @ Write::Ingest { worker, .. } => {
+            let block = ex.config().block_size;
+            let delivered = ex.holders().apply(&mut ex.core(), block, ingest, &mut u);
+            if let Some(d) = delivered {
+                ExecutorMetrics::add(&ex.metrics().unprobed_removals, d.unprobed);
+                ex.ingest().note_last(worker, d.last);
+            }
             Ok(Outcome::Done)
         }
         Write::Announce { .. } | Write::Retire { .. } => Err(Failure::new(

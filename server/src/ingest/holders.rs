@@ -5,14 +5,13 @@
 
 use std::collections::HashMap;
 
-use kvix_engine::{Ks, Update};
+use kvix_engine::{Core, Ks, Update};
 use kvix_wire::{ChunkKind, Event, Lane, WorkerId};
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::stream::LastBatch;
 use super::translate::{Counts, Group, Translator, TranslatorImage};
 use super::METRICS;
-use crate::executor::Executor;
 use crate::write::Write;
 
 /// One worker's ingest state, as plain data.
@@ -98,9 +97,37 @@ impl Holders {
     }
 }
 
-/// Applies one delivery (a [`Write::Ingest`]) on the worker's home, appending the block
-/// operations to `u`.
-pub fn apply(ex: &Executor, delivery: Write, u: &mut Update) {
+/// What applying a delivery did.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct IngestReport {
+    /// The stream's last batch now (where a new lease holder resumes).
+    pub last: Option<LastBatch>,
+    /// Removals of blocks no index copy held (see `kvix_unprobed_removals_total`).
+    pub unprobed: u64,
+}
+
+impl Holders {
+    /// Applies one delivery (a [`Write::Ingest`]) of a worker homed here to `core`, the
+    /// home's engine, appending the block operations to `u`. None: not applied (the
+    /// worker is gone, or the delivery was read under a lease that has passed).
+    pub fn apply(
+        &mut self,
+        core: &mut Core,
+        block: u32,
+        delivery: Write,
+        u: &mut Update,
+    ) -> Option<IngestReport> {
+        apply(self, core, block, delivery, u)
+    }
+}
+
+fn apply(
+    holders: &mut Holders,
+    core: &mut Core,
+    block: u32,
+    delivery: Write,
+    u: &mut Update,
+) -> Option<IngestReport> {
     let Write::Ingest {
         worker,
         epoch,
@@ -112,7 +139,7 @@ pub fn apply(ex: &Executor, delivery: Write, u: &mut Update) {
         batch,
     } = delivery
     else {
-        return;
+        return None;
     };
     // Read back from a log, the batch is decoded again from the engine's message.
     let batch = batch.or_else(|| {
@@ -120,25 +147,23 @@ pub fn apply(ex: &Executor, delivery: Write, u: &mut Update) {
             .as_deref()
             .and_then(|p| super::payload::decode(p).ok())
     });
-    let block = ex.config().block_size;
-    let Some(lanes) = lanes_of(ex, worker) else {
+    let Some(lanes) = lanes_of(core, worker) else {
         // Retired (or re-announced without events) while the delivery was on its way.
         METRICS
             .orphaned
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return;
+        return None;
     };
-    let mut holders = ex.holders();
-    let h = holder(&mut holders, worker, &model, &salt, &lanes, block);
+    let h = holder(holders, worker, &model, &salt, &lanes, block);
     if epoch < h.epoch {
         // Read under a lease that has passed to another replica since.
         METRICS
             .fenced
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return;
+        return None;
     }
     h.epoch = epoch;
-    let mut core = ex.core();
+    let mut unprobed = 0;
     if reset {
         h.translator.reset();
         let ks = Ks {
@@ -160,8 +185,7 @@ pub fn apply(ex: &Executor, delivery: Write, u: &mut Update) {
             match core.ingest(worker, ks, &g.events, u) {
                 Ok(report) => {
                     METRICS.block_events(report.block_events);
-                    let unprobed = &ex.metrics().unprobed_removals;
-                    crate::metrics::ExecutorMetrics::add(unprobed, report.unprobed);
+                    unprobed += report.unprobed;
                 }
                 Err(e) => {
                     METRICS
@@ -174,11 +198,10 @@ pub fn apply(ex: &Executor, delivery: Write, u: &mut Update) {
         METRICS.record(&counts);
     }
     h.last = last;
-    ex.ingest().note_last(worker, h.last);
+    Some(IngestReport { last, unprobed })
 }
 
-fn lanes_of(ex: &Executor, worker: WorkerId) -> Option<Vec<Lane>> {
-    let core = ex.core();
+fn lanes_of(core: &Core, worker: WorkerId) -> Option<Vec<Lane>> {
     let entry = core.roster().get(worker)?;
     (entry.feed == kvix_wire::Feed::Events).then(|| entry.lanes.clone())
 }

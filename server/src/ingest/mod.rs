@@ -30,9 +30,6 @@ use kvix_wire::{EventSource, Feed, WorkerId};
 use pool::{Pool, StreamSpec};
 use stream::LastBatch;
 
-/// A delivery on its way to the worker's home (a [`crate::write::Write::Ingest`]).
-pub type Delivered = crate::write::Write;
-
 /// Deliveries queued per executor before the ingest threads wait.
 const INBOX: usize = 64;
 /// Deliveries one executor applies at a time (each waits for every executor's ack).
@@ -141,7 +138,7 @@ pub fn check_hosts(
 /// The process's ingest: its threads, the executors' inboxes, the sources subscribed.
 pub struct Ingest {
     pool: Pool,
-    inboxes: Mutex<Vec<Option<mpsc::Receiver<Delivered>>>>,
+    inboxes: Mutex<Vec<Option<mpsc::Receiver<crate::write::Write>>>>,
     /// Every subscribed source by worker (executor 0 announces and retires; snapshots).
     sources: Mutex<BTreeMap<WorkerId, EventSource>>,
     max_sources: usize,
@@ -180,7 +177,7 @@ impl Ingest {
     }
 
     /// Executor `me`'s end of its inbox (once).
-    pub fn take_inbox(&self, me: usize) -> Option<mpsc::Receiver<Delivered>> {
+    pub fn take_inbox(&self, me: usize) -> Option<mpsc::Receiver<crate::write::Write>> {
         self.inboxes.lock().ok()?.get_mut(me)?.take()
     }
 

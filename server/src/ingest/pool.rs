@@ -18,7 +18,8 @@ use kvix_wire::WorkerId;
 use super::context::{Context, SOCKETS_PER_SOURCE};
 use super::socket::{Backoff, Link, ReplayCall, Subscription};
 use super::stream::{Ask, Delivery, LastBatch, Stream, Tally};
-use super::{Delivered, SourceSpec, METRICS};
+use super::{SourceSpec, METRICS};
+use crate::write::Write;
 
 /// How long a thread waits in `zmq_poll` before it looks at its commands again.
 const POLL_MS: i64 = 50;
@@ -59,7 +60,7 @@ impl Pool {
     pub fn start(
         threads: usize,
         max_sources: usize,
-        homes: Vec<mpsc::Sender<Delivered>>,
+        homes: Vec<mpsc::Sender<Write>>,
     ) -> std::io::Result<Pool> {
         let threads = threads.max(1);
         // Twice the sources' sockets: a replaced subscription's sockets keep their slots
@@ -223,7 +224,7 @@ impl Live {
 
 struct Worker {
     lane: Arc<Lane>,
-    homes: Vec<mpsc::Sender<Delivered>>,
+    homes: Vec<mpsc::Sender<Write>>,
     stop: Arc<AtomicBool>,
     streams: Vec<Live>,
     replays: Replays,
@@ -421,7 +422,7 @@ impl Worker {
         let s = &self.streams[i];
         let home = s.spec.worker as usize % self.homes.len();
         for delivery in out.drain(..) {
-            let job = Delivered::Ingest {
+            let job = Write::Ingest {
                 worker: s.spec.worker,
                 epoch: s.spec.epoch,
                 model: s.spec.source.model.clone(),
