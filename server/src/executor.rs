@@ -1,5 +1,5 @@
 //! One executor: its copy of the engine ([`kvix_engine::Core`]: roster, whole index,
-//! the feeds of the workers it is home to), the registry of names (authoritative on
+//! the feeds of the workers it is home to), the registry of names (on
 //! executor 0), its end of the mesh, and its write queue.
 //!
 //! A query is answered here, from this copy, without leaving the executor. A write is
@@ -74,8 +74,8 @@ pub struct Executor {
     config: Arc<Config>,
     metrics: Arc<[ExecutorMetrics]>,
     core: RefCell<Core>,
-    /// Names → ids. Only executor 0's is used: it numbers every worker.
-    registry: RefCell<Registry>,
+    /// Names → ids: executor 0's alone (it numbers every worker).
+    registry: Option<RefCell<Registry>>,
     mesh: Mesh,
     writes: LocalSender<Queued>,
     /// What the executors share with the rest of the process.
@@ -107,7 +107,7 @@ impl Executor {
             config,
             metrics,
             core: RefCell::new(core),
-            registry: RefCell::new(registry),
+            registry: (mesh.me() == 0).then(|| RefCell::new(registry)),
             mesh,
             writes,
             services,
@@ -167,8 +167,13 @@ impl Executor {
         self.core.borrow_mut()
     }
 
+    /// The registry of names, on executor 0 (announces, retires and their checks are
+    /// routed there: [`crate::route`]).
     pub fn registry(&self) -> RefMut<'_, Registry> {
-        self.registry.borrow_mut()
+        self.registry
+            .as_ref()
+            .expect("only executor 0 numbers workers")
+            .borrow_mut()
     }
 
     pub fn ingest(&self) -> &Ingest {

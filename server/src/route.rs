@@ -69,7 +69,10 @@ fn to_log(
         ..
     } = &write
     {
-        let check = check_source(ex, name, *feed, Some(source));
+        // On executor 0, whose registry knows the name (a worker replacing its own
+        // source is not one more).
+        let (name, feed, source) = (name.clone(), *feed, source.clone());
+        let check = ex.on(0, move |ex0| check_source(ex0, &name, feed, Some(&source)));
         return Box::pin(async move {
             check.await?;
             log.submit(&write).await.unwrap_or_else(|_| stopping())
@@ -172,10 +175,9 @@ async fn retire(ex0: &Rc<Executor>, worker: WorkerId) -> Result<(), Failure> {
     .await
 }
 
-/// Checks an announce's event source where the announce is accepted: its form and the
-/// sources limit, then (off the executor: it may ask the resolver) that its hosts are
-/// allowed.
-pub fn check_source(
+/// Checks an announce's event source, on executor 0: its form and the sources limit,
+/// then (off the executor: it may ask the resolver) that its hosts are allowed.
+fn check_source(
     ex: &Rc<Executor>,
     name: &str,
     feed: Feed,

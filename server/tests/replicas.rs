@@ -194,6 +194,38 @@ fn a_logged_announce_registers_on_every_replica_whatever_its_source_checks() {
 }
 
 #[test]
+fn a_worker_replacing_its_source_is_not_one_more_whichever_executor_takes_it() {
+    if available("source_limit").is_none() {
+        return;
+    }
+    let redis = Redis::start("source-limit");
+    // One connection per executor: the second is handed to the other executor.
+    let s = replica(&redis, &["--max-sources", "1", "--max-connections", "1"]);
+    let mut on = [s.session(), s.session()];
+    let per_executor =
+        [0, 1].map(|e| s.metric(&format!("kvix_executor_connections{{executor=\"{e}\"}}")));
+    assert_eq!(per_executor, [1, 1], "a connection on each executor");
+    let src = |port: u16| EventSource {
+        endpoint: format!("tcp://127.0.0.1:{port}"),
+        replay: String::new(),
+        model: "m".into(),
+        salt: String::new(),
+    };
+    let lanes = || vec![Lane::full(16)];
+    let w = on[0].announce_source("a", lanes(), src(1)).unwrap().worker;
+    for (i, c) in on.iter_mut().enumerate() {
+        let again = c.announce_source("a", lanes(), src(2 + i as u16));
+        assert_eq!(
+            again.map(|a| a.worker),
+            Ok(w),
+            "re-announced through connection {i}"
+        );
+        let more = c.announce_source("b", lanes(), src(9)).unwrap_err();
+        assert_eq!(more.code, ErrorCode::TooManySources, "{}", more.message);
+    }
+}
+
+#[test]
 fn a_new_replica_starts_from_the_stored_snapshot_once_the_log_is_trimmed() {
     if available("stored_snapshot").is_none() {
         return;
