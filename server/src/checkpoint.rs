@@ -1,0 +1,153 @@
+//! Taking a snapshot: every executor's part (cut at one log position with replicas),
+//! written to `--snapshot` by a helper thread, stored in Redis for new replicas, and the
+//! write-ahead log below it dropped. At a clean stop every accepted write is drained
+//! first, so the last snapshot covers them all.
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+use kvix_engine::EngineImage;
+
+use crate::executor::Executor;
+use crate::mesh::LocalFuture;
+use crate::metrics::ExecutorMetrics;
+use crate::{failure, mesh, replica, snapshot, writer};
+
+/// Gathers every executor's part and writes a snapshot when `--snapshot` is set. The file
+/// is written by a helper thread so the executor keeps serving; at shutdown we wait for it
+/// and say whether it was written.
+pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
+    let Some(path) = ex.config().snapshot.clone() else {
+        return Ok(());
+    };
+    if last {
+        // Client writes are refused now: once every accepted one is applied everywhere,
+        // the parts cover the whole log and a restart has nothing to replay (engine
+        // deliveries arriving meanwhile go to the next generation).
+        for _ in 0..2 {
+            let drains: Vec<_> = (0..ex.executors()).map(|e| ex.on(e, drain)).collect();
+            for d in drains {
+                let _ = d.await;
+            }
+        }
+    }
+    // Everything appended from here on may be missing from the parts: replay it. At the
+    // last snapshot nothing before the rotation is.
+    let wal_from = match ex.wal().map(|w| w.rotate()).transpose() {
+        Ok(g) => g.map_or(0, |old| if last { old + 1 } else { old }),
+        Err(e) => {
+            ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
+            anyhow::bail!("snapshot not taken: {e}");
+        }
+    };
+    // Replicas: every part cut at the same stream position, by the follower.
+    let (parts, log_position): (
+        Vec<LocalFuture<Result<snapshot::Part, failure::Failure>>>,
+        String,
+    ) = match ex.replica() {
+        Some(r) => {
+            let Ok(mark) = r.mark().await else {
+                anyhow::bail!("snapshot not taken: the log follower stopped");
+            };
+            let parts = mark
+                .parts
+                .into_iter()
+                .map(|rx| -> LocalFuture<_> {
+                    Box::pin(async move {
+                        rx.await.map_err(|_| {
+                            failure::Failure::new(kvix_wire::ErrorCode::Internal, "stopping")
+                        })
+                    })
+                })
+                .collect();
+            (parts, mark.position)
+        }
+        None => (
+            (0..ex.executors())
+                .map(|e| ex.queue_on(e, writer::export))
+                .collect(),
+            String::new(),
+        ),
+    };
+    let mut image = snapshot::ServerImage {
+        wal_from,
+        log_position: log_position.clone(),
+        engine: EngineImage {
+            workers: ex.registry().export(),
+            ..Default::default()
+        },
+        sources: ex.ingest().sources(),
+        holders: Vec::new(),
+    };
+    for part in parts {
+        match part.await {
+            Ok(p) => {
+                image.engine.runs.extend(p.runs);
+                image.engine.feeds.extend(p.feeds);
+                image.holders.extend(p.holders);
+            }
+            Err(f) => {
+                ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
+                tracing::error!("snapshot not taken: {}", f.message);
+                anyhow::bail!("snapshot not taken: {}", f.message);
+            }
+        }
+    }
+    image.engine.feeds.sort_unstable_by_key(|(w, _)| *w);
+    image.holders.sort_unstable_by_key(|(w, _)| *w);
+    let bytes = snapshot::encode(&image, ex.config().block_size);
+    let (written, failed) = (
+        ex.metrics().snapshots.clone(),
+        ex.metrics().snapshot_failures.clone(),
+    );
+    let wal = ex.wal().cloned();
+    let replica = ex.replica().cloned();
+    let writer = std::thread::spawn(move || match snapshot::write(&path, &bytes) {
+        Ok(()) => {
+            written.fetch_add(1, Ordering::Relaxed);
+            if let Some(r) = replica {
+                if let Err(e) = replica::follower::publish_snapshot(&r, &bytes, &log_position) {
+                    tracing::warn!("snapshot not stored in Redis: {e}");
+                }
+            }
+            tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written");
+            // The log below the snapshot's start is in the file now.
+            if let Some(Err(e)) = wal.map(|w| w.drop_below(wal_from)) {
+                tracing::warn!("write-ahead log: old generations not removed: {e}");
+            }
+            Ok(())
+        }
+        Err(e) => {
+            failed.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(path = %path.display(), "snapshot not written: {e}");
+            Err(anyhow::anyhow!(
+                "snapshot {} not written: {e}",
+                path.display()
+            ))
+        }
+    });
+    if last {
+        return writer
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the snapshot writer panicked")));
+    }
+    Ok(())
+}
+
+/// Waits, on executor `on`, until the writes accepted so far are applied everywhere (a
+/// clean stop's last snapshot then covers the whole log): it flushes every executor's
+/// write queue through `on`'s own channels, so each flush arrives behind every write `on`
+/// sent before. Run on every executor once, it sees each accepted write through its
+/// home's queue (which then sent its update to the others); run on every executor a
+/// second time, it sees those updates applied.
+fn drain(on: &Rc<Executor>) -> mesh::LocalFuture<Result<(), failure::Failure>> {
+    let flushes: Vec<_> = (0..on.executors())
+        .map(|e| on.queue_on(e, writer::flush))
+        .collect();
+    Box::pin(async move {
+        for f in flushes {
+            let _ = f.await;
+        }
+        Ok(())
+    })
+}

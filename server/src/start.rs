@@ -1,0 +1,202 @@
+//! The process, from its flags to running executors and back: signals and limits, the
+//! engine-event ingest, the restore (the snapshot: our own, or the one the replicas'
+//! log stores; then the write-ahead log), the replicas' log, one executor per core
+//! ([`crate::serve`]), and what is stopped once they all returned.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::config::{self, Config};
+use crate::executor::{self, Executor};
+use crate::metrics::ExecutorMetrics;
+use crate::serve::{PeerFailed, Shared, StartGate};
+use crate::{admit, ingest, listener, mesh, replica, rlimit, serve, snapshot, wal};
+
+/// Per-executor I/O memory: small enough for the default 8 MiB RLIMIT_MEMLOCK.
+const IO_MEMORY: usize = 512 << 10;
+
+/// Starts one executor per core and serves until SIGINT or SIGTERM.
+pub fn run(config: Config) -> anyhow::Result<()> {
+    let executors = config.executors();
+    let group = listener::tcp_group(config.listen, executors, config.steering)?;
+    if let Ok(metrics) = config.metrics.parse() {
+        listener::ensure_unserved(metrics)?;
+    }
+    if !config.unix.is_empty() {
+        listener::free_unix_path(&config.unix)?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    match rlimit::raise_open_files() {
+        Ok((before, after)) => {
+            let wanted = rlimit::wanted(executors, config.max_connections, config.max_sources);
+            if after < wanted {
+                tracing::warn!(
+                    "open files limited to {after} (ulimit -n); the configured connections and sources may need {wanted}"
+                );
+            } else if after > before {
+                tracing::info!("open files: soft limit raised from {before} to {after}");
+            }
+        }
+        Err(e) => tracing::warn!("open files limit not raised: {e}"),
+    }
+    admit::reserve::hold();
+    let ingest = Arc::new(
+        ingest::Ingest::start(
+            config.ingest_threads,
+            executors,
+            config.max_sources,
+            config.source_networks().map_err(anyhow::Error::msg)?,
+        )
+        .context("starting the event ingest threads")?,
+    );
+    // A snapshot that cannot be read whole stops the start: never serve half an index.
+    let mut restored = match &config.snapshot {
+        Some(path) => {
+            snapshot::check_writable(path)?;
+            snapshot::load(path, config.block_size)?
+        }
+        None => None,
+    };
+    if let Some(log) = &config.log {
+        // A replica without its own snapshot (new, or too far behind a trimmed stream)
+        // starts from the one the fleet stored in Redis.
+        let stored = replica::follower::fetch_snapshot(&log.server, &log.key)
+            .with_context(|| format!("reading the stored snapshot from {}", log.server))?;
+        if let Some(bytes) = stored {
+            let theirs =
+                snapshot::decode(&bytes, config.block_size, "the snapshot stored in Redis")?;
+            let newer = restored.as_ref().is_none_or(|mine| {
+                replica::id_key(&theirs.log_position) > replica::id_key(&mine.log_position)
+            });
+            if newer {
+                restored = Some(theirs);
+            }
+        }
+    }
+    let mut wal_cut_bytes = 0;
+    let (wal, replay) = match (&config.snapshot, config.wal) {
+        (Some(path), true) => {
+            let from = restored.as_ref().map_or(0, |i| i.wal_from);
+            let opened = wal::Wal::open(path, from, config.wal_sync_ms, config.wal_recover)
+                .context("opening the write-ahead log")?;
+            wal_cut_bytes = opened.cut_bytes;
+            (Some(opened.wal), opened.records)
+        }
+        _ => (None, Vec::new()),
+    };
+    if let Some(image) = &restored {
+        tracing::info!(
+            workers = image.engine.workers.len(),
+            runs = image.engine.runs.len(),
+            sources = image.sources.len(),
+            "restoring snapshot"
+        );
+    }
+    let (log_inboxes, log_receivers): (Vec<_>, Vec<_>) = (0..executors)
+        .map(|_| futures::channel::mpsc::channel(256))
+        .unzip();
+    let replica = match &config.log {
+        Some(log) => {
+            let from = restored
+                .as_ref()
+                .map_or("0-0".to_string(), |i| i.log_position.clone());
+            let r = replica::Replica::start(log.clone(), from, log_inboxes)?;
+            ingest.set_leased();
+            let (r2, ing) = (r.clone(), ingest.clone());
+            std::thread::Builder::new()
+                .name("kvix-lease".into())
+                .spawn(move || replica::lease::run(r2, ing))?;
+            Some(r)
+        }
+        None => None,
+    };
+    let shared = Arc::new(Shared {
+        config: Arc::new(config),
+        metrics: (0..executors)
+            .map(|e| {
+                let m = ExecutorMetrics::default();
+                if e == 0 {
+                    m.wal_cut_bytes.store(wal_cut_bytes, Ordering::Relaxed);
+                }
+                m
+            })
+            .collect(),
+        stop: stop.clone(),
+        // No executor serves before every executor is wired to the mesh and restored.
+        ready: StartGate::new(executors),
+        serving: std::sync::Barrier::new(executors),
+        restored,
+        snapshot_done: serve::Latch::new(),
+        services: executor::Services {
+            ingest: ingest.clone(),
+            wal,
+            replica: replica.clone(),
+            stopping: stop.clone(),
+        },
+        log_inboxes: std::sync::Mutex::new(log_receivers.into_iter().map(Some).collect()),
+        replay: std::sync::Mutex::new(replay),
+        restored_all: serve::Latch::new(),
+    });
+    let config = shared.config.clone();
+    let mesh = mesh::builder::<Executor>(executors);
+    let cpus = config::online_cpus();
+    // Printed on stdout (not the log) so scripts and tests can find a port-0 server.
+    println!(
+        "kvix-server listening on tcp://{} with {executors} executors, steering {:?}",
+        group.addr, group.steering
+    );
+    let mut handles = Vec::with_capacity(executors);
+    for (i, fd) in group.fds.into_iter().enumerate() {
+        let placement = if config.pin {
+            Placement::Fixed(i % cpus)
+        } else {
+            Placement::Unbound
+        };
+        let mut builder = LocalExecutorBuilder::new(placement)
+            .name(&format!("kvix-{i}"))
+            .io_memory(IO_MEMORY);
+        if let Some(spin) = config.spin() {
+            builder = builder.spin_before_park(spin);
+        }
+        let (shared, mesh) = (shared.clone(), mesh.clone());
+        let handle = builder
+            .spawn(move || async move { serve::serve(fd, shared, mesh).await })
+            .map_err(|e| anyhow::anyhow!("starting executor {i}: {e}"))?;
+        handles.push(handle);
+    }
+    let mut first_error: Option<anyhow::Error> = None;
+    for (i, h) in handles.into_iter().enumerate() {
+        match h.join() {
+            Ok(Ok(())) => {}
+            // The reason a peer gave beats "another executor failed".
+            Ok(Err(e)) if e.is::<PeerFailed>() => {
+                first_error = first_error.or(Some(e.context(format!("executor {i}"))))
+            }
+            Ok(Err(e)) => {
+                let replace = first_error
+                    .as_ref()
+                    .is_none_or(|f| f.root_cause().is::<PeerFailed>());
+                if replace {
+                    first_error = Some(e.context(format!("executor {i}")));
+                }
+            }
+            Err(e) => {
+                first_error = first_error.or(Some(anyhow::anyhow!("executor {i} panicked: {e:?}")))
+            }
+        }
+    }
+    ingest.stop();
+    if let Some(r) = &replica {
+        r.stop();
+    }
+    if !config.unix.is_empty() {
+        let _ = std::fs::remove_file(&config.unix);
+    }
+    first_error.map_or(Ok(()), Err)
+}
