@@ -8,8 +8,8 @@ use rkyv::ser::{Allocator, Writer};
 use rkyv::vec::{ArchivedVec, VecResolver};
 use rkyv::{Archive, Deserialize, Place, Serialize};
 
-use crate::ingest::payload::Batch;
-use crate::ingest::stream::LastBatch;
+use kvix_events::payload::Batch;
+use kvix_events::stream::LastBatch;
 
 /// One accepted write.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]

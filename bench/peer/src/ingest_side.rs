@@ -1,6 +1,6 @@
 //! kvix fed through its own ingest: each store as vLLM publishes it (token ids, engine
 //! hashes, the parent's engine hash), turned into kvix events by the server's
-//! translator (`kvix_server::ingest::translate`: token rehash, the engine-hash map) and
+//! translator (`kvix_events::translate`: token rehash, the engine-hash map) and
 //! applied by the engine, on one thread, as on a worker's home executor. Dynamo's side
 //! is handed its per-block token hashes ready-made (its publisher computes them on the
 //! worker), so this figure charges kvix for hashing that Dynamo's does not include.
@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use kvix_engine::{Engine, Ks};
-use kvix_server::ingest::payload::{self, Batch, EngineEvent, Stored};
-use kvix_server::ingest::translate::{Counts, Translator};
+use kvix_events::payload::{self, Batch, EngineEvent, Stored};
+use kvix_events::translate::{Counts, Translator};
 use kvix_wire::{ChunkKind, Lane};
 
 use crate::workload::{self, splitmix, Block, Ev, TOKEN_BLOCK};
@@ -103,7 +103,7 @@ pub enum Path {
     Whole,
     /// The translator alone (its events dropped): for profiling its share.
     TranslatorOnly,
-    /// vLLM's msgpack bytes decoded (`kvix_server::ingest::payload`), then as `Whole`.
+    /// vLLM's msgpack bytes decoded (`kvix_events::payload`), then as `Whole`.
     Decoded,
 }
 

@@ -9,10 +9,10 @@ use kvix_engine::{Core, Ks, Update};
 use kvix_wire::{ChunkKind, Event, Lane, WorkerId};
 use rkyv::{Archive, Deserialize, Serialize};
 
-use super::stream::LastBatch;
-use super::translate::{Counts, Group, Translator, TranslatorImage};
 use super::METRICS;
 use crate::write::Write;
+use kvix_events::stream::LastBatch;
+use kvix_events::translate::{Counts, Group, Translator, TranslatorImage};
 
 /// One worker's ingest state, as plain data.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -145,7 +145,7 @@ fn apply(
     let batch = batch.or_else(|| {
         payload
             .as_deref()
-            .and_then(|p| super::payload::decode(p).ok())
+            .and_then(|p| kvix_events::payload::decode(p).ok())
     });
     let Some(lanes) = lanes_of(core, worker) else {
         // Retired (or re-announced without events) while the delivery was on its way.

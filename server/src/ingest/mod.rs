@@ -10,14 +10,11 @@
 //! itself, and an ingest fault never takes an executor down.
 
 mod context;
+
+use kvix_events::{payload, stream, translate};
 pub mod holders;
-mod msgpack;
-pub mod payload;
-mod pending;
 pub mod pool;
 pub mod socket;
-pub mod stream;
-pub mod translate;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;

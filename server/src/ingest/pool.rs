@@ -2,7 +2,7 @@
 //! polling the subscriptions it was dealt with one `zmq_poll`. A source is dealt to the
 //! thread with the fewest; nothing here grows with the number of workers but sockets.
 //!
-//! A thread decodes and sequences what its publishers send ([`super::stream`]) and
+//! A thread decodes and sequences what its publishers send ([`kvix_events::stream`]) and
 //! hands each delivery to the worker's home executor over that executor's bounded
 //! channel, waiting when it is full (the executors' write queues set the pace).
 
@@ -17,9 +17,9 @@ use kvix_wire::WorkerId;
 
 use super::context::{Context, SOCKETS_PER_SOURCE};
 use super::socket::{Backoff, Link, ReplayCall, Subscription};
-use super::stream::{Ask, Delivery, LastBatch, Stream, Tally};
 use super::{SourceSpec, METRICS};
 use crate::write::Write;
+use kvix_events::stream::{Ask, Delivery, LastBatch, Stream, Tally};
 
 /// How long a thread waits in `zmq_poll` before it looks at its commands again.
 const POLL_MS: i64 = 50;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use super::context::{Context, Kind};
-use super::stream::Replayed;
+use kvix_events::stream::Replayed;
 
 /// Longest frame accepted from a publisher (a batch of many long stores still fits).
 pub const MAX_FRAME: i64 = 64 << 20;

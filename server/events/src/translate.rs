@@ -23,8 +23,8 @@ use kvix_wire::chain::{self, ExtraKey};
 use kvix_wire::{ChunkKind, Event, Keyspace, Lane, LaneKind};
 use rkyv::{Archive, Deserialize, Serialize};
 
-use super::payload::{Batch, EngineEvent, Medium, Removed, Stored};
-use super::pending::{self, Pending};
+use crate::payload::{Batch, EngineEvent, Medium, Removed, Stored};
+use crate::pending::{self, Pending};
 use kvix_engine::{Interner, KeyMap};
 
 /// Why an event was skipped (the `reason` label).

@@ -17,7 +17,7 @@
 use kvix_wire::chain::ExtraKey;
 use rmpv::Value;
 
-use super::msgpack::{self, TokenIds};
+use crate::msgpack::{self, TokenIds};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Nesting deeper than this is not a vLLM payload (and would cost stack).

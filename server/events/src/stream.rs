@@ -21,7 +21,7 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::payload::{self, Batch};
+use crate::payload::{self, Batch};
 
 /// The last batch applied from a stream.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, Copy, PartialEq)]
