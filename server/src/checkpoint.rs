@@ -77,14 +77,14 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
             ..Default::default()
         },
         sources: ex.ingest().sources(),
-        holders: Vec::new(),
+        ingest_states: Vec::new(),
     };
     for part in parts {
         match part.await {
             Ok(p) => {
                 image.engine.runs.extend(p.runs);
                 image.engine.feeds.extend(p.feeds);
-                image.holders.extend(p.holders);
+                image.ingest_states.extend(p.ingest_states);
             }
             Err(f) => {
                 ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
@@ -94,7 +94,7 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
         }
     }
     image.engine.feeds.sort_unstable_by_key(|(w, _)| *w);
-    image.holders.sort_unstable_by_key(|(w, _)| *w);
+    image.ingest_states.sort_unstable_by_key(|(w, _)| *w);
     let bytes = snapshot::encode(&image, ex.config().block_size);
     let (written, failed) = (
         ex.metrics().snapshots.clone(),

@@ -22,7 +22,7 @@ use kvix_wire::{ArchivedQuery, WorkerId};
 
 use crate::config::Config;
 use crate::failure::Failure;
-use crate::ingest::holders::Holders;
+use crate::ingest::states::IngestStates;
 use crate::ingest::Ingest;
 use crate::mesh::{LocalFuture, QueryScope};
 use crate::metrics::{ExecutorMetrics, Outcome};
@@ -81,7 +81,7 @@ pub struct Executor {
     /// What the executors share with the rest of the process.
     services: Services,
     /// Ingest state of the event-source workers homed here.
-    holders: RefCell<Holders>,
+    ingest_states: RefCell<IngestStates>,
     answer: RefCell<Answer>,
     candidates: RefCell<Vec<WorkerId>>,
     /// Wrong-token Hellos per source address seen by this executor.
@@ -97,7 +97,7 @@ impl Executor {
         mesh: Mesh,
         core: Core,
         registry: Registry,
-        holders: Holders,
+        ingest_states: IngestStates,
         services: Services,
         writes: LocalSender<Queued>,
     ) -> Rc<Self> {
@@ -111,7 +111,7 @@ impl Executor {
             mesh,
             writes,
             services,
-            holders: RefCell::new(holders),
+            ingest_states: RefCell::new(ingest_states),
             answer: RefCell::new(Answer::default()),
             candidates: RefCell::new(Vec::new()),
             auth_failures: RefCell::default(),
@@ -213,8 +213,8 @@ impl Executor {
     }
 
     /// The ingest state of the workers homed here. Never held across an await.
-    pub fn holders(&self) -> RefMut<'_, Holders> {
-        self.holders.borrow_mut()
+    pub fn ingest_states(&self) -> RefMut<'_, IngestStates> {
+        self.ingest_states.borrow_mut()
     }
 
     /// Runs `f` on executor `to`: in place when that is this one, else over the mesh.

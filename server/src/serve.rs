@@ -16,7 +16,7 @@ use kvix_engine::{Core, Registry};
 use crate::checkpoint::take_snapshot;
 use crate::config::Config;
 use crate::executor::Executor;
-use crate::ingest::holders::Holders;
+use crate::ingest::states::IngestStates;
 use crate::metrics::ExecutorMetrics;
 use crate::{admit, executor, http, listener, mesh, replica, route, snapshot, write, writer};
 
@@ -109,8 +109,9 @@ fn restore(
     shared: &Shared,
     me: usize,
     executors: usize,
-) -> anyhow::Result<(Core, Registry, Holders)> {
-    let (mut core, mut registry, mut holders) = (Core::new(), Registry::new(), Holders::default());
+) -> anyhow::Result<(Core, Registry, IngestStates)> {
+    let (mut core, mut registry, mut states) =
+        (Core::new(), Registry::new(), IngestStates::default());
     if let Some(image) = &shared.restored {
         let block = shared.config.block_size;
         let entries = registry
@@ -126,14 +127,14 @@ fn restore(
                 "snapshot: holders naming a worker or lane its roster lacks were dropped (a roster changed while it was taken)"
             );
         }
-        for (w, h) in image.holders.iter().filter(|(w, _)| home(*w)) {
+        for (w, h) in image.ingest_states.iter().filter(|(w, _)| home(*w)) {
             let lanes = entries.iter().find(|e| e.id == *w).map(|e| &e.lanes[..]);
-            if !lanes.is_some_and(|l| holders.import(*w, h, l, block)) {
+            if !lanes.is_some_and(|l| states.import(*w, h, l, block)) {
                 anyhow::bail!("the snapshot's ingest state of worker {w} does not fit its roster");
             }
         }
     }
-    Ok((core, registry, holders))
+    Ok((core, registry, states))
 }
 
 /// Writes replayed before the replay waits for them to be applied everywhere.
@@ -197,7 +198,7 @@ async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
     let parts: Vec<_> = (0..ex.executors())
         .map(|e| {
             ex.on(e, |on| {
-                Box::pin(std::future::ready(Ok(on.holders().lasts())))
+                Box::pin(std::future::ready(Ok(on.ingest_states().lasts())))
             })
         })
         .collect();
@@ -233,7 +234,7 @@ pub(crate) async fn serve(
         restored?;
         return Err(PeerFailed.into());
     }
-    let (core, registry, holders) = restored?;
+    let (core, registry, states) = restored?;
     let (jobs, queue) = glommio::channels::local_channel::new_unbounded();
     let ex = Executor::new(
         config.clone(),
@@ -241,7 +242,7 @@ pub(crate) async fn serve(
         mesh,
         core,
         registry,
-        holders,
+        states,
         shared.services.clone(),
         jobs,
     );

@@ -60,7 +60,7 @@ pub enum SnapshotError {
 pub struct Part {
     pub feeds: Vec<(WorkerId, kvix_engine::FeedImage)>,
     pub runs: Vec<kvix_engine::RunImage>,
-    pub holders: Vec<(WorkerId, crate::ingest::holders::HolderImage)>,
+    pub ingest_states: Vec<(WorkerId, crate::ingest::states::IngestStateImage)>,
 }
 
 /// What a snapshot holds.
@@ -70,7 +70,7 @@ pub struct ServerImage {
     /// The event sources subscribed, by worker: resubscribed on restore.
     pub sources: Vec<(WorkerId, EventSource)>,
     /// The ingest state of event-source workers: where their streams left off.
-    pub holders: Vec<(WorkerId, crate::ingest::holders::HolderImage)>,
+    pub ingest_states: Vec<(WorkerId, crate::ingest::states::IngestStateImage)>,
     /// The write-ahead log generation this snapshot started in: replay from there.
     pub wal_from: u64,
     /// Replicas: the last stream entry every part includes ("" without `--log`).
@@ -212,7 +212,7 @@ mod tests {
                     salt: String::new(),
                 },
             )],
-            holders: vec![],
+            ingest_states: vec![],
             wal_from: 3,
             log_position: "17-2".into(),
         }

@@ -53,7 +53,9 @@ pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcom
         // the delivery applied all the same.
         ingest @ Write::Ingest { worker, .. } => {
             let block = ex.config().block_size;
-            let delivered = ex.holders().apply(&mut ex.core(), block, ingest, &mut u);
+            let delivered = ex
+                .ingest_states()
+                .apply(&mut ex.core(), block, ingest, &mut u);
             if let Some(d) = delivered {
                 ExecutorMetrics::add(&ex.metrics().unprobed_removals, d.unprobed);
                 ex.ingest().note_last(worker, d.last);
@@ -85,7 +87,7 @@ pub async fn install(
 ) -> Written<Result<(), Failure>> {
     let mut u = Update::new();
     if outcome != AnnounceOutcome::Unchanged {
-        ex.holders().forget(entry.id);
+        ex.ingest_states().forget(entry.id);
     }
     ex.core().register(entry, outcome, &mut u);
     Written {
@@ -97,7 +99,7 @@ pub async fn install(
 /// A retired worker homed here: everything it held goes, on every executor.
 pub async fn forget(ex: Rc<Executor>, worker: WorkerId) -> Written<Result<(), Failure>> {
     let mut u = Update::new();
-    ex.holders().forget(worker);
+    ex.ingest_states().forget(worker);
     let retired = ex.core().retire(worker, &mut u);
     match retired {
         Ok(()) => Written {
@@ -138,7 +140,7 @@ pub async fn export(ex: Rc<Executor>) -> Written<Result<Part, Failure>> {
     let mut part = Part {
         feeds: ex.core().export_feeds(ex.now_ms()),
         runs: Vec::new(),
-        holders: ex.holders().export(),
+        ingest_states: ex.ingest_states().export(),
     };
     let mut cursor = 0;
     while !ex

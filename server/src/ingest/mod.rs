@@ -4,17 +4,17 @@
 //! The path of one batch: [`pool`] (a bounded set of plain threads, each polling many
 //! [`socket`] subscriptions) → [`stream`] (sequence, replay, restart detection; the
 //! payload decoded by [`payload`]) → the worker's home executor over a bounded channel
-//! ([`serve_inbox`]) → its write queue, where [`holders`] translates the engine events
-//! ([`translate`]) and the engine's feed turns them into block operations for every
+//! (`route::serve_deliveries`, then `route::route_write`) → its write queue, where
+//! [`states`] translates the engine events ([`translate`]) and the engine's feed turns them into block operations for every
 //! executor, like any other write. Nothing goes through the network to the server
 //! itself, and an ingest fault never takes an executor down.
 
 mod context;
 
 use kvix_events::{payload, stream, translate};
-pub mod holders;
 pub mod pool;
 pub mod socket;
+pub mod states;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;

@@ -42,14 +42,15 @@ enum Command {
     Remove(WorkerId),
 }
 
-struct Lane {
+/// The pool's end of one ingest thread: the commands waiting for it, its join handle.
+struct ThreadSlot {
     commands: Mutex<Vec<Command>>,
     handle: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// The ingest threads and which worker each one serves.
 pub struct Pool {
-    lanes: Vec<Arc<Lane>>,
+    slots: Vec<Arc<ThreadSlot>>,
     dealt: Mutex<HashMap<WorkerId, usize>>,
     stop: Arc<AtomicBool>,
 }
@@ -68,14 +69,14 @@ impl Pool {
         let sockets = 2 * SOCKETS_PER_SOURCE * max_sources + REPLAYS_AT_ONCE * threads + 64;
         let ctx = Arc::new(Context::new(sockets).map_err(std::io::Error::other)?);
         let stop = Arc::new(AtomicBool::new(false));
-        let mut lanes = Vec::new();
+        let mut slots = Vec::new();
         for i in 0..threads {
-            let lane = Arc::new(Lane {
+            let slot = Arc::new(ThreadSlot {
                 commands: Mutex::new(Vec::new()),
                 handle: Mutex::new(None),
             });
-            let worker = Worker {
-                lane: lane.clone(),
+            let thread = IngestThread {
+                slot: slot.clone(),
                 homes: homes.clone(),
                 stop: stop.clone(),
                 streams: Vec::new(),
@@ -87,32 +88,32 @@ impl Pool {
             };
             let handle = std::thread::Builder::new()
                 .name(format!("kvix-ingest-{i}"))
-                .spawn(move || worker.run())?;
-            *lane.handle.lock().expect("not poisoned") = Some(handle);
-            lanes.push(lane);
+                .spawn(move || thread.run())?;
+            *slot.handle.lock().expect("not poisoned") = Some(handle);
+            slots.push(slot);
         }
         Ok(Pool {
-            lanes,
+            slots,
             dealt: Mutex::new(HashMap::new()),
             stop,
         })
     }
 
     pub fn threads(&self) -> usize {
-        self.lanes.len()
+        self.slots.len()
     }
 
     /// Subscribes a source (replacing the worker's previous one).
     pub fn subscribe(&self, spec: StreamSpec) {
         self.unsubscribe(spec.worker);
         let mut dealt = self.dealt.lock().expect("not poisoned");
-        let mut load = vec![0usize; self.lanes.len()];
+        let mut load = vec![0usize; self.slots.len()];
         for &t in dealt.values() {
             load[t] += 1;
         }
         let t = (0..load.len()).min_by_key(|&t| load[t]).unwrap_or(0);
         dealt.insert(spec.worker, t);
-        self.lanes[t]
+        self.slots[t]
             .commands
             .lock()
             .expect("not poisoned")
@@ -122,7 +123,7 @@ impl Pool {
     /// Stops the worker's stream, if it has one.
     pub fn unsubscribe(&self, worker: WorkerId) {
         if let Some(t) = self.dealt.lock().expect("not poisoned").remove(&worker) {
-            self.lanes[t]
+            self.slots[t]
                 .commands
                 .lock()
                 .expect("not poisoned")
@@ -133,8 +134,8 @@ impl Pool {
     /// Stops every thread and waits for them.
     pub fn stop(&self) {
         self.stop.store(true, Relaxed);
-        for lane in &self.lanes {
-            if let Some(h) = lane.handle.lock().expect("not poisoned").take() {
+        for slot in &self.slots {
+            if let Some(h) = slot.handle.lock().expect("not poisoned").take() {
                 let _ = h.join();
             }
         }
@@ -222,19 +223,20 @@ impl Live {
     }
 }
 
-struct Worker {
-    lane: Arc<Lane>,
+/// What one ingest thread runs: the streams dealt to it, polled together.
+struct IngestThread {
+    slot: Arc<ThreadSlot>,
     homes: Vec<mpsc::Sender<Write>>,
     stop: Arc<AtomicBool>,
     streams: Vec<Live>,
     replays: Replays,
 }
 
-impl Worker {
+impl IngestThread {
     fn run(mut self) {
         let mut out = Vec::new();
         while !self.stop.load(Relaxed) {
-            let commands = std::mem::take(&mut *self.lane.commands.lock().expect("not poisoned"));
+            let commands = std::mem::take(&mut *self.slot.commands.lock().expect("not poisoned"));
             for c in commands {
                 match c {
                     Command::Add(spec) => self.add(spec),

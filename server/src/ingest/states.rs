@@ -16,7 +16,7 @@ use kvix_events::translate::{Counts, Group, Translator, TranslatorImage};
 
 /// One worker's ingest state, as plain data.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct HolderImage {
+pub struct IngestStateImage {
     /// The newest ingest-lease epoch applied (replicas).
     pub epoch: u64,
     pub model: String,
@@ -25,7 +25,7 @@ pub struct HolderImage {
     pub translator: TranslatorImage,
 }
 
-struct Holder {
+struct IngestState {
     epoch: u64,
     model: String,
     salt: String,
@@ -35,11 +35,11 @@ struct Holder {
 
 /// The ingest state of the workers homed on one executor.
 #[derive(Default)]
-pub struct Holders {
-    by_worker: HashMap<WorkerId, Holder>,
+pub struct IngestStates {
+    by_worker: HashMap<WorkerId, IngestState>,
 }
 
-impl Holders {
+impl IngestStates {
     /// The last batch applied from each worker's stream.
     pub fn lasts(&self) -> Vec<(WorkerId, Option<LastBatch>)> {
         self.by_worker.iter().map(|(w, h)| (*w, h.last)).collect()
@@ -50,14 +50,14 @@ impl Holders {
         self.by_worker.remove(&worker);
     }
 
-    pub fn export(&self) -> Vec<(WorkerId, HolderImage)> {
+    pub fn export(&self) -> Vec<(WorkerId, IngestStateImage)> {
         let mut out: Vec<_> = self
             .by_worker
             .iter()
             .map(|(w, h)| {
                 (
                     *w,
-                    HolderImage {
+                    IngestStateImage {
                         epoch: h.epoch,
                         model: h.model.clone(),
                         salt: h.salt.clone(),
@@ -75,7 +75,7 @@ impl Holders {
     pub fn import(
         &mut self,
         worker: WorkerId,
-        image: &HolderImage,
+        image: &IngestStateImage,
         lanes: &[Lane],
         block: u32,
     ) -> bool {
@@ -85,7 +85,7 @@ impl Holders {
         }
         self.by_worker.insert(
             worker,
-            Holder {
+            IngestState {
                 epoch: image.epoch,
                 model: image.model.clone(),
                 salt: image.salt.clone(),
@@ -106,7 +106,7 @@ pub struct IngestReport {
     pub unprobed: u64,
 }
 
-impl Holders {
+impl IngestStates {
     /// Applies one delivery (a [`Write::Ingest`]) of a worker homed here to `core`, the
     /// home's engine, appending the block operations to `u`. None: not applied (the
     /// worker is gone, or the delivery was read under a lease that has passed).
@@ -122,7 +122,7 @@ impl Holders {
 }
 
 fn apply(
-    holders: &mut Holders,
+    states: &mut IngestStates,
     core: &mut Core,
     block: u32,
     delivery: Write,
@@ -154,7 +154,7 @@ fn apply(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return None;
     };
-    let h = holder(holders, worker, &model, &salt, &lanes, block);
+    let h = state_of(states, worker, &model, &salt, &lanes, block);
     if epoch < h.epoch {
         // Read under a lease that has passed to another replica since.
         METRICS
@@ -207,22 +207,22 @@ fn lanes_of(core: &Core, worker: WorkerId) -> Option<Vec<Lane>> {
 }
 
 /// The worker's state, made new when it has none or its source's keyspace changed.
-fn holder<'a>(
-    holders: &'a mut Holders,
+fn state_of<'a>(
+    states: &'a mut IngestStates,
     worker: WorkerId,
     model: &str,
     salt: &str,
     lanes: &[Lane],
     block: u32,
-) -> &'a mut Holder {
-    let fresh = || Holder {
+) -> &'a mut IngestState {
+    let fresh = || IngestState {
         epoch: 0,
         model: model.to_string(),
         salt: salt.to_string(),
         last: None,
         translator: Translator::new(block, model, salt, lanes),
     };
-    let h = holders.by_worker.entry(worker).or_insert_with(fresh);
+    let h = states.by_worker.entry(worker).or_insert_with(fresh);
     if h.model != model || h.salt != salt {
         *h = fresh();
     }
