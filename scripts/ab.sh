@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Two builds of kvix-server side by side in one run, on this machine's noise: the query
+# latency over the echo floor (`kvix-bench latency`), open-loop load with events flowing
+# (`kvix-bench load`), and the write path's rate (the write-ahead log's replay after a
+# kill -9, scripts/wal-replay.sh's measure). Rounds alternate base and head so both see
+# the same moments of the machine. kvix-bench is built once, from head.
+#
+#   scripts/ab.sh BASE_COMMIT [HEAD_COMMIT]   # HEAD_COMMIT default: the work tree
+#   ROUNDS=3 QUERIES=5000 scripts/ab.sh d194821
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+BASE="${1:?usage: scripts/ab.sh BASE_COMMIT [HEAD_COMMIT]}"
+HEAD_REF="${2:-}"
+ROUNDS="${ROUNDS:-2}"
+QUERIES="${QUERIES:-5000}"
+LOAD_S="${LOAD_S:-10}"
+WAL_S="${WAL_S:-10}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-bench}"
+WORK=$(mktemp -d)
+PID=""
+cleanup() {
+  [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null || true
+  for t in base head; do git worktree remove --force "$WORK/$t" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+build() { # name, commit ("" = the work tree): builds kvix-server into $WORK/name.bin
+  local name="$1" commit="$2" dir="$ROOT"
+  if [ -n "$commit" ]; then
+    git worktree add -q --detach "$WORK/$name" "$commit"
+    dir="$WORK/$name"
+  fi
+  (cd "$dir" && cargo build -q --release -p kvix-server)
+  cp "$CARGO_TARGET_DIR/release/kvix-server" "$WORK/$name.bin"
+  echo "$name: $(cd "$dir" && git rev-parse --short HEAD)$([ -z "$commit" ] && ! git diff --quiet && echo '+dirty')"
+}
+build base "$BASE"
+build head "$HEAD_REF"
+cargo build -q --release -p kvix-bench
+BENCH="$CARGO_TARGET_DIR/release/kvix-bench"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+start() { # binary, log name, extra args...
+  local bin="$1" name="$2"; shift 2
+  PORT=$(free_port); METRICS=$(free_port)
+  KVIX_LOG=info "$bin" --listen "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" --unix "" "$@" \
+    >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  PID=$!
+  for _ in $(seq 1 6000); do grep -q "metrics on" "$WORK/$name.out" 2>/dev/null && return; sleep 0.05; done
+  echo "$name did not start" >&2; cat "$WORK/$name.err" >&2; exit 1
+}
+stop() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; PID=""; }
+
+for round in $(seq 1 "$ROUNDS"); do
+  for build in base head; do
+    start "$WORK/$build.bin" "$build-$round"
+    "$BENCH" latency --server "127.0.0.1:$PORT" --queries "$QUERIES" --warmup 500 --json \
+      >"$WORK/$build-$round-latency.json"
+    "$BENCH" load --server "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" --duration "$LOAD_S" \
+      --rate 2000 --json >"$WORK/$build-$round-load.json"
+    stop
+    snap="$WORK/$build-$round.snapshot"
+    start "$WORK/$build.bin" "$build-$round-wal" --snapshot "$snap" --snapshot-every 0 --wal
+    "$BENCH" load --server "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" --quiet --rate 100 \
+      --floor false --event-rate 20000 --duration "$WAL_S" >/dev/null
+    kill -9 "$PID"; wait "$PID" 2>/dev/null || true
+    start "$WORK/$build.bin" "$build-$round-replay" --snapshot "$snap" --snapshot-every 0 --wal
+    stop
+    rm -f "$snap"*
+    echo "round $round $build done" >&2
+  done
+done
+
+python3 - "$WORK" "$ROUNDS" <<'PY'
+import json, re, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+def lat(b, r):
+    rows = json.load(open(f"{work}/{b}-{r}-latency.json"))["rows"]
+    return [(row["blocks"], row["ratio"]["p50"], row["ratio"]["p99"]) for row in rows]
+def load(b, r):
+    rep = json.load(open(f"{work}/{b}-{r}-load.json"))
+    return rep["queries"]["miss_share"] * 100, rep["floor"]["miss_share"] * 100 if rep.get("floor") else float("nan")
+def replay(b, r):
+    text = re.sub(r"\x1b\[[0-9;]*m", "", open(f"{work}/{b}-{r}-replay.err").read())
+    m = re.search(r"write-ahead log replayed.*?records=(\d+).*?per_second=(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+print("| build | round | query/floor p50 (125, 1250 blocks) | p99 | load misses queries / floor (%) | WAL replay records/s |")
+print("|---|---|---|---|---|---|")
+for r in range(1, rounds + 1):
+    for b in ("base", "head"):
+        l = lat(b, r)
+        q, f = load(b, r)
+        n, rate = replay(b, r)
+        p50 = " / ".join(f"{x[1]:.2f}" for x in l)
+        p99 = " / ".join(f"{x[2]:.2f}" for x in l)
+        print(f"| {b} | {r} | {p50} | {p99} | {q:.2f} / {f:.2f} | {rate:,} ({n:,} records) |")
+PY
