@@ -66,6 +66,8 @@ pub struct Services {
     pub replica: Option<Arc<Replica>>,
     /// Set once the process is stopping: client writes are refused from then on.
     pub stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// The placement clock (milliseconds since the process started).
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 pub struct Executor {
@@ -86,7 +88,6 @@ pub struct Executor {
     candidates: RefCell<Vec<WorkerId>>,
     /// Wrong-token Hellos per source address seen by this executor.
     auth_failures: RefCell<crate::auth::Throttle>,
-    started: Instant,
 }
 
 impl Executor {
@@ -115,7 +116,6 @@ impl Executor {
             answer: RefCell::new(Answer::default()),
             candidates: RefCell::new(Vec::new()),
             auth_failures: RefCell::default(),
-            started: Instant::now(),
         })
     }
 
@@ -157,9 +157,9 @@ impl Executor {
         worker as usize % self.executors
     }
 
-    /// Milliseconds since this executor started (the placement clock of its workers).
+    /// Milliseconds since the process started (the placement clock of its workers).
     pub fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.services.clock.now_ms()
     }
 
     /// This executor's engine. Never held across an await.

@@ -10,6 +10,7 @@
 pub mod admit;
 pub mod auth;
 pub mod checkpoint;
+pub mod clock;
 pub mod config;
 pub mod conn;
 pub mod executor;
@@ -32,4 +33,4 @@ pub mod write;
 pub mod writer;
 
 pub use config::Config;
-pub use start::run;
+pub use start::{run, run_with};

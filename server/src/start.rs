@@ -20,6 +20,11 @@ const IO_MEMORY: usize = 512 << 10;
 
 /// Starts one executor per core and serves until SIGINT or SIGTERM.
 pub fn run(config: Config) -> anyhow::Result<()> {
+    run_with(config, Arc::new(crate::clock::SystemClock::new()))
+}
+
+/// [`run`] on `clock` (a test's [`crate::clock::ManualClock`]).
+pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::Result<()> {
     let executors = config.executors();
     let group = listener::tcp_group(config.listen, executors, config.steering)?;
     if let Ok(metrics) = config.metrics.parse() {
@@ -138,6 +143,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             wal,
             replica: replica.clone(),
             stopping: stop.clone(),
+            clock,
         },
         log_inboxes: std::sync::Mutex::new(log_receivers.into_iter().map(Some).collect()),
         replay: std::sync::Mutex::new(replay),

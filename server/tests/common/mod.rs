@@ -362,7 +362,8 @@ impl Conn {
         Self::over(s.into())
     }
 
-    fn over(stream: TcpStream) -> Conn {
+    /// A connection over `stream`, already connected.
+    pub fn over(stream: TcpStream) -> Conn {
         stream.set_nodelay(true).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
