@@ -240,7 +240,7 @@ impl Executor {
         F: Future<Output = Written<Result<T, Failure>>> + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let job: Queued = Box::new(move |ex| {
+        self.enqueue(Box::new(move |ex| {
             Box::pin(async move {
                 let Written { result, acks } = work(ex).await;
                 let Some(acks) = acks else {
@@ -252,11 +252,15 @@ impl Executor {
                     let _ = tx.send(result);
                 }) as LocalFuture<()>)
             })
-        });
+        }));
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopping())) })
+    }
+
+    /// Puts `job` in this executor's write queue, with no reply (see [`Executor::queue`]).
+    pub fn enqueue(&self, job: Queued) {
         if self.writes.try_send(job).is_err() {
             tracing::error!("the write queue is closed; a write was dropped");
         }
-        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopping())) })
     }
 
     /// Queues `work` on executor `to`'s write queue (see [`Executor::queue`]).

@@ -4,7 +4,7 @@
 //!
 //! A write of a worker homed here ([`home_write`], [`install`], [`forget`], [`expire`]) is
 //! turned into an update by the engine's feed step; [`publish`] then hands the update to
-//! every other executor (their queues [`apply`] it in the order this one sends), applies
+//! every other executor (their queues apply it in the order this one sends), applies
 //! it here in slices of [`SLICE_BLOCKS`] blocks, and the write's reply is due once every
 //! executor has applied it, so a client that read the reply sees its write in its next
 //! query, wherever that lands. Each is queued by [`Executor::queue`].
@@ -121,12 +121,6 @@ pub async fn expire(ex: Rc<Executor>) -> Written<Result<(), Failure>> {
     }
 }
 
-/// An update another executor's queue published, applied here in its order.
-pub async fn apply(ex: Rc<Executor>, update: Arc<Update>) -> Written<Result<(), Failure>> {
-    apply_here(&ex, &update).await;
-    Written::now(Ok(()))
-}
-
 /// Nothing: due once every write queued before it is done.
 pub async fn flush(_: Rc<Executor>) -> Written<Result<(), Failure>> {
     Written::now(Ok(()))
@@ -227,30 +221,60 @@ async fn slice_done(ex: &Executor) {
     glommio::executor().yield_task_queue_now().await;
 }
 
-/// Hands `update` to every other executor and applies it here; what it returns resolves
-/// once every other executor applied it (None: nothing to wait for).
+/// Hands `update` to every other executor's write queue and applies it here; what it
+/// returns resolves once every other executor applied it (None: nothing to wait for).
+/// The peers count down one shared tally, the last one answers: one reply per update,
+/// not one per peer (this is the hot path of every write).
 async fn publish(ex: &Rc<Executor>, update: Update) -> Option<LocalFuture<()>> {
     if update.is_empty() {
         return None;
     }
     let update = Arc::new(update);
-    let acks: Vec<_> = (0..ex.executors())
-        .filter(|&peer| peer != ex.me())
-        .map(|peer| {
-            let update = update.clone();
-            ex.queue_on(peer, move |ex| apply(ex, update))
-        })
-        .collect();
-    apply_here(ex, &update).await;
-    if acks.is_empty() {
-        return None;
-    }
-    Some(Box::pin(async move {
-        for ack in acks {
-            // A peer gone means the process is stopping: nothing left to wait for.
-            let _ = ack.await;
+    let peers = ex.executors() - 1;
+    let acked = (peers > 0).then(|| {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let tally = Arc::new(Tally {
+            left: std::sync::atomic::AtomicUsize::new(peers),
+            done: std::sync::Mutex::new(Some(tx)),
+        });
+        for peer in (0..ex.executors()).filter(|&p| p != ex.me()) {
+            let (update, tally) = (update.clone(), tally.clone());
+            ex.mesh().spawn_on(peer, move |on| {
+                on.enqueue(Box::new(move |on| {
+                    Box::pin(async move {
+                        apply_here(&on, &update).await;
+                        tally.applied();
+                        None
+                    })
+                }))
+            });
         }
-    }))
+        rx
+    });
+    apply_here(ex, &update).await;
+    // A peer gone drops the tally unanswered: the process is stopping, nothing to wait for.
+    acked.map(|rx| {
+        Box::pin(async move {
+            let _ = rx.await;
+        }) as LocalFuture<()>
+    })
+}
+
+/// The peers that have yet to apply a published update; the last one answers.
+struct Tally {
+    left: std::sync::atomic::AtomicUsize,
+    done: std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>,
+}
+
+impl Tally {
+    fn applied(&self) {
+        if self.left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(tx) = done {
+                let _ = tx.send(());
+            }
+        }
+    }
 }
 
 /// Applies `update` to this executor's copy in slices, yielding to queries between them.
