@@ -7,6 +7,7 @@
 #
 #   scripts/ab.sh BASE_COMMIT [HEAD_COMMIT]   # HEAD_COMMIT default: the work tree
 #   ROUNDS=3 QUERIES=5000 scripts/ab.sh d194821
+#   ONLY=wal scripts/ab.sh d194821            # the write path's rate alone
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -16,6 +17,7 @@ ROUNDS="${ROUNDS:-2}"
 QUERIES="${QUERIES:-5000}"
 LOAD_S="${LOAD_S:-10}"
 WAL_S="${WAL_S:-10}"
+ONLY="${ONLY:-}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-bench}"
 WORK=$(mktemp -d)
 PID=""
@@ -55,12 +57,14 @@ stop() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true;
 
 for round in $(seq 1 "$ROUNDS"); do
   for build in base head; do
-    start "$WORK/$build.bin" "$build-$round"
-    "$BENCH" latency --server "127.0.0.1:$PORT" --queries "$QUERIES" --warmup 500 --json \
-      >"$WORK/$build-$round-latency.json"
-    "$BENCH" load --server "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" --duration "$LOAD_S" \
-      --rate 2000 --json >"$WORK/$build-$round-load.json"
-    stop
+    if [ "$ONLY" != wal ]; then
+      start "$WORK/$build.bin" "$build-$round"
+      "$BENCH" latency --server "127.0.0.1:$PORT" --queries "$QUERIES" --warmup 500 --json \
+        >"$WORK/$build-$round-latency.json"
+      "$BENCH" load --server "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" --duration "$LOAD_S" \
+        --rate 2000 --json >"$WORK/$build-$round-load.json"
+      stop
+    fi
     snap="$WORK/$build-$round.snapshot"
     start "$WORK/$build.bin" "$build-$round-wal" --snapshot "$snap" --snapshot-every 0 --wal
     "$BENCH" load --server "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" --quiet --rate 100 \
@@ -76,10 +80,15 @@ done
 python3 - "$WORK" "$ROUNDS" <<'PY'
 import json, re, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
+import os
 def lat(b, r):
+    if not os.path.exists(f"{work}/{b}-{r}-latency.json"):
+        return []
     rows = json.load(open(f"{work}/{b}-{r}-latency.json"))["rows"]
     return [(row["blocks"], row["ratio"]["p50"], row["ratio"]["p99"]) for row in rows]
 def load(b, r):
+    if not os.path.exists(f"{work}/{b}-{r}-load.json"):
+        return float("nan"), float("nan")
     rep = json.load(open(f"{work}/{b}-{r}-load.json"))
     return rep["queries"]["miss_share"] * 100, rep["floor"]["miss_share"] * 100 if rep.get("floor") else float("nan")
 def replay(b, r):

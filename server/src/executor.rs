@@ -32,15 +32,19 @@ use crate::write::Write;
 
 pub type Mesh = crate::mesh::Mesh<Executor>;
 
-/// A write run by an executor's write queue, after every one queued before it; what it
-/// returns finishes outside the queue (waiting for the other executors).
-pub type Queued = Box<dyn FnOnce(Rc<Executor>) -> LocalFuture<Option<LocalFuture<()>>>>;
+/// A write in an executor's write queue, run after every one queued before it (made when
+/// queued, but an `async fn`'s future does nothing until polled); what it returns
+/// finishes outside the queue (waiting for the other executors).
+pub type Queued = LocalFuture<Option<LocalFuture<()>>>;
 
-/// What a queued write gives back: its result, due once `acks` (every other executor
-/// applied what it published) resolve.
+/// Answered once every other executor applied a published update (a dropped sender: the
+/// process is stopping, nothing to wait for).
+pub type Acks = oneshot::Receiver<()>;
+
+/// What a queued write gives back: its result, due once `acks` resolve.
 pub struct Written<R> {
     pub result: R,
-    pub acks: Option<LocalFuture<()>>,
+    pub acks: Option<Acks>,
 }
 
 impl<R> Written<R> {
@@ -240,18 +244,17 @@ impl Executor {
         F: Future<Output = Written<Result<T, Failure>>> + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        self.enqueue(Box::new(move |ex| {
-            Box::pin(async move {
-                let Written { result, acks } = work(ex).await;
-                let Some(acks) = acks else {
-                    let _ = tx.send(result);
-                    return None;
-                };
-                Some(Box::pin(async move {
-                    acks.await;
-                    let _ = tx.send(result);
-                }) as LocalFuture<()>)
-            })
+        let write = work(self.clone());
+        self.enqueue(Box::pin(async move {
+            let Written { result, acks } = write.await;
+            let Some(acks) = acks else {
+                let _ = tx.send(result);
+                return None;
+            };
+            Some(Box::pin(async move {
+                let _ = acks.await;
+                let _ = tx.send(result);
+            }) as LocalFuture<()>)
         }));
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopping())) })
     }

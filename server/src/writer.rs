@@ -17,9 +17,8 @@ use glommio::channels::local_channel::LocalReceiver;
 use kvix_engine::{AnnounceOutcome, Cursor, Ks, Update, WorkerEntry};
 use kvix_wire::{AlignedVec, Applied, ApplyStatus, EventBatch, Placement, WorkerId};
 
-use crate::executor::{Executor, Queued, Written};
+use crate::executor::{Acks, Executor, Queued, Written};
 use crate::failure::Failure;
-use crate::mesh::LocalFuture;
 use crate::metrics::ExecutorMetrics;
 use crate::snapshot::Part;
 use crate::write::{Outcome, Write};
@@ -29,9 +28,9 @@ pub const SLICE_BLOCKS: u64 = 512;
 
 /// Runs `ex`'s queued writes in order until the queue closes. What a write leaves to
 /// finish (waiting for the other executors) runs beside the queue, not in it.
-pub async fn run(ex: Rc<Executor>, queue: LocalReceiver<Queued>) {
+pub async fn run(queue: LocalReceiver<Queued>) {
     while let Some(write) = queue.recv().await {
-        if let Some(rest) = write(ex.clone()).await {
+        if let Some(rest) = write.await {
             glommio::spawn_local(rest).detach();
         }
     }
@@ -225,7 +224,7 @@ async fn slice_done(ex: &Executor) {
 /// returns resolves once every other executor applied it (None: nothing to wait for).
 /// The peers count down one shared tally, the last one answers: one reply per update,
 /// not one per peer (this is the hot path of every write).
-async fn publish(ex: &Rc<Executor>, update: Update) -> Option<LocalFuture<()>> {
+async fn publish(ex: &Rc<Executor>, update: Update) -> Option<Acks> {
     if update.is_empty() {
         return None;
     }
@@ -240,12 +239,11 @@ async fn publish(ex: &Rc<Executor>, update: Update) -> Option<LocalFuture<()>> {
         for peer in (0..ex.executors()).filter(|&p| p != ex.me()) {
             let (update, tally) = (update.clone(), tally.clone());
             ex.mesh().spawn_on(peer, move |on| {
-                on.enqueue(Box::new(move |on| {
-                    Box::pin(async move {
-                        apply_here(&on, &update).await;
-                        tally.applied();
-                        None
-                    })
+                let here = on.clone();
+                on.enqueue(Box::pin(async move {
+                    apply_here(&here, &update).await;
+                    tally.applied();
+                    None
                 }))
             });
         }
@@ -253,11 +251,7 @@ async fn publish(ex: &Rc<Executor>, update: Update) -> Option<LocalFuture<()>> {
     });
     apply_here(ex, &update).await;
     // A peer gone drops the tally unanswered: the process is stopping, nothing to wait for.
-    acked.map(|rx| {
-        Box::pin(async move {
-            let _ = rx.await;
-        }) as LocalFuture<()>
-    })
+    acked
 }
 
 /// The peers that have yet to apply a published update; the last one answers.
