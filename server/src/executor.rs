@@ -32,10 +32,67 @@ use crate::write::Write;
 
 pub type Mesh = crate::mesh::Mesh<Executor>;
 
-/// A write in an executor's write queue, run after every one queued before it (made when
-/// queued, but an `async fn`'s future does nothing until polled); what it returns
-/// finishes outside the queue (waiting for the other executors).
-pub type Queued = LocalFuture<Option<LocalFuture<()>>>;
+/// What an executor's write queue runs, each after every one queued before it. The two
+/// kinds every write takes run inline in the queue's one task (no future allocated per
+/// write: docs/benchmarks.md §11); the rare kinds are futures of their own.
+pub enum Queued {
+    /// A write of a worker homed here (`writer::home_write`), answered on `reply` once
+    /// every executor applied it.
+    Home {
+        write: Write,
+        reply: oneshot::Sender<Result<crate::write::Outcome, Failure>>,
+    },
+    /// An update another executor published; `tally` counts it applied.
+    Apply {
+        update: Arc<kvix_engine::Update>,
+        tally: Arc<Tally>,
+    },
+    /// Anything else (install, forget, expire, export, flush), made when queued (an
+    /// `async fn`'s future does nothing until polled).
+    Other(LocalFuture<()>),
+}
+
+/// The peers that have yet to apply a published update; the last one answers.
+pub struct Tally {
+    left: std::sync::atomic::AtomicUsize,
+    done: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl Tally {
+    /// A tally of `peers`, and what answers once all of them applied.
+    pub fn new(peers: usize) -> (Arc<Tally>, Acks) {
+        let (tx, rx) = oneshot::channel();
+        let tally = Tally {
+            left: std::sync::atomic::AtomicUsize::new(peers),
+            done: std::sync::Mutex::new(Some(tx)),
+        };
+        (Arc::new(tally), rx)
+    }
+
+    pub fn applied(&self) {
+        if self.left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(tx) = done {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+/// Sends a queued write's `result` on `reply` now, or once `acks` resolve (beside the
+/// queue: it does not wait for the other executors).
+pub fn answer<R: 'static>(reply: oneshot::Sender<R>, Written { result, acks }: Written<R>) {
+    match acks {
+        None => drop(reply.send(result)),
+        Some(acks) => {
+            glommio::spawn_local(async move {
+                let _ = acks.await;
+                let _ = reply.send(result);
+            })
+            .detach();
+        }
+    }
+}
 
 /// Answered once every other executor applied a published update (a dropped sender: the
 /// process is stopping, nothing to wait for).
@@ -245,17 +302,17 @@ impl Executor {
     {
         let (tx, rx) = oneshot::channel();
         let write = work(self.clone());
-        self.enqueue(Box::pin(async move {
-            let Written { result, acks } = write.await;
-            let Some(acks) = acks else {
-                let _ = tx.send(result);
-                return None;
-            };
-            Some(Box::pin(async move {
-                let _ = acks.await;
-                let _ = tx.send(result);
-            }) as LocalFuture<()>)
-        }));
+        self.enqueue(Queued::Other(Box::pin(
+            async move { answer(tx, write.await) },
+        )));
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopping())) })
+    }
+
+    /// Queues `write`, of a worker homed here, on this executor's write queue; answers
+    /// once it is applied everywhere.
+    pub fn queue_home(&self, write: Write) -> LocalFuture<Result<crate::write::Outcome, Failure>> {
+        let (reply, rx) = oneshot::channel();
+        self.enqueue(Queued::Home { write, reply });
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopping())) })
     }
 

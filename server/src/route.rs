@@ -111,9 +111,7 @@ fn to_executor(
         Write::Ingest { worker, .. } => Ok(*worker),
     };
     match home {
-        Ok(worker) => ex.queue_on(ex.home_of(worker), move |home| {
-            writer::home_write(home, write)
-        }),
+        Ok(worker) => ex.on(ex.home_of(worker), move |home| home.queue_home(write)),
         Err(e) => {
             let f = Failure::new(
                 ErrorCode::BadFrame,

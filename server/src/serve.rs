@@ -249,7 +249,7 @@ pub(crate) async fn serve(
     ex.refresh_gauges();
     admit::set_conn_queue(queries);
     inbox.serve(&ex);
-    glommio::spawn_local_into(writer::run(queue), writes)
+    glommio::spawn_local_into(writer::run(ex.clone(), queue), writes)
         .map_err(|e| anyhow::anyhow!("starting the write queue: {e}"))?
         .detach();
     let log_inbox = shared

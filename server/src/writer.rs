@@ -17,7 +17,7 @@ use glommio::channels::local_channel::LocalReceiver;
 use kvix_engine::{AnnounceOutcome, Cursor, Ks, Update, WorkerEntry};
 use kvix_wire::{AlignedVec, Applied, ApplyStatus, EventBatch, Placement, WorkerId};
 
-use crate::executor::{Acks, Executor, Queued, Written};
+use crate::executor::{answer, Acks, Executor, Queued, Tally, Written};
 use crate::failure::Failure;
 use crate::metrics::ExecutorMetrics;
 use crate::snapshot::Part;
@@ -28,10 +28,15 @@ pub const SLICE_BLOCKS: u64 = 512;
 
 /// Runs `ex`'s queued writes in order until the queue closes. What a write leaves to
 /// finish (waiting for the other executors) runs beside the queue, not in it.
-pub async fn run(queue: LocalReceiver<Queued>) {
-    while let Some(write) = queue.recv().await {
-        if let Some(rest) = write.await {
-            glommio::spawn_local(rest).detach();
+pub async fn run(ex: Rc<Executor>, queue: LocalReceiver<Queued>) {
+    while let Some(queued) = queue.recv().await {
+        match queued {
+            Queued::Home { write, reply } => answer(reply, home_write(ex.clone(), write).await),
+            Queued::Apply { update, tally } => {
+                apply_here(&ex, &update).await;
+                tally.applied();
+            }
+            Queued::Other(work) => work.await,
         }
     }
 }
@@ -231,44 +236,17 @@ async fn publish(ex: &Rc<Executor>, update: Update) -> Option<Acks> {
     let update = Arc::new(update);
     let peers = ex.executors() - 1;
     let acked = (peers > 0).then(|| {
-        let (tx, rx) = futures::channel::oneshot::channel();
-        let tally = Arc::new(Tally {
-            left: std::sync::atomic::AtomicUsize::new(peers),
-            done: std::sync::Mutex::new(Some(tx)),
-        });
+        let (tally, acks) = Tally::new(peers);
         for peer in (0..ex.executors()).filter(|&p| p != ex.me()) {
             let (update, tally) = (update.clone(), tally.clone());
-            ex.mesh().spawn_on(peer, move |on| {
-                let here = on.clone();
-                on.enqueue(Box::pin(async move {
-                    apply_here(&here, &update).await;
-                    tally.applied();
-                    None
-                }))
-            });
+            ex.mesh()
+                .spawn_on(peer, move |on| on.enqueue(Queued::Apply { update, tally }));
         }
-        rx
+        acks
     });
     apply_here(ex, &update).await;
     // A peer gone drops the tally unanswered: the process is stopping, nothing to wait for.
     acked
-}
-
-/// The peers that have yet to apply a published update; the last one answers.
-struct Tally {
-    left: std::sync::atomic::AtomicUsize,
-    done: std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>,
-}
-
-impl Tally {
-    fn applied(&self) {
-        if self.left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
-            let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(tx) = done {
-                let _ = tx.send(());
-            }
-        }
-    }
 }
 
 /// Applies `update` to this executor's copy in slices, yielding to queries between them.
