@@ -53,11 +53,7 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
                 .parts
                 .into_iter()
                 .map(|rx| -> LocalFuture<_> {
-                    Box::pin(async move {
-                        rx.await.map_err(|_| {
-                            failure::Failure::new(kvix_wire::ErrorCode::Internal, "stopping")
-                        })
-                    })
+                    Box::pin(async move { rx.await.map_err(|_| failure::Failure::Stopping) })
                 })
                 .collect();
             (parts, mark.position)
@@ -88,8 +84,8 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
             }
             Err(f) => {
                 ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
-                tracing::error!("snapshot not taken: {}", f.message);
-                anyhow::bail!("snapshot not taken: {}", f.message);
+                tracing::error!("snapshot not taken: {f}");
+                anyhow::bail!("snapshot not taken: {f}");
             }
         }
     }

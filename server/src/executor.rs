@@ -113,7 +113,7 @@ impl<R> Written<R> {
 
 /// The failure a write sees when the process stopped under it.
 fn stopping() -> Failure {
-    Failure::new(kvix_wire::ErrorCode::Internal, "the server is stopping")
+    Failure::Stopping
 }
 
 /// The process-wide services every executor reaches.
@@ -265,10 +265,7 @@ impl Executor {
             Err(e) => {
                 ExecutorMetrics::add(&self.metrics().wal_failures, 1);
                 tracing::error!("{e}");
-                Err(Failure::new(
-                    kvix_wire::ErrorCode::Internal,
-                    format!("the write was not accepted: {e}"),
-                ))
+                Err(Failure::Wal(Arc::new(e)))
             }
         }
     }

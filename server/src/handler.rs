@@ -61,12 +61,13 @@ pub fn error_frame(id: u64, e: &ErrorReply) -> AlignedVec {
     encode(e, id, 0).expect("an error reply always encodes")
 }
 
+/// The frame edge: a failure becomes the `ErrorReply` its client reads.
 pub fn failure_frame(id: u64, f: Failure) -> AlignedVec {
     error_frame(
         id,
         &ErrorReply {
-            code: f.code,
-            message: f.message,
+            code: f.code(),
+            message: f.to_string(),
         },
     )
 }
@@ -89,7 +90,7 @@ pub fn handle(
                 session.closing = true;
                 Reply::Now(failure_frame(
                     id,
-                    Failure::new(
+                    Failure::protocol(
                         ErrorCode::NoHello,
                         format!("{} before Hello", other.kind().name()),
                     ),
@@ -100,10 +101,7 @@ pub fn handle(
     if is_write(&msg) && ex.stopping() {
         // The last snapshot is being taken: it covers what was accepted before this.
         ex.metrics().reject(Rejected::Stopping);
-        return Reply::Now(failure_frame(
-            id,
-            Failure::new(ErrorCode::Internal, "the server is stopping"),
-        ));
+        return Reply::Now(failure_frame(id, Failure::Stopping));
     }
     if is_write(&msg) {
         let fut = write(ex, id, &msg, body);
@@ -122,24 +120,21 @@ pub fn handle(
             }
             failure_frame(
                 id,
-                Failure::new(
-                    ErrorCode::TooLarge,
-                    format!(
-                        "the answer is {} bytes, over --max-frame {max}: ask without want_runs, or name candidates",
-                        bytes.len()
-                    ),
-                ),
+                Failure::AnswerTooLarge {
+                    bytes: bytes.len(),
+                    max,
+                },
             )
         })),
         MessageRef::StatsRequest(_) => stats(ex, id),
         MessageRef::Echo(e) => echo(ex, id, e.reply_len.to_native()),
         MessageRef::Hello(_) => Reply::Now(failure_frame(
             id,
-            Failure::new(ErrorCode::BadFrame, "second Hello"),
+            Failure::protocol(ErrorCode::BadFrame, "second Hello"),
         )),
         other => Reply::Now(failure_frame(
             id,
-            Failure::new(
+            Failure::protocol(
                 ErrorCode::BadFrame,
                 format!("{} is a reply, not a request", other.kind().name()),
             ),
@@ -213,13 +208,10 @@ fn reply_frame(id: u64, outcome: Result<Outcome, Failure>) -> AlignedVec {
 /// executor's copy, the log and the snapshot.
 fn check_announce(a: &kvix_wire::Announce) -> Result<(), Failure> {
     if a.name.is_empty() || a.name.len() > MAX_NAME {
-        return Err(Failure::new(
-            ErrorCode::BadLane,
-            format!(
-                "a worker name is 1 to {MAX_NAME} bytes, not {}",
-                a.name.len()
-            ),
-        ));
+        return Err(Failure::NameLength {
+            len: a.name.len(),
+            max: MAX_NAME,
+        });
     }
     let Some(src) = &a.source else {
         return Ok(());
@@ -231,14 +223,12 @@ fn check_announce(a: &kvix_wire::Announce) -> Result<(), Failure> {
         ("salt", &src.salt, MAX_SALT),
     ];
     match fields.into_iter().find(|(_, v, max)| v.len() > *max) {
-        Some((field, v, max)) => Err(Failure::new(
-            ErrorCode::BadSource,
-            format!(
-                "worker {:?}: the source's {field} is at most {max} bytes, not {}",
-                a.name,
-                v.len()
-            ),
-        )),
+        Some((field, v, max)) => Err(Failure::SourceField {
+            worker: a.name.clone(),
+            field,
+            max,
+            len: v.len(),
+        }),
         None => Ok(()),
     }
 }
@@ -248,7 +238,7 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
     let refuse = |session: &mut Session, why: Rejected, code, message: String| {
         ex.metrics().reject(why);
         session.closing = true;
-        failure_frame(id, Failure::new(code, message))
+        failure_frame(id, Failure::protocol(code, message))
     };
     if let Some(token) = &cfg.auth_token {
         let given = h.auth.as_ref().map(|a| a.as_bytes());

@@ -15,11 +15,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use kvix_engine::EngineError;
-use kvix_wire::{codec, Announced, ErrorCode, EventBatch, EventSource, Feed, Placement, WorkerId};
+use kvix_wire::{codec, Announced, EventBatch, EventSource, Feed, Placement, WorkerId};
 
 use crate::executor::Executor;
 use crate::failure::Failure;
-use crate::ingest::SourceError;
 use crate::mesh::LocalFuture;
 use crate::replica::Replica;
 use crate::write::{Outcome, Write};
@@ -61,7 +60,7 @@ fn to_log(
     log: Arc<Replica>,
     write: Write,
 ) -> LocalFuture<Result<Outcome, Failure>> {
-    let stopping = || Err(Failure::new(ErrorCode::Internal, "the server is stopping"));
+    let stopping = || Err(Failure::Stopping);
     if let Write::Announce {
         name,
         feed,
@@ -113,10 +112,10 @@ fn to_executor(
     match home {
         Ok(worker) => ex.on(ex.home_of(worker), move |home| home.queue_home(write)),
         Err(e) => {
-            let f = Failure::new(
-                ErrorCode::BadFrame,
-                format!("a write that does not validate: {e}"),
-            );
+            let f = Failure::Invalid {
+                what: "a write that does not validate",
+                source: e,
+            };
             Box::pin(std::future::ready(Err(f)))
         }
     }
@@ -141,8 +140,7 @@ async fn announce(ex0: &Rc<Executor>, write: Write, checked: bool) -> Result<Ann
     ex0.log(&write).await?;
     let block = ex0.config().block_size;
     let registered = ex0.registry().register(name, lanes, *feed, block);
-    let (entry, outcome) =
-        registered.map_err(|e| Failure::new(ErrorCode::BadLane, e.to_string()))?;
+    let (entry, outcome) = registered.map_err(Failure::Roster)?;
     let worker = entry.id;
     let created = outcome != kvix_engine::AnnounceOutcome::Unchanged;
     ex0.queue_on(ex0.home_of(worker), move |home| {
@@ -185,21 +183,17 @@ fn check_source(
         return Box::pin(std::future::ready(Ok(())));
     };
     let known = ex.registry().id_of(name);
-    if let Err(e) = ex.ingest().check(source, feed, known) {
-        let code = match e {
-            SourceError::TooMany { .. } => ErrorCode::TooManySources,
-            _ => ErrorCode::BadSource,
-        };
-        let f = Failure::new(code, format!("worker {name:?}: {e}"));
-        return Box::pin(std::future::ready(Err(f)));
+    if let Err(source) = ex.ingest().check(source, feed, known) {
+        let worker = name.to_string();
+        return Box::pin(std::future::ready(Err(Failure::Source { worker, source })));
     }
-    let (source, allow, name) = (source.clone(), ex.ingest().allow.clone(), name.to_string());
+    let (source, allow, worker) = (source.clone(), ex.ingest().allow.clone(), name.to_string());
     let hosts = glommio::executor()
         .spawn_blocking(move || crate::ingest::check_hosts(&source, allow.as_deref()));
     Box::pin(async move {
         hosts
             .await
-            .map_err(|e| Failure::new(ErrorCode::BadSource, format!("worker {name:?}: {e}")))
+            .map_err(|source| Failure::Source { worker, source })
     })
 }
 
@@ -222,7 +216,7 @@ pub async fn serve_deliveries(
         let applied = route_write(&ex, delivery, Origin::Accepted);
         glommio::spawn_local(async move {
             if let Err(f) = applied.await {
-                tracing::warn!(worker, "ingest: a delivery was not applied: {}", f.message);
+                tracing::warn!(worker, "ingest: a delivery was not applied: {f}");
             }
             drop(slot);
         })

@@ -66,9 +66,8 @@ pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcom
             }
             Ok(Outcome::Done)
         }
-        Write::Announce { .. } | Write::Retire { .. } => Err(Failure::new(
-            kvix_wire::ErrorCode::Internal,
-            "announces and retires are numbered by executor 0 (a bug)",
+        Write::Announce { .. } | Write::Retire { .. } => Err(Failure::Bug(
+            "announces and retires are numbered by executor 0",
         )),
     };
     let written = match result {
@@ -153,8 +152,10 @@ pub async fn export(ex: Rc<Executor>) -> Written<Result<Part, Failure>> {
 
 /// The feed step of an event batch: checks it whole and turns it into `u`.
 fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Outcome, Failure> {
-    let b = kvix_wire::codec::access::<EventBatch>(body)
-        .map_err(|e| Failure::new(kvix_wire::ErrorCode::BadFrame, e.to_string()))?;
+    let b = kvix_wire::codec::access::<EventBatch>(body).map_err(|source| Failure::Invalid {
+        what: "an event batch",
+        source,
+    })?;
     let m = ex.metrics();
     ExecutorMetrics::add(&m.batches, 1);
     let (worker, seq) = (b.worker.to_native(), b.seq.to_native());
@@ -176,10 +177,7 @@ fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Outcome, F
                 refused + 1
             );
         }
-        return Err(Failure::new(
-            kvix_wire::ErrorCode::Overloaded,
-            format!("the index holds {held} blocks (--max-blocks {max}): batches that store blocks are refused until removals make room"),
-        ));
+        return Err(Failure::IndexFull { held, max });
     }
     let ks = Ks {
         seed: b.keyspace.seed(ex.config().block_size),
@@ -201,8 +199,10 @@ fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Outcome, F
 
 /// The feed step of a placement, in slices (a chain may hold millions of blocks).
 async fn place(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<(), Failure> {
-    let p = kvix_wire::codec::access::<Placement>(body)
-        .map_err(|e| Failure::new(kvix_wire::ErrorCode::BadFrame, e.to_string()))?;
+    let p = kvix_wire::codec::access::<Placement>(body).map_err(|source| Failure::Invalid {
+        what: "a placement",
+        source,
+    })?;
     ExecutorMetrics::add(&ex.metrics().placements, 1);
     let ks = Ks {
         seed: p.keyspace.seed(ex.config().block_size),

@@ -26,7 +26,6 @@ use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use futures::channel::{mpsc, oneshot};
-use kvix_wire::ErrorCode;
 
 use crate::failure::Failure;
 use crate::snapshot::Part;
@@ -207,7 +206,7 @@ impl Replica {
         let (tx, rx) = oneshot::channel();
         if let Some(why) = self.broken() {
             self.metrics.append_failures.fetch_add(1, Relaxed);
-            let _ = tx.send(Err(Failure::new(ErrorCode::LogUnavailable, why)));
+            let _ = tx.send(Err(Failure::LogUnavailable(why)));
             return rx;
         }
         let token = self.next_token.fetch_add(1, Relaxed);
@@ -239,7 +238,7 @@ impl Replica {
 
     fn fail(&self, token: u64, why: String) {
         if let Some(w) = self.waiter(token) {
-            let _ = w.send(Err(Failure::new(ErrorCode::LogUnavailable, why)));
+            let _ = w.send(Err(Failure::LogUnavailable(why)));
         }
     }
 
