@@ -8,10 +8,11 @@ use std::sync::atomic::Ordering;
 
 use kvix_engine::EngineImage;
 
+use crate::durable::{replica, snapshot};
 use crate::executor::Executor;
 use crate::mesh::LocalFuture;
 use crate::metrics::ExecutorMetrics;
-use crate::{failure, mesh, replica, snapshot, writer};
+use crate::{failure, mesh, writer};
 
 /// Gathers every executor's part and writes a snapshot when `--snapshot` is set. The file
 /// is written by a helper thread so the executor keeps serving; at shutdown we wait for it

@@ -104,14 +104,14 @@ pub struct Config {
     /// byte, not a crash mid-write): `refuse` names the file and offset and stops;
     /// `truncate` accepts the loss, cuts the log there (keeping the damaged file as
     /// .damaged) and starts with the records before it.
-    #[arg(long, value_enum, default_value_t = crate::wal::Recover::Refuse)]
-    pub wal_recover: crate::wal::Recover,
+    #[arg(long, value_enum, default_value_t = crate::durable::wal::Recover::Refuse)]
+    pub wal_recover: crate::durable::wal::Recover,
 
     /// Replicas: every write goes through this Redis (or Valkey) Stream and every server
     /// naming it applies the stream in order, as identical copies (redis://HOST:PORT/KEY,
     /// or redis+sentinel://S1:P1,S2:P2/MASTER/KEY to follow the primary Sentinel names).
     #[arg(long)]
-    pub log: Option<crate::replica::LogUrl>,
+    pub log: Option<crate::durable::replica::LogUrl>,
 
     /// Seconds between periodic snapshots (0 = only on shutdown).
     #[arg(long, default_value_t = 60)]

@@ -21,14 +21,14 @@ use kvix_engine::{Answer, Core, Ks, Registry};
 use kvix_wire::{ArchivedQuery, WorkerId};
 
 use crate::config::Config;
+use crate::durable::replica::Replica;
+use crate::durable::wal::Wal;
+use crate::durable::write::Write;
 use crate::failure::Failure;
 use crate::ingest::states::IngestStates;
 use crate::ingest::Ingest;
 use crate::mesh::{LocalFuture, QueryScope};
 use crate::metrics::{ExecutorMetrics, Outcome};
-use crate::replica::Replica;
-use crate::wal::Wal;
-use crate::write::Write;
 
 pub type Mesh = crate::mesh::Mesh<Executor>;
 
@@ -40,7 +40,7 @@ pub enum Queued {
     /// every executor applied it.
     Home {
         write: Write,
-        reply: oneshot::Sender<Result<crate::write::Outcome, Failure>>,
+        reply: oneshot::Sender<Result<crate::durable::write::Outcome, Failure>>,
     },
     /// An update another executor published; `tally` counts it applied.
     Apply {
@@ -307,7 +307,10 @@ impl Executor {
 
     /// Queues `write`, of a worker homed here, on this executor's write queue; answers
     /// once it is applied everywhere.
-    pub fn queue_home(&self, write: Write) -> LocalFuture<Result<crate::write::Outcome, Failure>> {
+    pub fn queue_home(
+        &self,
+        write: Write,
+    ) -> LocalFuture<Result<crate::durable::write::Outcome, Failure>> {
         let (reply, rx) = oneshot::channel();
         self.enqueue(Queued::Home { write, reply });
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopping())) })

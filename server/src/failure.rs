@@ -7,8 +7,8 @@ use std::sync::Arc;
 use kvix_engine::{EngineError, RosterError};
 use kvix_wire::{ErrorCode, FrameError};
 
+use crate::durable::wal::WalError;
 use crate::ingest::SourceError;
-use crate::wal::WalError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Failure {

@@ -26,7 +26,7 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn serve(
     listener: TcpListener,
     shards: Arc<[ExecutorMetrics]>,
-    replica: Option<Arc<crate::replica::Replica>>,
+    replica: Option<Arc<crate::durable::replica::Replica>>,
 ) {
     let open = Rc::new(Cell::new(0usize));
     loop {
@@ -79,7 +79,7 @@ pub async fn serve(
 fn respond(
     req: &[u8],
     shards: &[ExecutorMetrics],
-    replica: Option<&crate::replica::Replica>,
+    replica: Option<&crate::durable::replica::Replica>,
     health_only: bool,
 ) -> (&'static str, String) {
     let line = req.split(|&b| b == b'\r').next().unwrap_or_default();

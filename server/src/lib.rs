@@ -3,7 +3,7 @@
 //! Data path, top to bottom: [`listener`] (sockets, [`steering`]) → [`conn`] (frames)
 //! → [`handler`] (messages) → [`executor`] (this core's copy of the engine) →
 //! `kvix_engine` → the answer frame back through [`conn`]. A query never leaves the
-//! executor that read it; every write ([`write::Write`], whoever sent it) takes
+//! executor that read it; every write ([`durable::write::Write`], whoever sent it) takes
 //! [`route::route_write`] to its worker's home [`writer`] queue, which publishes it to
 //! every executor over the [`mesh`].
 
@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod clock;
 pub mod config;
 pub mod conn;
+pub mod durable;
 pub mod executor;
 pub mod failure;
 pub mod handler;
@@ -21,15 +22,11 @@ pub mod ingest;
 pub mod listener;
 pub mod mesh;
 pub mod metrics;
-pub mod replica;
 pub mod rlimit;
 pub mod route;
 pub mod serve;
-pub mod snapshot;
 pub mod start;
 pub mod steering;
-pub mod wal;
-pub mod write;
 pub mod writer;
 
 pub use config::Config;

@@ -153,7 +153,10 @@ fn sum(shards: &[ExecutorMetrics], f: impl Fn(&ExecutorMetrics) -> &AtomicU64) -
 }
 
 /// The Prometheus text exposition of every executor's metrics.
-pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Replica>) -> String {
+pub fn render(
+    shards: &[ExecutorMetrics],
+    replica: Option<&crate::durable::replica::Replica>,
+) -> String {
     let mut out = String::with_capacity(4096);
     let mut counter = |name: &str, help: &str, kind: &str, rows: Vec<(String, u64)>| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -374,7 +377,7 @@ pub fn render(shards: &[ExecutorMetrics], replica: Option<&crate::replica::Repli
     );
     crate::ingest::render(&mut out);
     if let Some(r) = replica {
-        crate::replica::render(r, &mut out);
+        crate::durable::replica::render(r, &mut out);
     }
     for (name, help, f) in [
         (

@@ -17,11 +17,11 @@ use std::sync::Arc;
 use kvix_engine::EngineError;
 use kvix_wire::{codec, Announced, EventBatch, EventSource, Feed, Placement, WorkerId};
 
+use crate::durable::replica::Replica;
+use crate::durable::write::{Outcome, Write};
 use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::mesh::LocalFuture;
-use crate::replica::Replica;
-use crate::write::{Outcome, Write};
 use crate::writer;
 
 /// Where a write comes from.
@@ -229,9 +229,9 @@ pub async fn serve_deliveries(
 /// is released from a barrier once the write is applied.
 pub async fn serve_log(
     ex: Rc<Executor>,
-    mut jobs: futures::channel::mpsc::Receiver<crate::replica::LogJob>,
+    mut jobs: futures::channel::mpsc::Receiver<crate::durable::replica::LogJob>,
 ) {
-    use crate::replica::LogJob;
+    use crate::durable::replica::LogJob;
     use futures::StreamExt;
     while let Some(job) = jobs.next().await {
         match job {

@@ -15,10 +15,11 @@ use kvix_engine::{Core, Registry};
 
 use crate::checkpoint::take_snapshot;
 use crate::config::Config;
+use crate::durable::{replica, snapshot, write};
 use crate::executor::Executor;
 use crate::ingest::states::IngestStates;
 use crate::metrics::ExecutorMetrics;
-use crate::{admit, executor, http, listener, mesh, replica, route, snapshot, write, writer};
+use crate::{admit, executor, http, listener, mesh, route, writer};
 
 /// What every executor starts from.
 pub(crate) struct Shared {

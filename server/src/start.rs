@@ -10,10 +10,11 @@ use anyhow::Context;
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::config::{self, Config};
+use crate::durable::{replica, snapshot, wal};
 use crate::executor::{self, Executor};
 use crate::metrics::ExecutorMetrics;
 use crate::serve::{PeerFailed, Shared, StartGate};
-use crate::{admit, ingest, listener, mesh, replica, rlimit, serve, snapshot, wal};
+use crate::{admit, ingest, listener, mesh, rlimit, serve};
 
 /// Per-executor I/O memory: small enough for the default 8 MiB RLIMIT_MEMLOCK.
 const IO_MEMORY: usize = 512 << 10;

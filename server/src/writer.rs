@@ -17,11 +17,11 @@ use glommio::channels::local_channel::LocalReceiver;
 use kvix_engine::{AnnounceOutcome, Cursor, Ks, Update, WorkerEntry};
 use kvix_wire::{AlignedVec, Applied, ApplyStatus, EventBatch, Placement, WorkerId};
 
+use crate::durable::snapshot::Part;
+use crate::durable::write::{Outcome, Write};
 use crate::executor::{answer, Acks, Executor, Queued, Tally, Written};
 use crate::failure::Failure;
 use crate::metrics::ExecutorMetrics;
-use crate::snapshot::Part;
-use crate::write::{Outcome, Write};
 
 /// Blocks applied between two yields to the query task queue (about 50 µs of work).
 pub const SLICE_BLOCKS: u64 = 512;

@@ -189,8 +189,8 @@ fn a_fire_and_forget_flood_is_throttled_per_connection() {
 fn an_executor_that_cannot_restore_stops_the_process_with_the_reason() {
     use kvix_engine::{EngineImage, WorkerImage};
     use kvix_events::translate::TranslatorImage;
+    use kvix_server::durable::snapshot::{encode as encode_snapshot, write, ServerImage};
     use kvix_server::ingest::states::IngestStateImage;
-    use kvix_server::snapshot::{encode as encode_snapshot, write, ServerImage};
     let dir = std::env::temp_dir().join(format!("kvix-d4-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("bad.snapshot");

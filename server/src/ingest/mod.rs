@@ -135,7 +135,7 @@ pub fn check_hosts(
 /// The process's ingest: its threads, the executors' inboxes, the sources subscribed.
 pub struct Ingest {
     pool: Pool,
-    inboxes: Mutex<Vec<Option<mpsc::Receiver<crate::write::Write>>>>,
+    inboxes: Mutex<Vec<Option<mpsc::Receiver<crate::durable::write::Write>>>>,
     /// Every subscribed source by worker (executor 0 announces and retires; snapshots).
     sources: Mutex<BTreeMap<WorkerId, EventSource>>,
     max_sources: usize,
@@ -174,7 +174,7 @@ impl Ingest {
     }
 
     /// Executor `me`'s end of its inbox (once).
-    pub fn take_inbox(&self, me: usize) -> Option<mpsc::Receiver<crate::write::Write>> {
+    pub fn take_inbox(&self, me: usize) -> Option<mpsc::Receiver<crate::durable::write::Write>> {
         self.inboxes.lock().ok()?.get_mut(me)?.take()
     }
 

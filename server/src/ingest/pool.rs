@@ -18,7 +18,7 @@ use kvix_wire::WorkerId;
 use super::context::{Context, SOCKETS_PER_SOURCE};
 use super::socket::{Backoff, Link, ReplayCall, Subscription};
 use super::{SourceSpec, METRICS};
-use crate::write::Write;
+use crate::durable::write::Write;
 use kvix_events::stream::{Ask, Delivery, LastBatch, Stream, Tally};
 
 /// How long a thread waits in `zmq_poll` before it looks at its commands again.

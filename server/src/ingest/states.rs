@@ -10,7 +10,7 @@ use kvix_wire::{ChunkKind, Event, Lane, WorkerId};
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::METRICS;
-use crate::write::Write;
+use crate::durable::write::Write;
 use kvix_events::stream::LastBatch;
 use kvix_events::translate::{Counts, Group, Translator, TranslatorImage};
 

@@ -33,7 +33,7 @@ use futures::channel::oneshot;
 use rkyv::rancor;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::write::Write;
+use crate::durable::write::Write;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {

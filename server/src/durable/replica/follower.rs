@@ -14,7 +14,7 @@ use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 use redis::Commands;
 
 use super::{id_key, positions_key, snapshot_key, LogJob, Mark, Replica};
-use crate::write::Write;
+use crate::durable::write::Write;
 
 /// Entries read per round trip, and how long one read waits for new ones.
 const COUNT: usize = 256;

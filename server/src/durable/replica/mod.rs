@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use futures::channel::{mpsc, oneshot};
 
+use crate::durable::snapshot::Part;
+use crate::durable::write::{Outcome, Write};
 use crate::failure::Failure;
-use crate::snapshot::Part;
-use crate::write::{Outcome, Write};
 
 pub use link::{Link, LogServer};
 
