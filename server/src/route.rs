@@ -15,7 +15,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use kvix_engine::EngineError;
-use kvix_wire::{codec, Announced, EventBatch, EventSource, Feed, Placement, WorkerId};
+use kvix_wire::{Announced, EventSource, Feed, WorkerId};
 
 use crate::durable::replica::Replica;
 use crate::durable::write::{Outcome, Write};
@@ -88,33 +88,26 @@ fn to_executor(
     write: Write,
     checked: bool,
 ) -> LocalFuture<Result<Outcome, Failure>> {
-    let home = match &write {
-        Write::Announce { .. } => {
-            return ex.on(0, move |ex0| {
-                let ex0 = ex0.clone();
-                Box::pin(async move {
-                    let announced = announce(&ex0, write, checked).await;
-                    announced.map(Outcome::Announced)
-                })
-            })
-        }
-        Write::Retire { worker } => {
+    match (write.home_worker(), &write) {
+        (Ok(Some(worker)), _) => ex.on(ex.home_of(worker), move |home| home.queue_home(write)),
+        (Ok(None), Write::Retire { worker }) => {
             let worker = *worker;
-            return ex.on(0, move |ex0| {
+            ex.on(0, move |ex0| {
                 let ex0 = ex0.clone();
                 Box::pin(async move { retire(&ex0, worker).await.map(|()| Outcome::Done) })
-            });
+            })
         }
-        Write::Events { body } => codec::access::<EventBatch>(body).map(|b| b.worker.to_native()),
-        Write::Place { body } => codec::access::<Placement>(body).map(|p| p.worker.to_native()),
-        Write::Ingest { worker, .. } => Ok(*worker),
-    };
-    match home {
-        Ok(worker) => ex.on(ex.home_of(worker), move |home| home.queue_home(write)),
-        Err(e) => {
+        (Ok(None), _) => ex.on(0, move |ex0| {
+            let ex0 = ex0.clone();
+            Box::pin(async move {
+                let announced = announce(&ex0, write, checked).await;
+                announced.map(Outcome::Announced)
+            })
+        }),
+        (Err(source), _) => {
             let f = Failure::Invalid {
                 what: "a write that does not validate",
-                source: e,
+                source,
             };
             Box::pin(std::future::ready(Err(f)))
         }

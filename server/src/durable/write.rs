@@ -57,6 +57,19 @@ impl Write {
     pub fn changes_roster(&self) -> bool {
         matches!(self, Write::Announce { .. } | Write::Retire { .. })
     }
+
+    /// The worker whose home executor orders this write; None for announces and
+    /// retires, which executor 0 orders (it numbers workers). An event batch's or
+    /// placement's body is read, and so validated, for it.
+    pub fn home_worker(&self) -> Result<Option<WorkerId>, kvix_wire::FrameError> {
+        use kvix_wire::{codec, EventBatch, Placement};
+        Ok(match self {
+            Write::Announce { .. } | Write::Retire { .. } => None,
+            Write::Events { body } => Some(codec::access::<EventBatch>(body)?.worker.to_native()),
+            Write::Place { body } => Some(codec::access::<Placement>(body)?.worker.to_native()),
+            Write::Ingest { worker, .. } => Some(*worker),
+        })
+    }
 }
 
 /// What a write gives back to the client that sent it.

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::channel::{mpsc, oneshot};
 use futures::SinkExt;
-use kvix_wire::{codec, EventBatch, Placement};
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 use redis::Commands;
 
@@ -210,17 +209,11 @@ fn dispatch(r: &Replica, inboxes: &mut [mpsc::Sender<LogJob>], bytes: &[u8], ori
         .and_then(|t| r.waiter(t));
     let n = inboxes.len();
     let home = |w: u32| w as usize % n;
-    let (to, barrier) = match &record {
-        Write::Announce { .. } | Write::Retire { .. } => (0, true),
-        Write::Events { body } => match codec::access::<EventBatch>(body) {
-            Ok(e) => (home(e.worker.to_native()), false),
-            Err(_) => return false,
-        },
-        Write::Place { body } => match codec::access::<Placement>(body) {
-            Ok(p) => (home(p.worker.to_native()), false),
-            Err(_) => return false,
-        },
-        Write::Ingest { worker, .. } => (home(*worker), false),
+    // Announces and retires are barriers: the records after them may name the worker.
+    let (to, barrier) = match record.home_worker() {
+        Ok(Some(worker)) => (home(worker), false),
+        Ok(None) => (0, true),
+        Err(_) => return false,
     };
     let (done, wait) = if barrier {
         let (tx, rx) = std_mpsc::channel();
