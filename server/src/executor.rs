@@ -237,7 +237,7 @@ impl Executor {
             .borrow_mut()
     }
 
-    pub fn ingest(&self) -> &Ingest {
+    pub fn ingest(&self) -> &Arc<Ingest> {
         &self.services.ingest
     }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kvix_engine::{EngineError, RosterError};
-use kvix_wire::{ErrorCode, FrameError};
+use kvix_wire::{ErrorCode, FrameError, WorkerId};
 
 use crate::durable::wal::WalError;
 use crate::ingest::SourceError;
@@ -56,6 +56,13 @@ pub enum Failure {
     /// over, or this replica stopped following it).
     #[error("{0}")]
     LogUnavailable(String),
+    /// An engine delivery that does not continue the last batch applied from its stream
+    /// (one before it was refused, or it was applied already): dropped, and the stream
+    /// rewound to the last batch applied.
+    #[error(
+        "worker {worker}: the delivery does not continue the last batch applied from its stream"
+    )]
+    OutOfStep { worker: WorkerId },
     /// The process is stopping.
     #[error("the server is stopping")]
     Stopping,
@@ -92,7 +99,9 @@ impl Failure {
             Failure::Invalid { .. } => ErrorCode::BadFrame,
             Failure::IndexFull { .. } => ErrorCode::Overloaded,
             Failure::AnswerTooLarge { .. } => ErrorCode::TooLarge,
-            Failure::Wal(_) | Failure::Stopping | Failure::Bug(_) => ErrorCode::Internal,
+            Failure::Wal(_) | Failure::Stopping | Failure::Bug(_) | Failure::OutOfStep { .. } => {
+                ErrorCode::Internal
+            }
             Failure::LogUnavailable(_) => ErrorCode::LogUnavailable,
             Failure::Protocol { code, .. } => *code,
         }

@@ -190,8 +190,15 @@ fn check_source(
     })
 }
 
+/// How long a stream whose delivery was refused waits before it is started again from
+/// the last batch applied: refusals come in runs (Redis full, away or failing over), and
+/// each rewind asks the engine for a replay.
+const REWIND_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Runs on every executor: routes the ingest's deliveries for workers homed here, at
 /// most [`crate::ingest::IN_FLIGHT`] at a time (the ingest threads wait behind them).
+/// A delivery refused on its way (the log unavailable) or out of step has its stream
+/// rewound: the stream has moved past it, and only the engine's replay still has it.
 pub async fn serve_deliveries(
     ex: Rc<Executor>,
     mut inbox: futures::channel::mpsc::Receiver<Write>,
@@ -207,11 +214,22 @@ pub async fn serve_deliveries(
             _ => continue,
         };
         let applied = route_write(&ex, delivery, Origin::Accepted);
+        let ingest = ex.ingest().clone();
         glommio::spawn_local(async move {
-            if let Err(f) = applied.await {
-                tracing::warn!(worker, "ingest: a delivery was not applied: {f}");
-            }
+            let refused = applied.await.err();
             drop(slot);
+            if let Some(f) = refused {
+                if ingest.rewind_due(worker) {
+                    tracing::warn!(
+                        worker,
+                        "ingest: a delivery was not applied ({f}); the stream starts again \
+                         from the last batch applied in {} s",
+                        REWIND_AFTER.as_secs()
+                    );
+                    glommio::timer::sleep(REWIND_AFTER).await;
+                    ingest.rewind(worker);
+                }
+            }
         })
         .detach();
     }

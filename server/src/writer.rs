@@ -21,6 +21,7 @@ use crate::durable::snapshot::Part;
 use crate::durable::write::{Outcome, Write};
 use crate::executor::{answer, Acks, Executor, Queued, Tally, Written};
 use crate::failure::Failure;
+use crate::ingest::states::Dropped;
 use crate::metrics::ExecutorMetrics;
 
 /// Blocks applied between two yields to the query task queue (about 50 µs of work).
@@ -54,17 +55,22 @@ pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcom
             Err(f) => Err(f),
         },
         // The engine's buffer is the source of truth: a log that refuses is counted and
-        // the delivery applied all the same.
+        // the delivery applied all the same (a restart replays the engine's buffer after
+        // the last batch the log holds).
         ingest @ Write::Ingest { worker, .. } => {
             let block = ex.config().block_size;
             let delivered = ex
                 .ingest_states()
                 .apply(&mut ex.core(), block, ingest, &mut u);
-            if let Some(d) = delivered {
-                ExecutorMetrics::add(&ex.metrics().unprobed_removals, d.unprobed);
-                ex.ingest().note_last(worker, d.last);
+            match delivered {
+                Ok(d) => {
+                    ExecutorMetrics::add(&ex.metrics().unprobed_removals, d.unprobed);
+                    ex.ingest().note_last(worker, d.last);
+                    Ok(Outcome::Done)
+                }
+                Err(Dropped::OutOfStep) => Err(Failure::OutOfStep { worker }),
+                Err(Dropped::Orphaned | Dropped::Fenced) => Ok(Outcome::Done),
             }
-            Ok(Outcome::Done)
         }
         Write::Announce { .. } | Write::Retire { .. } => Err(Failure::Bug(
             "announces and retires are numbered by executor 0",

@@ -269,13 +269,17 @@ fn a_new_replica_starts_from_the_stored_snapshot_once_the_log_is_trimmed() {
 /// checks that it says so everywhere: the metric, caught_up, /healthz with the reason,
 /// and writes refused with LogUnavailable.
 fn stopped_following(s: &Server) {
-    wait_for("the replica sees the hole in its log", &|| {
-        s.metric("kvix_log_behind_trim") == 1
-    });
+    stopped_at(s, "kvix_log_behind_trim", "trimmed past");
+}
+
+/// Waits (bounded) until `s` shows `metric` at 1, then checks that it stopped following
+/// the log: caught_up 0, /healthz 503 saying `why`, writes refused with LogUnavailable.
+fn stopped_at(s: &Server, metric: &str, why: &str) {
+    wait_for(metric, &|| s.metric(metric) == 1);
     assert_eq!(s.metric("kvix_log_caught_up"), 0);
     let health = http_get(s.metrics.unwrap(), "/healthz");
     assert!(
-        health.starts_with("HTTP/1.1 503") && health.contains("trimmed past"),
+        health.starts_with("HTTP/1.1 503") && health.contains(why),
         "{health}"
     );
     let e = s
@@ -322,6 +326,35 @@ fn a_replica_behind_the_trim_point_refuses_instead_of_skipping() {
     stopped_following(&b);
     assert_eq!(a.metric("kvix_log_behind_trim"), 0);
     assert!(http_get(a.metrics.unwrap(), "/healthz").starts_with("HTTP/1.1 200"));
+}
+
+/// A record no replica can read (another kvix version's, or another program writing to
+/// the key) stops every replica there, loudly, instead of each skipping it and going on
+/// as if it held what the writer meant. It used to be skipped with an ERROR line.
+#[test]
+fn a_record_the_replicas_cannot_read_stops_them_instead_of_being_skipped() {
+    if available("unreadable").is_none() {
+        return;
+    }
+    let redis = Redis::start("unreadable");
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    write_fleet(&[&a, &b], "one");
+    settle(&[&a, &b]);
+    let _: String = redis_cmd(
+        redis.port,
+        ::redis::cmd("XADD")
+            .arg("kvix")
+            .arg("*")
+            .arg("r")
+            .arg(&b"not a record of this version"[..])
+            .arg("o")
+            .arg(""),
+    )
+    .unwrap();
+    for s in [&a, &b] {
+        stopped_at(s, "kvix_log_unreadable", "cannot read");
+        assert_eq!(s.metric("kvix_log_behind_trim"), 0);
+    }
 }
 
 #[test]
@@ -821,6 +854,54 @@ fn a_lease_renewed_after_a_failed_round_is_led_again() {
         a.metric("kvix_ingest_lease_changes_total") > taken,
         "the renewed lease was taken up again:\n{}",
         a.scrape()
+    );
+    engine.publisher.stop();
+}
+
+/// Redis refuses appends (maxmemory) while the ingest holder keeps its lease (a renewal
+/// needs no memory): the batches the engine published meanwhile were refused on their
+/// way, after the holder's stream had moved past them. Once the log takes writes again
+/// they come back from the engine's replay (the stream is rewound to the last batch
+/// applied) and every replica holds what the engine holds. They used to be skipped for
+/// good: every replica answered 3 blocks where the engine held 8.
+#[test]
+fn engine_batches_the_log_refused_are_replayed_not_skipped() {
+    if !Leased::available("refused_ingest") {
+        return;
+    }
+    let redis = Redis::start("refused-ingest");
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    let mut engine = Leased::start(&a);
+    engine.store(0, 3);
+    engine.await_score(&a, 3);
+    engine.await_score(&b, 3);
+    wait_for("one lease held", &|| leases_held(&a) + leases_held(&b) == 1);
+    let holder = if leases_held(&a) == 1 { &a } else { &b };
+    let refused = holder.metric("kvix_log_append_failures_total");
+    let maxmemory = |bytes: u64| {
+        let _: () = redis_cmd(
+            redis.port,
+            ::redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory")
+                .arg(bytes),
+        )
+        .unwrap();
+    };
+    maxmemory(1);
+    engine.store(3, 5);
+    wait_for("the holder's appends refused", &|| {
+        holder.metric("kvix_log_append_failures_total") > refused
+    });
+    maxmemory(0);
+    engine.store(5, 8);
+    engine.await_score(&a, 8);
+    engine.await_score(&b, 8);
+    assert_eq!(leases_held(holder), 1, "the lease stayed put");
+    assert!(
+        holder.metric("kvix_ingest_rewinds_total") >= 1,
+        "{}",
+        holder.scrape()
     );
     engine.publisher.stop();
 }

@@ -33,6 +33,16 @@ pub struct LastBatch {
     pub fp: u64,
 }
 
+/// Whether a delivery that continues `after` follows `last`, the last batch an applier
+/// took from the stream: the same batch (seq and fingerprint; the timestamp may be NaN).
+pub fn continues(after: Option<LastBatch>, last: Option<LastBatch>) -> bool {
+    match (after, last) {
+        (None, None) => true,
+        (Some(a), Some(l)) => a.seq == l.seq && a.fp == l.fp,
+        _ => false,
+    }
+}
+
 /// What to apply to the stream's worker, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
@@ -40,6 +50,10 @@ pub struct Delivery {
     pub reset: bool,
     /// The stream's last batch once this one is applied (None after a reset alone).
     pub record: Option<LastBatch>,
+    /// The batch this delivery continues: the stream's last batch before it (before the
+    /// reset, for one that clears). An applier whose last batch is another one missed
+    /// or already has what comes between, and drops it ([`continues`]).
+    pub after: Option<LastBatch>,
     /// None: nothing to apply (a reset alone, or a payload that did not decode).
     pub batch: Option<Batch>,
     /// The payload the batch was decoded from (what the write-ahead log keeps).
@@ -68,6 +82,8 @@ pub struct Stream {
     has_replay: bool,
     /// The next delivery must clear the worker (a resync found no replay to apply).
     reset_pending: bool,
+    /// The last batch when the pending reset was decided (what the clearing continues).
+    reset_from: Option<LastBatch>,
     /// A replay from 0 found nothing: the publisher's seq 0 needs no replay.
     empty: bool,
     /// The replay asked for and not yet answered: what its answer continues.
@@ -209,11 +225,14 @@ impl Stream {
             }
         };
         let record = LastBatch { seq, ts, fp };
+        let reset = std::mem::take(&mut self.reset_pending);
+        let after = if reset { self.reset_from } else { self.last };
         self.last = Some(record);
         t.applied += u64::from(batch.is_some());
         out.push(Delivery {
-            reset: std::mem::take(&mut self.reset_pending),
+            reset,
             record: Some(record),
+            after,
             payload: batch.is_some().then(|| bytes.to_vec()),
             batch,
         });
@@ -258,6 +277,9 @@ impl Stream {
     /// Starts over: the worker is to be cleared and given everything the publisher
     /// still has (asked for here).
     fn resync(&mut self) -> Ask {
+        if !self.reset_pending {
+            self.reset_from = self.last;
+        }
         self.last = None;
         self.reset_pending = true;
         if !self.has_replay {
@@ -283,6 +305,7 @@ impl Stream {
             out.push(Delivery {
                 reset: true,
                 record: None,
+                after: self.reset_from,
                 batch: None,
                 payload: None,
             });
@@ -388,7 +411,17 @@ mod tests {
         }
     }
 
+    /// (reset, seq) of each delivery; and every delivery continues the one before it,
+    /// as an applier checks.
     fn seqs(out: &[Delivery]) -> Vec<(bool, u64)> {
+        for pair in out.windows(2) {
+            assert!(
+                continues(pair[1].after, pair[0].record),
+                "{:?} does not continue {:?}",
+                pair[1],
+                pair[0]
+            );
+        }
         out.iter()
             .map(|d| (d.reset, d.record.map_or(0, |r| r.seq)))
             .collect()
@@ -606,5 +639,57 @@ mod tests {
         assert!(out.is_empty());
         assert_eq!(t.replay_failures, 1);
         assert_eq!(s.last().map(|l| l.seq), Some(0));
+    }
+
+    /// An applier that took batches up to 2 (3 was refused on its way) drops what does
+    /// not continue its last batch; a stream started again from that batch (a rewind)
+    /// re-sends 3 on, each continuing the one before, so nothing is missed or doubled.
+    #[test]
+    fn a_stream_rewound_to_the_last_batch_applied_resends_what_was_refused() {
+        let mut p = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        s.connected_to(&mut p, &mut out, &mut t);
+        for i in 0..6 {
+            let (seq, b) = p.publish(i as f64, i + 1);
+            s.live_from(seq, &b, &mut p, &mut out, &mut t);
+        }
+        // A new publisher's stream starts by clearing the worker.
+        assert_eq!(
+            seqs(&out),
+            [
+                (true, 0),
+                (false, 0),
+                (false, 1),
+                (false, 2),
+                (false, 3),
+                (false, 4),
+                (false, 5)
+            ]
+        );
+        let mut applied = None;
+        let take = |d: &Delivery, applied: &mut Option<LastBatch>| {
+            let ok = continues(d.after, *applied);
+            if ok {
+                *applied = d.record;
+            }
+            ok
+        };
+        for d in &out[..4] {
+            assert!(take(d, &mut applied));
+        }
+        // 3 refused: 4 and 5 do not continue batch 2.
+        assert!(!take(&out[5], &mut applied));
+        assert!(!take(&out[6], &mut applied));
+        assert_eq!(applied.map(|l| l.seq), Some(2));
+        let (mut again, mut out2) = (Stream::new(applied, true), Vec::new());
+        again.connected_to(&mut p, &mut out2, &mut t);
+        assert_eq!(seqs(&out2), [(false, 3), (false, 4), (false, 5)]);
+        for d in &out2 {
+            assert!(take(d, &mut applied));
+        }
+        // Late copies of the first stream's 4 and 5 change nothing.
+        assert!(!take(&out[5], &mut applied));
+        assert!(!take(&out[6], &mut applied));
+        assert_eq!(applied, out[6].record);
     }
 }

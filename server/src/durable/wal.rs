@@ -381,7 +381,13 @@ fn read_records(
                 aligned.extend_from_slice(&bytes[at + 12..at + 12 + len]);
                 match rkyv::from_bytes::<Write, rancor::BoxedError>(&aligned) {
                     Ok(r) => out.push(r),
-                    Err(e) => return damage(path, at, e.to_string(), &bytes, recover, cut_at),
+                    Err(e) => {
+                        let why = format!(
+                            "a whole record this version cannot read (written by another \
+                             kvix version?): {e}"
+                        );
+                        return damage(path, at, why, &bytes, recover, cut_at);
+                    }
                 }
                 at += 12 + len;
             }

@@ -42,6 +42,10 @@ pub enum Write {
         reset: bool,
         /// The stream's last batch once this one is applied.
         last: Option<LastBatch>,
+        /// The stream's last batch before it: applied only where it is the last one
+        /// applied (`kvix_events::stream::continues`), so a delivery refused on its way
+        /// is never skipped over and one re-sent is never applied twice.
+        after: Option<LastBatch>,
         /// The engine's message the events come from (what the logs keep).
         payload: Option<Vec<u8>>,
         /// `payload` decoded: by the ingest thread that read it, or again from `payload`

@@ -148,6 +148,10 @@ pub struct Ingest {
     leased: std::sync::atomic::AtomicBool,
     /// The last batch applied from each stream (where a new lease holder resumes).
     lasts: Mutex<std::collections::HashMap<WorkerId, Option<LastBatch>>>,
+    /// Replicas: the streams this replica leads, with their lease's epoch.
+    leading: Mutex<std::collections::HashMap<WorkerId, u64>>,
+    /// Streams with a rewind scheduled ([`Ingest::rewind_due`]).
+    rewinding: Mutex<std::collections::HashSet<WorkerId>>,
 }
 
 impl Ingest {
@@ -169,6 +173,8 @@ impl Ingest {
             allow: allow.map(Into::into),
             paused: std::sync::atomic::AtomicBool::new(true),
             leased: std::sync::atomic::AtomicBool::new(false),
+            leading: Mutex::default(),
+            rewinding: Mutex::default(),
             lasts: Mutex::new(std::collections::HashMap::new()),
         })
     }
@@ -305,6 +311,41 @@ impl Ingest {
 
     /// This replica took the worker's lease at `epoch`: subscribe where its stream is.
     pub fn lead(&self, worker: WorkerId, epoch: u64) {
+        self.leading
+            .lock()
+            .expect("not poisoned")
+            .insert(worker, epoch);
+        self.subscribe_after_last(worker, epoch);
+    }
+
+    /// A delivery of the worker's stream was refused on its way or out of step: true
+    /// when a rewind is to be scheduled (none is pending yet).
+    pub fn rewind_due(&self, worker: WorkerId) -> bool {
+        self.rewinding.lock().expect("not poisoned").insert(worker)
+    }
+
+    /// Starts the worker's stream again from the last batch applied from it, where this
+    /// server ingests it: the engine's replay re-sends what was refused, and deliveries
+    /// the log took meanwhile are not applied twice (each continues one batch only).
+    pub fn rewind(&self, worker: WorkerId) {
+        self.rewinding.lock().expect("not poisoned").remove(&worker);
+        if self.paused.load(Relaxed) {
+            return;
+        }
+        let epoch = if self.leased.load(Relaxed) {
+            match self.leading.lock().expect("not poisoned").get(&worker) {
+                Some(&epoch) => epoch,
+                None => return,
+            }
+        } else {
+            0
+        };
+        METRICS.rewinds.fetch_add(1, Relaxed);
+        self.subscribe_after_last(worker, epoch);
+    }
+
+    /// Subscribes the worker's source, its stream resuming after the last batch applied.
+    fn subscribe_after_last(&self, worker: WorkerId, epoch: u64) {
         let Some(s) = self
             .sources
             .lock()
@@ -332,11 +373,13 @@ impl Ingest {
 
     /// This replica no longer holds the worker's lease.
     pub fn follow(&self, worker: WorkerId) {
+        self.leading.lock().expect("not poisoned").remove(&worker);
         self.pool.unsubscribe(worker);
     }
 
     /// The worker was retired.
     pub fn retired(&self, worker: WorkerId) {
+        self.leading.lock().expect("not poisoned").remove(&worker);
         if self
             .sources
             .lock()
@@ -380,6 +423,8 @@ pub struct Metrics {
     pub refused: AtomicU64,
     pub orphaned: AtomicU64,
     pub fenced: AtomicU64,
+    pub out_of_step: AtomicU64,
+    pub rewinds: AtomicU64,
     pub connect_failures: AtomicU64,
     pub connected: AtomicU64,
     pub sources: AtomicU64,
@@ -410,6 +455,8 @@ pub static METRICS: Metrics = Metrics {
     refused: ZERO,
     orphaned: ZERO,
     fenced: ZERO,
+    out_of_step: ZERO,
+    rewinds: ZERO,
     connect_failures: ZERO,
     connected: ZERO,
     sources: ZERO,
@@ -452,7 +499,7 @@ impl Metrics {
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut String) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 21] = [
+    let plain: [(&str, &str, &str, &AtomicU64); 23] = [
         ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
         ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
@@ -468,6 +515,8 @@ pub fn render(out: &mut String) {
         ("kvix_ingest_refused_total", "Translated batches the worker's feed refused (a bug if it shows up).", "counter", &m.refused),
         ("kvix_ingest_orphaned_total", "Deliveries for workers retired or re-announced while on their way.", "counter", &m.orphaned),
         ("kvix_ingest_fenced_total", "Deliveries dropped because they were read under an ingest lease another replica has taken since.", "counter", &m.fenced),
+        ("kvix_ingest_out_of_step_total", "Deliveries dropped because they do not continue the last batch applied from their stream (one before them was refused, or they were applied already).", "counter", &m.out_of_step),
+        ("kvix_ingest_rewinds_total", "Streams started again from the last batch applied after a delivery of theirs was refused or out of step (the engine's replay re-sends the rest).", "counter", &m.rewinds),
         ("kvix_ingest_connect_failures_total", "Subscriptions that could not be opened.", "counter", &m.connect_failures),
         ("kvix_ingest_publishers_connected", "Publishers currently connected.", "gauge", &m.connected),
         ("kvix_ingest_sources", "Event sources subscribed.", "gauge", &m.sources),

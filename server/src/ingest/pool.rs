@@ -431,6 +431,7 @@ impl IngestThread {
                 salt: s.spec.source.salt.clone(),
                 reset: delivery.reset,
                 last: delivery.record,
+                after: delivery.after,
                 payload: delivery.payload,
                 batch: delivery.batch,
             };

@@ -106,17 +106,30 @@ pub struct IngestReport {
     pub unprobed: u64,
 }
 
+/// Why a delivery was not applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// The worker was retired, or announced again without events, while it was on its way.
+    Orphaned,
+    /// Read under an ingest lease another replica has taken since.
+    Fenced,
+    /// It does not continue the last batch applied from the stream: one before it was
+    /// refused on its way (the stream is rewound and re-sends it), or it was applied
+    /// already (a replay re-sending what the log holds).
+    OutOfStep,
+}
+
 impl IngestStates {
     /// Applies one delivery (a [`Write::Ingest`]) of a worker homed here to `core`, the
-    /// home's engine, appending the block operations to `u`. None: not applied (the
-    /// worker is gone, or the delivery was read under a lease that has passed).
+    /// home's engine, appending the block operations to `u`. Every copy decides alike
+    /// from the delivery and the state alone, so replicas and a replayed log agree.
     pub fn apply(
         &mut self,
         core: &mut Core,
         block: u32,
         delivery: Write,
         u: &mut Update,
-    ) -> Option<IngestReport> {
+    ) -> Result<IngestReport, Dropped> {
         apply(self, core, block, delivery, u)
     }
 }
@@ -127,7 +140,7 @@ fn apply(
     block: u32,
     delivery: Write,
     u: &mut Update,
-) -> Option<IngestReport> {
+) -> Result<IngestReport, Dropped> {
     let Write::Ingest {
         worker,
         epoch,
@@ -135,11 +148,12 @@ fn apply(
         salt,
         reset,
         last,
+        after,
         payload,
         batch,
     } = delivery
     else {
-        return None;
+        unreachable!("IngestStates::apply is given ingest deliveries");
     };
     // Read back from a log, the batch is decoded again from the engine's message.
     let batch = batch.or_else(|| {
@@ -152,7 +166,7 @@ fn apply(
         METRICS
             .orphaned
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return None;
+        return Err(Dropped::Orphaned);
     };
     let h = state_of(states, worker, &model, &salt, &lanes, block);
     if epoch < h.epoch {
@@ -160,7 +174,13 @@ fn apply(
         METRICS
             .fenced
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return None;
+        return Err(Dropped::Fenced);
+    }
+    if !kvix_events::stream::continues(after, h.last) {
+        METRICS
+            .out_of_step
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Err(Dropped::OutOfStep);
     }
     h.epoch = epoch;
     let mut unprobed = 0;
@@ -198,7 +218,7 @@ fn apply(
         METRICS.record(&counts);
     }
     h.last = last;
-    Some(IngestReport { last, unprobed })
+    Ok(IngestReport { last, unprobed })
 }
 
 fn lanes_of(core: &Core, worker: WorkerId) -> Option<Vec<Lane>> {
@@ -206,7 +226,8 @@ fn lanes_of(core: &Core, worker: WorkerId) -> Option<Vec<Lane>> {
     (entry.feed == kvix_wire::Feed::Events).then(|| entry.lanes.clone())
 }
 
-/// The worker's state, made new when it has none or its source's keyspace changed.
+/// The worker's state, made new when it has none or its source's keyspace changed (the
+/// stream goes on: its last batch is kept).
 fn state_of<'a>(
     states: &'a mut IngestStates,
     worker: WorkerId,
@@ -224,7 +245,12 @@ fn state_of<'a>(
     };
     let h = states.by_worker.entry(worker).or_insert_with(fresh);
     if h.model != model || h.salt != salt {
-        *h = fresh();
+        let (epoch, last) = (h.epoch, h.last);
+        *h = IngestState {
+            epoch,
+            last,
+            ..fresh()
+        };
     }
     h
 }

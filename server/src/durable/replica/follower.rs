@@ -152,12 +152,7 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
                      gone; the stream now starts at {first}): it stopped following the log \
                      rather than skip what it missed; restart it to load the stored snapshot"
                 );
-                tracing::error!("{why}");
-                r.caught_up.store(false, Relaxed);
-                *r.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-                while !r.stopped() {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
+                r.stop_following(why, false);
                 return;
             }
             Err(e) => {
@@ -177,7 +172,17 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
                 _ => String::new(),
             };
             if !dispatch(r, &mut inboxes, &bytes, &origin) {
-                tracing::error!(id = %entry.id, "the write log holds a record this server cannot read; skipped");
+                // Skipping it would leave this replica answering otherwise than those
+                // that read it (another kvix version's record, or a foreign writer).
+                let why = format!(
+                    "the write log holds a record this server cannot read (entry {} of \
+                     {} bytes, written by another kvix version or another program): it \
+                     stopped following the log rather than skip it",
+                    entry.id,
+                    bytes.len()
+                );
+                r.stop_following(why, true);
+                return;
             }
             let (ms, seq) = id_key(&entry.id);
             r.metrics.position_ms.store(ms, Relaxed);

@@ -88,6 +88,9 @@ impl std::str::FromStr for LogUrl {
 pub type Waiter = oneshot::Sender<Result<Outcome, Failure>>;
 
 /// What the follower hands an executor, in stream order.
+// Nearly every job is an `Apply`: boxing its write would cost an allocation per record
+// to save bytes on the rare `Export`.
+#[allow(clippy::large_enum_variant)]
 pub enum LogJob {
     /// A write read from the stream; `waiter`: this replica's client waiting for it;
     /// `barrier`: the follower waits until it is applied (announces and retires).
@@ -133,8 +136,11 @@ pub struct Replica {
     /// Set once the follower passed the stream's end as it was at start.
     pub caught_up: AtomicBool,
     /// Why this replica stopped following the log for good (entries after its position
-    /// were trimmed away): it refuses writes and /healthz says so until restarted.
-    pub broken: Mutex<Option<String>>,
+    /// were trimmed away, or one it cannot read): it refuses writes and /healthz says so
+    /// until restarted.
+    broken: Mutex<Option<String>>,
+    /// It stopped at a record it cannot read (else, if stopped, behind the trim point).
+    unreadable: AtomicBool,
     pub metrics: ReplicaMetrics,
     stop: AtomicBool,
 }
@@ -161,6 +167,7 @@ impl Replica {
             snapshot_request: Mutex::new(None),
             caught_up: AtomicBool::new(false),
             broken: Mutex::new(None),
+            unreadable: AtomicBool::new(false),
             metrics: ReplicaMetrics::default(),
             stop: AtomicBool::new(false),
         });
@@ -190,6 +197,18 @@ impl Replica {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The follower gives up for good (until a restart): refuses writes, fails
+    /// /healthz with `why`, and waits for the process to stop.
+    fn stop_following(&self, why: String, unreadable: bool) {
+        tracing::error!("{why}");
+        self.caught_up.store(false, Relaxed);
+        self.unreadable.store(unreadable, Relaxed);
+        *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        while !self.stopped() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     pub fn stopped(&self) -> bool {
@@ -265,7 +284,9 @@ impl Replica {
 pub fn render(r: &Replica, out: &mut String) {
     use std::fmt::Write;
     let m = &r.metrics;
-    let rows: [(&str, &str, &str, u64); 11] = [
+    let stopped = r.broken().is_some();
+    let unreadable = r.unreadable.load(Relaxed);
+    let rows: [(&str, &str, &str, u64); 12] = [
         (
             "kvix_log_appended_total",
             "Writes this replica appended to the shared log.",
@@ -312,7 +333,13 @@ pub fn render(r: &Replica, out: &mut String) {
             "kvix_log_behind_trim",
             "1 when entries after this replica's position were trimmed away: it stopped following the log, refuses writes and fails /healthz until restarted (it then loads the stored snapshot).",
             "gauge",
-            u64::from(r.broken().is_some()),
+            u64::from(stopped && !unreadable),
+        ),
+        (
+            "kvix_log_unreadable",
+            "1 when the log holds a record this replica cannot read (another kvix version's, or a foreign writer's): it stopped following the log there, refuses writes and fails /healthz until restarted by a version that reads it.",
+            "gauge",
+            u64::from(unreadable),
         ),
         (
             "kvix_log_trimmed_total",
