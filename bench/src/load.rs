@@ -78,6 +78,8 @@ pub struct LoadReport {
     /// query / floor per percentile, when the floor ran.
     pub ratio: Option<Ratios>,
     pub event_batches: u64,
+    /// Event batches (sent without wanting a reply) the server refused, by error code.
+    pub event_batches_refused: Vec<(String, u64)>,
     pub block_events_per_s: f64,
     /// The gateways' clients, summed over the run.
     pub clients: ClientTally,
@@ -252,6 +254,13 @@ fn pace(
     start.elapsed().as_secs_f64()
 }
 
+/// What the event traffic sent, and what of it the server refused (by error code).
+#[derive(Default)]
+struct EventCounts {
+    sent: AtomicU64,
+    refused: Mutex<Vec<(String, u64)>>,
+}
+
 /// Background event traffic: `event_rate` batches/s over one worker connection, each
 /// storing a fresh chain on the next worker and removing the one it stored last time.
 async fn events(
@@ -261,7 +270,7 @@ async fn events(
     first_seq: Vec<u64>,
     ks: kvix_wire::Keyspace,
     stop: Arc<AtomicBool>,
-    sent: Arc<AtomicU64>,
+    counts: Arc<EventCounts>,
 ) -> anyhow::Result<()> {
     let mut conn = WireConn::connect(addr, cfg.token_block).await?;
     let seed = ks.seed(cfg.token_block);
@@ -304,10 +313,21 @@ async fn events(
                 },
                 FLAG_NO_REPLY,
             )?;
-            sent.fetch_add(1, Relaxed);
+            counts.sent.fetch_add(1, Relaxed);
             w = (w + 1) % ids.len();
         }
         conn.flush().await?;
+        let codes = conn.refusals()?;
+        if !codes.is_empty() {
+            let mut r = counts.refused.lock().unwrap_or_else(|p| p.into_inner());
+            for code in codes {
+                let name = format!("{code:?}");
+                match r.iter_mut().find(|(c, _)| *c == name) {
+                    Some((_, n)) => *n += 1,
+                    None => r.push((name, 1)),
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -375,7 +395,7 @@ pub fn run(
     let held = ds.held();
     let first_seq: Vec<u64> = held.iter().map(|h| h.len() as u64).collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let ev_sent = Arc::new(AtomicU64::new(0));
+    let ev_counts = Arc::new(EventCounts::default());
     let ev_task = (cfg.event_rate > 0.0).then(|| {
         rt.spawn(events(
             addr,
@@ -384,7 +404,7 @@ pub fn run(
             first_seq,
             ds.keyspace.clone(),
             stop.clone(),
-            ev_sent.clone(),
+            ev_counts.clone(),
         ))
     });
     let q = Query {
@@ -426,7 +446,12 @@ pub fn run(
             }
         })?;
     }
-    let batches = ev_sent.load(Relaxed);
+    let batches = ev_counts.sent.load(Relaxed);
+    let event_batches_refused = ev_counts
+        .refused
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     let tally = ClientTally::of(&clients);
     let executor_queries = split_before.and_then(|before| {
         let after = split_at("after the run")?;
@@ -441,6 +466,7 @@ pub fn run(
         queries,
         floor,
         event_batches: batches,
+        event_batches_refused,
         // Each batch stores event_blocks and (after the first round) removes as many.
         block_events_per_s: if ev_wall > 0.0 {
             batches as f64 * cfg.event_blocks as f64 * 2.0 / ev_wall

@@ -706,9 +706,23 @@ fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
             }
             Err(e) => format!("queries per executor: not read ({e})\n"),
         };
+        let refused = if r.event_batches_refused.is_empty() {
+            format!("event batches sent: {}, refused: none\n", r.event_batches)
+        } else {
+            let by_code: Vec<String> = r
+                .event_batches_refused
+                .iter()
+                .map(|(code, n)| format!("{code} {n}"))
+                .collect();
+            format!(
+                "event batches sent: {}, refused: {}\n",
+                r.event_batches,
+                by_code.join(", ")
+            )
+        };
         format!(
             "load: open loop {} q/s from {} gateways, {} workers sending {:.0} block events/s, \
-             {}-block queries ({} B / {} B), deadline {} ms\n{}{}{}",
+             {}-block queries ({} B / {} B), deadline {} ms\n{}{}{}{}",
             r.config.rate,
             r.config.gateways,
             r.config.workers,
@@ -719,7 +733,8 @@ fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
             r.config.deadline_ms,
             t.render(),
             ratio,
-            split
+            split,
+            refused
         )
     })
 }

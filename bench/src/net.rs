@@ -15,8 +15,9 @@ use anyhow::{bail, Context};
 use kvix_client::{Addr, Client, ClientConfig};
 use kvix_wire::chain::token_chain;
 use kvix_wire::{
-    encode, to_native, AlignedVec, Announce, Announced, Applied, Body, Event, EventBatch, Feed,
-    FrameReader, Header, Hello, Keyspace, Lane, MessageRef, Retire, Welcome, DEFAULT_MAX_FRAME,
+    encode, to_native, AlignedVec, Announce, Announced, Applied, Body, ErrorCode, Event,
+    EventBatch, Feed, FrameReader, Header, Hello, Keyspace, Lane, MessageRef, Retire, Welcome,
+    DEFAULT_MAX_FRAME,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -120,6 +121,28 @@ impl WireConn {
         let frame = encode(msg, id, flags)?;
         self.stream.write_all(&frame).await?;
         Ok(id)
+    }
+
+    /// The error codes of the refusals the server has sent so far to requests sent
+    /// without wanting a reply (it answers those only to refuse them), without waiting.
+    pub fn refusals(&mut self) -> anyhow::Result<Vec<ErrorCode>> {
+        loop {
+            match self.stream.try_read(self.frames.spare()) {
+                Ok(0) => bail!("the server closed the connection"),
+                Ok(n) => self.frames.filled(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut codes = Vec::new();
+        while let Some(f) = self.frames.next()? {
+            let len = f.len;
+            if let MessageRef::ErrorReply(e) = f.message()? {
+                codes.push(to_native::<kvix_wire::ErrorReply>(e).code);
+            }
+            self.frames.consume(len);
+        }
+        Ok(codes)
     }
 
     /// Reads one frame.

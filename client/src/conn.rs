@@ -21,6 +21,10 @@ use tokio::sync::{oneshot, Notify};
 use crate::counters::Counters;
 use crate::{Addr, ClientError};
 
+/// Bit 63 of a request id: set on fire-and-forget requests (`FLAG_NO_REPLY`), whose only
+/// possible answer is their refusal.
+pub const QUIET_ID: u64 = 1 << 63;
+
 /// A backlog past this means the server is not reading: the connection is given up.
 const MAX_BACKLOG: usize = 64 << 20;
 
@@ -357,6 +361,21 @@ impl Conn {
     fn deliver(&self, frame: &Frame<'_>, counters: &Counters) -> Result<(), String> {
         let msg = frame.message().map_err(|e| e.to_string())?;
         let id = frame.header.request_id;
+        if id & QUIET_ID != 0 {
+            // A fire-and-forget write the server refused: counted, and logged now and then.
+            let MessageRef::ErrorReply(e) = msg else {
+                return Err(format!(
+                    "server sent a {} frame to a fire-and-forget request",
+                    msg.kind().name()
+                ));
+            };
+            let e: ErrorReply = to_native(e);
+            let n = counters.write_refused(e.code);
+            if n.is_power_of_two() {
+                tracing::warn!(server = %self.addr, code = ?e.code, "a fire-and-forget write was refused ({n} so far): {}", e.message);
+            }
+            return Ok(());
+        }
         let waiter = self.pending.lock().ok().and_then(|mut p| p.map.remove(&id));
         let kind = msg.kind();
         let Some((want, tx)) = waiter else {

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+use kvix_wire::ErrorCode;
+
 use crate::QueryOutcome;
 
 /// Highest latency the histogram tracks (larger values are clamped to it): 60 s.
@@ -38,6 +40,8 @@ pub(crate) struct Atomics {
 pub(crate) struct Counters {
     pub n: Atomics,
     latency: Mutex<Histogram<u64>>,
+    /// Fire-and-forget writes the servers refused, by error code.
+    refused: Mutex<Vec<(ErrorCode, u64)>>,
 }
 
 impl Counters {
@@ -45,6 +49,22 @@ impl Counters {
         Counters {
             n: Atomics::default(),
             latency: Mutex::new(new_histogram()),
+            refused: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Counts a fire-and-forget write refused with `code`; the count for that code now.
+    pub fn write_refused(&self, code: ErrorCode) -> u64 {
+        let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        match refused.iter_mut().find(|(c, _)| *c == code) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                refused.push((code, 1));
+                1
+            }
         }
     }
 
@@ -80,6 +100,11 @@ impl Counters {
             placements_sent: g(&n.placements_sent),
             placement_drops: g(&n.placement_drops),
             placements_unsent: g(&n.placements_unsent),
+            writes_refused: self
+                .refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             connects: g(&n.connects),
             reconnects: g(&n.reconnects),
             connection_losses: g(&n.connection_losses),
@@ -140,6 +165,10 @@ pub struct CountersSnapshot {
     pub placement_drops: u64,
     /// Placements dequeued but not sent: no server up, or the worker is unknown.
     pub placements_unsent: u64,
+    /// Fire-and-forget writes (placements, retires) a server refused, by error code
+    /// (`LogUnavailable`: the replicas' log was away; `UnknownWorker`: the server did not
+    /// know the worker): sent, but not taken.
+    pub writes_refused: Vec<(ErrorCode, u64)>,
     /// Successful handshakes, first connections included.
     pub connects: u64,
     /// Successful handshakes after an earlier connection to the same server was lost.
@@ -178,6 +207,7 @@ impl fmt::Debug for CountersSnapshot {
             .field("placements_sent", &self.placements_sent)
             .field("placement_drops", &self.placement_drops)
             .field("placements_unsent", &self.placements_unsent)
+            .field("writes_refused", &self.writes_refused)
             .field("connects", &self.connects)
             .field("reconnects", &self.reconnects)
             .field("connection_losses", &self.connection_losses)
@@ -200,6 +230,11 @@ impl CountersSnapshot {
     /// Queries asked, all outcomes.
     pub fn queries(&self) -> u64 {
         self.scores + self.empty + self.timeouts + self.disconnected + self.rejected
+    }
+
+    /// Fire-and-forget writes refused, all codes.
+    pub fn writes_refused_total(&self) -> u64 {
+        self.writes_refused.iter().map(|(_, n)| n).sum()
     }
 
     /// Queries that failed open (timeout or disconnected).

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvix_wire::{encode, Announce, Body, ErrorReply, Kind, WorkerId};
+use kvix_wire::{encode, Announce, Body, ErrorReply, Kind, WorkerId, FLAG_NO_REPLY};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::conn::{Conn, Reply};
@@ -177,6 +177,13 @@ impl Shared {
         flags: u8,
         want: Option<Kind>,
     ) -> Result<Option<oneshot::Receiver<Reply>>, ClientError> {
+        // The server answers a fire-and-forget write only to refuse it: the id's top bit
+        // tells that refusal from a reply that came after its request timed out.
+        let id = if flags & FLAG_NO_REPLY != 0 {
+            id | crate::conn::QUIET_ID
+        } else {
+            id
+        };
         let frame = encode(msg, id, flags).map_err(|e| ClientError::Encode(e.to_string()))?;
         if frame.len() > conn.max_frame() as usize {
             return Err(ClientError::Encode(format!(

@@ -131,12 +131,12 @@ where
                     }
                 }
                 Reply::Later(fut) => {
-                    if !pending(&inflight, &out, fut, false).await {
+                    if !pending(&inflight, &out, async move { Some(fut.await) }).await {
                         break 'conn Closed::Stalled;
                     }
                 }
                 Reply::Quiet(fut) => {
-                    if !pending(&inflight, &out, fut, true).await {
+                    if !pending(&inflight, &out, fut).await {
                         break 'conn Closed::Stalled;
                     }
                 }
@@ -217,20 +217,18 @@ impl Out {
 
 /// Runs a reply that waits as a task holding one of the connection's in-flight permits
 /// (taken here, in order, so a full connection stops reading); a quiet one (the client
-/// asked for no reply) is dropped when done. False when the connection is over.
+/// asked for no reply) sends only a refusal. False when the connection is over.
 async fn pending(
     inflight: &Rc<Semaphore>,
     out: &Out,
-    fut: crate::mesh::LocalFuture<AlignedVec>,
-    quiet: bool,
+    fut: impl std::future::Future<Output = Option<AlignedVec>> + 'static,
 ) -> bool {
     let Ok(permit) = inflight.clone().acquire_static_permit(1).await else {
         return false;
     };
     let out = out.clone();
     glommio::spawn_local(async move {
-        let bytes = fut.await;
-        if !quiet {
+        if let Some(bytes) = fut.await {
             out.send(bytes).await;
         }
         drop(permit);

@@ -38,9 +38,9 @@ pub struct Session {
 pub enum Reply {
     Now(AlignedVec),
     Later(LocalFuture<AlignedVec>),
-    /// Work the client wants no reply to: it still counts against the connection's
-    /// in-flight limit until done.
-    Quiet(LocalFuture<AlignedVec>),
+    /// A write the client wants no reply to: it still counts against the connection's
+    /// in-flight limit until done, and only a refusal is answered (its error frame).
+    Quiet(LocalFuture<Option<AlignedVec>>),
     Nothing,
 }
 
@@ -104,11 +104,18 @@ pub fn handle(
         return Reply::Now(failure_frame(id, Failure::Stopping));
     }
     if is_write(&msg) {
-        let fut = write(ex, id, &msg, body);
+        let applied = match write_of(&msg, body) {
+            Ok(w) => route_write(ex, w, Origin::Accepted),
+            Err(f) => Box::pin(std::future::ready(Err(f))),
+        };
         return if header.wants_reply() {
-            Reply::Later(fut)
+            Reply::Later(Box::pin(async move { reply_frame(id, applied.await) }))
         } else {
-            Reply::Quiet(fut)
+            // Success is not answered; a refusal is, so that a fire-and-forget sender
+            // can count what it lost.
+            Reply::Quiet(Box::pin(async move {
+                applied.await.err().map(|f| failure_frame(id, f))
+            }))
         };
     }
     let reply = match msg {
@@ -141,8 +148,7 @@ pub fn handle(
         )),
     };
     match reply {
-        Reply::Later(fut) if !header.wants_reply() => Reply::Quiet(fut),
-        Reply::Now(_) if !header.wants_reply() => Reply::Nothing,
+        Reply::Later(_) | Reply::Now(_) if !header.wants_reply() => Reply::Nothing,
         reply => reply,
     }
 }
@@ -180,18 +186,6 @@ fn write_of(msg: &MessageRef<'_>, body: &[u8]) -> Result<Write, Failure> {
             body: WriteBody::from(body),
         },
     })
-}
-
-/// A write on its route (queued, or sent to the shared log, now: in the order the
-/// connection sent its writes); the reply frame once it is applied everywhere.
-fn write(ex: &Rc<Executor>, id: u64, msg: &MessageRef<'_>, body: &[u8]) -> LocalFuture<AlignedVec> {
-    match write_of(msg, body) {
-        Ok(w) => {
-            let applied = route_write(ex, w, Origin::Accepted);
-            Box::pin(async move { reply_frame(id, applied.await) })
-        }
-        Err(f) => Box::pin(std::future::ready(failure_frame(id, f))),
-    }
 }
 
 /// The outcome of one applied write as the reply frame its client waits for.

@@ -563,3 +563,25 @@ async fn a_query_whose_real_server_dies_under_it_is_answered_by_the_next_one() {
         "{n:?}"
     );
 }
+
+/// A fire-and-forget placement the server refuses (here: a worker it does not know) is
+/// counted by the client under its error code, not taken for a late reply or lost
+/// without a word.
+#[tokio::test]
+async fn refused_fire_and_forget_placements_are_counted_by_code() {
+    let server = Server::start(&["--cores", "2"]);
+    let c = Client::connect(config(tcp(&server))).await.unwrap();
+    let p = c.announce("pl", full(), placements(100)).await.unwrap();
+    let chain = chain_of(&ks(), 0, 4);
+    assert!(c.publish_placement(p, &ks(), chain.clone()));
+    assert!(c.publish_placement(p + 1000, &ks(), chain));
+    for _ in 0..1000 {
+        if c.counters().writes_refused_total() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let n = c.counters();
+    assert_eq!(n.writes_refused, vec![(ErrorCode::UnknownWorker, 1)]);
+    assert_eq!((n.placements_sent, n.late_replies), (2, 0));
+}

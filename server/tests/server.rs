@@ -329,6 +329,58 @@ fn hybrid_worker_with_an_empty_lane_scores_zero_and_counts_unscorable() {
         .contains("kvix_queries_total{outcome=\"unscorable\"} 1"));
 }
 
+/// A write sent without wanting a reply gets none when it is applied, and its error
+/// frame, under its own id, when it is refused: a fire-and-forget sender can count what
+/// was lost. Refusals used to be dropped unanswered.
+#[test]
+fn fire_and_forget_writes_are_answered_only_when_refused() {
+    let server = Server::start(&["--cores", "2"]);
+    let mut c = server.session();
+    let ks = Keyspace::tokens("m");
+    let w = c
+        .announce(
+            "p",
+            full(),
+            Feed::Placements {
+                capacity_blocks: 10,
+                ttl_ms: 0,
+            },
+        )
+        .unwrap()
+        .worker;
+    let place = |worker| Placement {
+        worker,
+        keyspace: ks.clone(),
+        chain: chain_of(&ks, 0, 4),
+    };
+    c.send_flags(&place(w), FLAG_NO_REPLY);
+    let refused = c.send_flags(&place(w + 100), FLAG_NO_REPLY);
+    c.send_flags(&Retire { worker: w + 200 }, FLAG_NO_REPLY);
+    let stats = c.send(&StatsRequest {});
+    // The two refusals, each under its id, and the stats (in any order: replies need
+    // not keep the requests' order); nothing for the placement that was applied.
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let r = c.recv().expect("replies before close");
+        let code = (r.kind == Kind::ErrorReply).then(|| r.error().code);
+        got.push((r.header.request_id, code));
+    }
+    got.sort_unstable_by_key(|(id, _)| *id);
+    let echo = c.ask(&Echo {
+        payload: vec![],
+        reply_len: 0,
+    });
+    assert_eq!(echo.kind, Kind::Echo, "nothing else was answered");
+    assert_eq!(
+        got,
+        [
+            (refused, Some(ErrorCode::UnknownWorker)),
+            (refused + 1, Some(ErrorCode::UnknownWorker)),
+            (stats, None)
+        ]
+    );
+}
+
 #[test]
 fn placements_fire_and_forget_and_are_capped() {
     let server = Server::start(&["--cores", "2"]);

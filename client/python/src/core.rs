@@ -287,8 +287,13 @@ impl Core {
             ("hedges", c.hedges),
             ("hedges_won", c.hedges_won),
             ("failovers", c.failovers),
+            ("writes_refused", c.writes_refused_total()),
         ] {
             d.set_item(k, v)?;
+        }
+        // Fire-and-forget writes refused, by error code: `writes_refused.LogUnavailable`...
+        for (code, n) in &c.writes_refused {
+            d.set_item(format!("writes_refused.{code:?}"), n)?;
         }
         for (k, q) in [
             ("latency_p50_us", 0.5),
