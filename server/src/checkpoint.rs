@@ -14,13 +14,15 @@ use crate::mesh::LocalFuture;
 use crate::metrics::ExecutorMetrics;
 use crate::{failure, mesh, writer};
 
-/// Gathers every executor's part and writes a snapshot when `--snapshot` is set. The file
-/// is written by a helper thread so the executor keeps serving; at shutdown we wait for it
-/// and say whether it was written.
+/// Gathers every executor's part and writes a snapshot: to `--snapshot`, and, for a
+/// replica, into the log's Redis (which trims the stream below it: a fleet without
+/// snapshot files is trimmed all the same). Written by a helper thread so the executor
+/// keeps serving; at shutdown we wait for it and say whether it was written.
 pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
-    let Some(path) = ex.config().snapshot.clone() else {
+    let path = ex.config().snapshot.clone();
+    if path.is_none() && ex.replica().is_none() {
         return Ok(());
-    };
+    }
     if last {
         // Client writes are refused now: once every accepted one is applied everywhere,
         // the parts cover the whole log and a restart has nothing to replay (engine
@@ -57,7 +59,11 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
                     Box::pin(async move { rx.await.map_err(|_| failure::Failure::Stopping) })
                 })
                 .collect();
-            (parts, mark.position)
+            let at = replica::LogMark {
+                position: mark.position,
+                generation: Some(r.generation.clone()),
+            };
+            (parts, at.to_string())
         }
         None => (
             (0..ex.executors())
@@ -99,29 +105,33 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
     );
     let wal = ex.wal().cloned();
     let replica = ex.replica().cloned();
-    let writer = std::thread::spawn(move || match snapshot::write(&path, &bytes) {
-        Ok(()) => {
-            written.fetch_add(1, Ordering::Relaxed);
-            if let Some(r) = replica {
-                if let Err(e) = replica::follower::publish_snapshot(&r, &bytes, &log_position) {
-                    tracing::warn!("snapshot not stored in Redis: {e}");
-                }
+    let writer = std::thread::spawn(move || {
+        if let Some(path) = &path {
+            if let Err(e) = snapshot::write(path, &bytes) {
+                failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(path = %path.display(), "snapshot not written: {e}");
+                anyhow::bail!("snapshot {} not written: {e}", path.display());
             }
+            written.fetch_add(1, Ordering::Relaxed);
             tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written");
             // The log below the snapshot's start is in the file now.
             if let Some(Err(e)) = wal.map(|w| w.drop_below(wal_from)) {
                 tracing::warn!("write-ahead log: old generations not removed: {e}");
             }
-            Ok(())
         }
-        Err(e) => {
-            failed.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(path = %path.display(), "snapshot not written: {e}");
-            Err(anyhow::anyhow!(
-                "snapshot {} not written: {e}",
-                path.display()
-            ))
+        if let Some(r) = replica {
+            let position = replica::LogMark::parse(&log_position).position;
+            match replica::follower::publish_snapshot(&r, &bytes, &position) {
+                Ok(()) => {
+                    r.metrics.stored.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    r.metrics.store_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("snapshot not stored in Redis (the log is not trimmed): {e}");
+                }
+            }
         }
+        Ok(())
     });
     if last {
         return writer

@@ -69,17 +69,35 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         }
         None => None,
     };
+    let mut generation = String::new();
     if let Some(log) = &config.log {
+        let start = replica::follower::fetch_start(&log.server, &log.key)
+            .with_context(|| format!("reading the stored snapshot from {}", log.server))?;
+        generation = start.generation;
+        // A snapshot of another log (flushed, restarted without persistence, recreated
+        // since) names workers that log numbered: this one starts without it.
+        if let Some(mine) = &restored {
+            let mark = replica::LogMark::parse(&mine.log_position);
+            if mark.generation.as_ref().is_some_and(|g| *g != generation) {
+                tracing::warn!(
+                    snapshot = %config.snapshot.as_deref().map_or("".into(), |p| p.display().to_string()),
+                    "the snapshot is of another write log (generation {}; the log at {} is \
+                     now generation {generation}): not loaded",
+                    mark.generation.as_deref().unwrap_or(""),
+                    log.server
+                );
+                restored = None;
+            }
+        }
         // A replica without its own snapshot (new, or too far behind a trimmed stream)
         // starts from the one the fleet stored in Redis.
-        let stored = replica::follower::fetch_snapshot(&log.server, &log.key)
-            .with_context(|| format!("reading the stored snapshot from {}", log.server))?;
-        if let Some(bytes) = stored {
+        if let Some(bytes) = start.snapshot {
             let theirs =
                 snapshot::decode(&bytes, config.block_size, "the snapshot stored in Redis")?;
-            let newer = restored.as_ref().is_none_or(|mine| {
-                replica::id_key(&theirs.log_position) > replica::id_key(&mine.log_position)
-            });
+            let position = |s: &str| replica::id_key(&replica::LogMark::parse(s).position);
+            let newer = restored
+                .as_ref()
+                .is_none_or(|mine| position(&theirs.log_position) > position(&mine.log_position));
             if newer {
                 restored = Some(theirs);
             }
@@ -109,10 +127,10 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         .unzip();
     let replica = match &config.log {
         Some(log) => {
-            let from = restored
-                .as_ref()
-                .map_or("0-0".to_string(), |i| i.log_position.clone());
-            let r = replica::Replica::start(log.clone(), from, log_inboxes)?;
+            let from = restored.as_ref().map_or("0-0".to_string(), |i| {
+                replica::LogMark::parse(&i.log_position).position
+            });
+            let r = replica::Replica::start(log.clone(), generation, from, log_inboxes)?;
             ingest.set_leased();
             let (r2, ing) = (r.clone(), ingest.clone());
             std::thread::Builder::new()

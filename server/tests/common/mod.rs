@@ -95,6 +95,10 @@ fn listening_on(listen: &str) -> Command {
     cmd
 }
 
+/// How long a test waits for a server to listen: a replica catching up with its log, or
+/// waiting for an unreachable one (30 s), takes longest.
+pub const START_WAIT: Duration = Duration::from_secs(90);
+
 impl Server {
     /// Starts the binary with `args` on an ephemeral port, no Unix socket, metrics on an
     /// ephemeral port, and waits for it to print its addresses.
@@ -133,7 +137,8 @@ impl Server {
         panic!("kvix-server never listened on {listen}: {last}");
     }
 
-    /// Like `spawn`, but a server that exits before listening is an error, not a panic.
+    /// Like `spawn`, but a server that exits before listening, or does not listen within
+    /// [`START_WAIT`], is an error, not a panic.
     pub fn try_spawn(mut cmd: Command) -> Result<Server, String> {
         if !cmd.get_envs().any(|(k, _)| k == "KVIX_LOG") {
             cmd.env("KVIX_LOG", "warn");
@@ -143,7 +148,17 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("kvix-server starts");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
+        // Read on a thread of its own, which keeps draining stdout afterwards so the
+        // server never blocks on a full pipe; the start is waited for at most START_WAIT.
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = std::time::Instant::now() + START_WAIT;
         let (mut addr, mut metrics, mut lines) = (None, None, Vec::new());
         let args: Vec<_> = cmd
             .get_args()
@@ -159,13 +174,24 @@ impl Server {
         let wants_unix = given("--unix").is_some_and(|v| !v.is_empty());
         let mut unix = false;
         while addr.is_none() || (wants_metrics && metrics.is_none()) || (wants_unix && !unix) {
-            let mut line = String::new();
-            if out.read_line(&mut line).unwrap() == 0 {
-                let _ = child.wait();
-                return Err(format!(
-                    "kvix-server exited before listening; output so far: {lines:?}"
-                ));
-            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = match rx.recv_timeout(left) {
+                Ok(line) => line,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    let _ = child.wait();
+                    return Err(format!(
+                        "kvix-server exited before listening; output so far: {lines:?}"
+                    ));
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!(
+                        "kvix-server did not listen within {} s (killed); output so far: {lines:?}",
+                        START_WAIT.as_secs()
+                    ));
+                }
+            };
             if let Some(rest) = line.split("listening on tcp://").nth(1) {
                 addr = Some(rest.split_whitespace().next().unwrap().parse().unwrap());
             }
@@ -175,8 +201,6 @@ impl Server {
             }
             lines.push(line);
         }
-        // Keep draining stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in out.lines() {});
         Ok(Server {
             child,
             addr: addr.unwrap(),

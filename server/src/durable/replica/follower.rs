@@ -12,7 +12,7 @@ use futures::SinkExt;
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 use redis::Commands;
 
-use super::{id_key, positions_key, snapshot_key, LogJob, Mark, Replica};
+use super::{generation_key, id_key, positions_key, snapshot_key, LogJob, Mark, Replica, Stopped};
 use crate::durable::write::Write;
 
 /// Entries read per round trip, and how long one read waits for new ones.
@@ -27,6 +27,8 @@ enum Read {
     Entries(Option<StreamReadReply>),
     /// Entries this replica has not read were trimmed away; the stream's first entry.
     Trimmed(String),
+    /// The log is another one than this replica follows: its generation now, if any.
+    Replaced(Option<String>),
 }
 
 /// Reads what follows `position`, unless entries this replica has not read were trimmed
@@ -34,9 +36,13 @@ enum Read {
 /// oldest live replica's position, so a live replica's own entry stays), or, reading
 /// from the start ("0-0"), the stream ever had more entries than it holds. A stream
 /// lost altogether (flushed) is such a hole too: this replica's history went with it.
+///
+/// Every read also checks the log's generation: entries read from a log that was
+/// replaced in between are not handed on.
 fn read_after(
     c: &mut redis::Connection,
     key: &str,
+    generation: &str,
     position: &str,
     opts: &StreamReadOptions,
 ) -> redis::RedisResult<Read> {
@@ -44,18 +50,36 @@ fn read_after(
         let r: StreamRangeReply = c.xrange_count(key, "-", "+", 1)?;
         Ok(r.ids.first().map_or("nothing".into(), |e| e.id.clone()))
     };
+    let replaced = |now: &Option<String>| now.as_deref() != Some(generation);
     if position == "0-0" {
+        let now: Option<String> = c.get(generation_key(key))?;
+        if replaced(&now) {
+            return Ok(Read::Replaced(now));
+        }
         if trimmed_from_start(c, key)? {
             return first(c).map(Read::Trimmed);
         }
-        return c
-            .xread_options(&[key], &[position], opts)
-            .map(Read::Entries);
+        let reply = c.xread_options(&[key], &[position], opts)?;
+        let now: Option<String> = c.get(generation_key(key))?;
+        if replaced(&now) {
+            return Ok(Read::Replaced(now));
+        }
+        return Ok(Read::Entries(reply));
     }
-    let (mine, reply): (StreamRangeReply, Option<StreamReadReply>) = redis::pipe()
+    let (now, mine, reply, after): (
+        Option<String>,
+        StreamRangeReply,
+        Option<StreamReadReply>,
+        Option<String>,
+    ) = redis::pipe()
+        .get(generation_key(key))
         .xrange(key, position, position)
         .xread_options(&[key], &[position], opts)
+        .get(generation_key(key))
         .query(c)?;
+    if replaced(&now) || replaced(&after) {
+        return Ok(Read::Replaced(if replaced(&now) { now } else { after }));
+    }
     if mine.ids.is_empty() {
         return first(c).map(Read::Trimmed);
     }
@@ -143,7 +167,7 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
         // stream, in one round trip: a read from a trimmed position would return what
         // follows the hole as if nothing were missing.
         let opts = StreamReadOptions::default().count(COUNT).block(BLOCK_MS);
-        let read = read_after(c, &r.url.key, &position, &opts);
+        let read = read_after(c, &r.url.key, &r.generation, &position, &opts);
         let reply = match read {
             Ok(Read::Entries(reply)) => reply,
             Ok(Read::Trimmed(first)) => {
@@ -152,7 +176,19 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
                      gone; the stream now starts at {first}): it stopped following the log \
                      rather than skip what it missed; restart it to load the stored snapshot"
                 );
-                r.stop_following(why, false);
+                r.stop_following(Stopped::BehindTrim, why);
+                return;
+            }
+            Ok(Read::Replaced(now)) => {
+                let why = format!(
+                    "the write log was replaced (generation {} where this replica follows \
+                     {}: flushed, restarted without persistence, or recreated): it stopped \
+                     following it, its worker ids would name other workers than the new \
+                     log's; restart it to start from the log as it is now",
+                    now.as_deref().unwrap_or("none"),
+                    r.generation
+                );
+                r.stop_following(Stopped::Replaced, why);
                 return;
             }
             Err(e) => {
@@ -181,7 +217,7 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
                     entry.id,
                     bytes.len()
                 );
-                r.stop_following(why, true);
+                r.stop_following(Stopped::Unreadable, why);
                 return;
             }
             let (ms, seq) = id_key(&entry.id);
@@ -262,26 +298,46 @@ fn mark(inboxes: &mut [mpsc::Sender<LogJob>], position: &str, req: oneshot::Send
 /// append refused) is freed by it: the store is then not refused for the memory it was
 /// about to free, and the fleet heals by itself. Should the store still fail, the stored
 /// snapshot is older than the trim point and a replica starting from it finds its
-/// position trimmed and refuses (`kvix_log_behind_trim`) until a later store succeeds.
+/// position trimmed and refuses (`kvix_log_stopped{reason="behind_trim"}`) until a later store succeeds.
+///
+/// Both happen only in the log of this replica's generation: a replica that has not yet
+/// seen its log replaced must not trim the new one or store its old state in it.
 pub fn publish_snapshot(r: &Replica, bytes: &[u8], position: &str) -> redis::RedisResult<()> {
     let mut c = r.connect()?;
     let key = &r.url.key;
+    let replaced = || {
+        redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "the write log was replaced (another generation): snapshot not stored",
+        ))
+    };
+    let now: Option<String> = c.get(generation_key(key))?;
+    if now.as_deref() != Some(r.generation.as_str()) {
+        return Err(replaced());
+    }
     trim(r, &mut c, position)?;
-    redis::pipe()
-        .atomic()
-        .set(snapshot_key(key), bytes)
-        .hset(
-            positions_key(key),
-            "snapshot",
-            format!("{position} {}", u64::MAX),
-        )
-        .hset(
-            positions_key(key),
-            &r.id,
-            format!("{position} {}", now_ms()),
-        )
-        .query::<()>(&mut c)
+    let stored: u8 = redis::Script::new(STORE_SNAPSHOT)
+        .key(generation_key(key))
+        .key(snapshot_key(key))
+        .key(positions_key(key))
+        .arg(&r.generation)
+        .arg(bytes)
+        .arg(format!("{position} {}", u64::MAX))
+        .arg(&r.id)
+        .arg(format!("{position} {}", now_ms()))
+        .invoke(&mut c)?;
+    if stored == 0 {
+        return Err(replaced());
+    }
+    Ok(())
 }
+
+/// Stores the snapshot and its position if the log is still of the generation ARGV[1].
+const STORE_SNAPSHOT: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('HSET', KEYS[3], 'snapshot', ARGV[3], ARGV[4], ARGV[5])
+return 1";
 
 /// Trims the stream below every position still needed once the snapshot at `snapshot`
 /// is stored: it and every other replica that reported in the last minute (the snapshot
@@ -310,6 +366,21 @@ pub fn trim(r: &Replica, c: &mut redis::Connection, snapshot: &str) -> redis::Re
         .arg(&floor)
         .query(c)?;
     r.metrics.trimmed.fetch_add(removed, Relaxed);
+    // Replicas gone for good (each start reports under a new id): their positions are
+    // not waited for any more, and would pile up.
+    let gone: Vec<&String> = all
+        .iter()
+        .filter(|(who, _)| who.as_str() != "snapshot" && **who != r.id)
+        .filter(|(_, v)| {
+            v.split_once(' ')
+                .and_then(|(_, at)| at.parse::<u64>().ok())
+                .is_none_or(|at| at < now.saturating_sub(STALE_MS))
+        })
+        .map(|(who, _)| who)
+        .collect();
+    if !gone.is_empty() {
+        let _: u64 = c.hdel(positions_key(key), gone)?;
+    }
     Ok(())
 }
 
@@ -318,13 +389,54 @@ pub fn trim(r: &Replica, c: &mut redis::Connection, snapshot: &str) -> redis::Re
 /// enough that a wrong address still fails the start while someone watches.
 pub const START_WAIT: Duration = Duration::from_secs(30);
 
-/// The snapshot stored in Redis, if there is one. Errors that pass (the connection,
-/// a Sentinel that names no primary yet, Redis loading) are retried for [`START_WAIT`],
-/// each logged with its cause; any other error, or the last, is returned.
-pub fn fetch_snapshot(server: &super::LogServer, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
+/// What a replica starts from: the log's generation and the snapshot stored in it.
+pub struct LogStart {
+    pub generation: String,
+    /// The snapshot stored in Redis, if there is one.
+    pub snapshot: Option<Vec<u8>>,
+}
+
+/// The log's generation (set now, to a new random id, where the key has none: a new
+/// log, or one flushed or restarted without persistence) and its stored snapshot. Errors
+/// that pass (the connection, a Sentinel that names no primary yet, Redis loading) are
+/// retried for [`START_WAIT`], each logged with its cause; any other error, or the last,
+/// is returned.
+pub fn fetch_start(server: &super::LogServer, key: &str) -> anyhow::Result<LogStart> {
     let link = super::Link::open(server)?;
-    let fetch =
-        || -> redis::RedisResult<Option<Vec<u8>>> { link.connect()?.get(snapshot_key(key)) };
+    let fetch = || -> redis::RedisResult<LogStart> {
+        let mut c = link.connect()?;
+        let (generation, snapshot): (Option<String>, Option<Vec<u8>>) = redis::pipe()
+            .get(generation_key(key))
+            .get(snapshot_key(key))
+            .query(&mut c)?;
+        if let Some(generation) = generation {
+            return Ok(LogStart {
+                generation,
+                snapshot,
+            });
+        }
+        // A new generation: its snapshot, if any, was stored by nobody (a snapshot left
+        // without a generation is from before generations, and is taken as this log's).
+        let new = format!("{:016x}", super::rand_id());
+        let (_, generation, snapshot): (Option<String>, String, Option<Vec<u8>>) = redis::pipe()
+            .cmd("SET")
+            .arg(generation_key(key))
+            .arg(&new)
+            .arg("NX")
+            .get(generation_key(key))
+            .get(snapshot_key(key))
+            .query(&mut c)?;
+        if generation == new {
+            tracing::info!(
+                generation,
+                "the write log had no generation: this one is new"
+            );
+        }
+        Ok(LogStart {
+            generation,
+            snapshot,
+        })
+    };
     let deadline = Instant::now() + START_WAIT;
     let mut pause = Duration::from_millis(50);
     loop {

@@ -41,6 +41,9 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
     while !r.stopped() {
         std::thread::sleep(RENEW);
         if !r.caught_up.load(Relaxed) {
+            // Not following the log (yet, or any more): nothing it ingests could be
+            // appended.
+            drop_all(&r, &ingest, &mut held);
             continue;
         }
         if conn.is_none() {

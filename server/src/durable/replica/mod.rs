@@ -9,6 +9,13 @@
 //! and retires are barriers (the records after them wait), the rest are pipelined in
 //! order per worker.
 //!
+//! The log has an identity, its generation (`KEY:generation`, a random id the first
+//! replica to start on an empty key sets): snapshots record it with their position, and
+//! every read checks it. A log flushed, restarted without persistence or recreated has
+//! another (or none): running replicas stop following it (their ids would mean other
+//! workers than the new log's), and a replica started on it ignores snapshots of the old
+//! one, so every replica of the new log numbers workers from the same start.
+//!
 //! Snapshots carry the stream position they cover and are also stored in Redis
 //! (`KEY:snapshot`), so a new replica starts from the newest one and replays the stream
 //! from there; the stream is trimmed below the oldest position still needed
@@ -109,6 +116,64 @@ pub struct Mark {
     pub parts: Vec<oneshot::Receiver<Part>>,
 }
 
+/// Why a replica stopped following its log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stopped {
+    /// Entries after its position were trimmed away.
+    BehindTrim = 1,
+    /// The log holds a record it cannot read.
+    Unreadable = 2,
+    /// The log is not the one it followed (flushed, restarted without persistence,
+    /// recreated): another generation, or none.
+    Replaced = 3,
+}
+
+impl Stopped {
+    pub const ALL: [Stopped; 3] = [Stopped::BehindTrim, Stopped::Unreadable, Stopped::Replaced];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Stopped::BehindTrim => "behind_trim",
+            Stopped::Unreadable => "unreadable",
+            Stopped::Replaced => "replaced",
+        }
+    }
+}
+
+/// Where a snapshot stands in the log: the stream position its parts cover, in the log
+/// of this generation. Kept in a snapshot as `POSITION@GENERATION` (a snapshot from
+/// before generations holds the position alone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogMark {
+    pub position: String,
+    pub generation: Option<String>,
+}
+
+impl LogMark {
+    pub fn parse(s: &str) -> LogMark {
+        match s.split_once('@') {
+            Some((position, generation)) => LogMark {
+                position: position.to_string(),
+                generation: Some(generation.to_string()),
+            },
+            None => LogMark {
+                position: s.to_string(),
+                generation: None,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for LogMark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.generation {
+            Some(g) => write!(f, "{}@{g}", self.position),
+            None => f.write_str(&self.position),
+        }
+    }
+}
+
 /// Counters for the metrics page.
 #[derive(Default)]
 pub struct ReplicaMetrics {
@@ -119,6 +184,8 @@ pub struct ReplicaMetrics {
     pub leases_held: AtomicU64,
     pub lease_changes: AtomicU64,
     pub trimmed: AtomicU64,
+    pub stored: AtomicU64,
+    pub store_failures: AtomicU64,
     /// The position dispatched last (`ms-seq` of the stream id).
     pub position_ms: AtomicU64,
     pub position_seq: AtomicU64,
@@ -135,12 +202,13 @@ pub struct Replica {
     snapshot_request: Mutex<Option<oneshot::Sender<Mark>>>,
     /// Set once the follower passed the stream's end as it was at start.
     pub caught_up: AtomicBool,
-    /// Why this replica stopped following the log for good (entries after its position
-    /// were trimmed away, or one it cannot read): it refuses writes and /healthz says so
-    /// until restarted.
+    /// The log's generation this replica follows.
+    pub generation: String,
+    /// Why this replica stopped following the log for good: it refuses writes and
+    /// /healthz says so until restarted.
     broken: Mutex<Option<String>>,
-    /// It stopped at a record it cannot read (else, if stopped, behind the trim point).
-    unreadable: AtomicBool,
+    /// Which [`Stopped`] reason, as its index (0: following).
+    stopped_for: std::sync::atomic::AtomicU8,
     pub metrics: ReplicaMetrics,
     stop: AtomicBool,
 }
@@ -150,6 +218,7 @@ impl Replica {
     /// hands records to the executors' `inboxes`.
     pub fn start(
         url: LogUrl,
+        generation: String,
         position: String,
         inboxes: Vec<mpsc::Sender<LogJob>>,
     ) -> anyhow::Result<Arc<Replica>> {
@@ -166,8 +235,9 @@ impl Replica {
             next_token: AtomicU64::new(1),
             snapshot_request: Mutex::new(None),
             caught_up: AtomicBool::new(false),
+            generation,
             broken: Mutex::new(None),
-            unreadable: AtomicBool::new(false),
+            stopped_for: std::sync::atomic::AtomicU8::new(0),
             metrics: ReplicaMetrics::default(),
             stop: AtomicBool::new(false),
         });
@@ -201,10 +271,10 @@ impl Replica {
 
     /// The follower gives up for good (until a restart): refuses writes, fails
     /// /healthz with `why`, and waits for the process to stop.
-    fn stop_following(&self, why: String, unreadable: bool) {
+    fn stop_following(&self, reason: Stopped, why: String) {
         tracing::error!("{why}");
         self.caught_up.store(false, Relaxed);
-        self.unreadable.store(unreadable, Relaxed);
+        self.stopped_for.store(reason as u8, Relaxed);
         *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
         while !self.stopped() {
             std::thread::sleep(Duration::from_millis(100));
@@ -284,8 +354,6 @@ impl Replica {
 pub fn render(r: &Replica, out: &mut String) {
     use std::fmt::Write;
     let m = &r.metrics;
-    let stopped = r.broken().is_some();
-    let unreadable = r.unreadable.load(Relaxed);
     let rows: [(&str, &str, &str, u64); 12] = [
         (
             "kvix_log_appended_total",
@@ -330,22 +398,22 @@ pub fn render(r: &Replica, out: &mut String) {
             u64::from(r.caught_up.load(Relaxed)),
         ),
         (
-            "kvix_log_behind_trim",
-            "1 when entries after this replica's position were trimmed away: it stopped following the log, refuses writes and fails /healthz until restarted (it then loads the stored snapshot).",
-            "gauge",
-            u64::from(stopped && !unreadable),
-        ),
-        (
-            "kvix_log_unreadable",
-            "1 when the log holds a record this replica cannot read (another kvix version's, or a foreign writer's): it stopped following the log there, refuses writes and fails /healthz until restarted by a version that reads it.",
-            "gauge",
-            u64::from(unreadable),
-        ),
-        (
             "kvix_log_trimmed_total",
             "Log entries trimmed after snapshots.",
             "counter",
             m.trimmed.load(Relaxed),
+        ),
+        (
+            "kvix_log_snapshots_stored_total",
+            "Snapshots this replica stored in the log's Redis (after trimming the stream below them).",
+            "counter",
+            m.stored.load(Relaxed),
+        ),
+        (
+            "kvix_log_snapshot_store_failures_total",
+            "Snapshots this replica could not store in Redis (nor trim the stream for): Redis away or full, or the log replaced.",
+            "counter",
+            m.store_failures.load(Relaxed),
         ),
         (
             "kvix_ingest_leases_held",
@@ -366,6 +434,19 @@ pub fn render(r: &Replica, out: &mut String) {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP kvix_log_stopped 1 when this replica stopped following the log, by reason: behind_trim (entries after its position were trimmed away), unreadable (a record it cannot read: another kvix version's or a foreign writer's), replaced (the log was flushed, restarted without persistence or recreated). It refuses writes and fails /healthz until restarted.\n# TYPE kvix_log_stopped gauge"
+    );
+    let now = r.stopped_for.load(Relaxed);
+    for reason in Stopped::ALL {
+        let _ = writeln!(
+            out,
+            "kvix_log_stopped{{reason=\"{}\"}} {}",
+            reason.label(),
+            u8::from(now == reason as u8)
+        );
+    }
 }
 
 /// Redis keys beside the stream.
@@ -374,6 +455,9 @@ pub fn snapshot_key(key: &str) -> String {
 }
 pub fn positions_key(key: &str) -> String {
     format!("{key}:positions")
+}
+pub fn generation_key(key: &str) -> String {
+    format!("{key}:generation")
 }
 
 fn rand_id() -> u64 {
