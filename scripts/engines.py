@@ -367,11 +367,14 @@ def publish(argv):
         if not line.strip():
             continue
         cmd = json.loads(line)
-        if cmd["op"] == "publish":
-            events = [build_event(mod, dict(e)) for e in cmd["events"]]
-            pub.publish(mod.KVEventBatch(ts=time.time(), events=events))
-            pub._event_queue.join()  # task_done() follows the send
-            seq += 1
+        if cmd["op"] in ("publish", "publish_many"):
+            # publish_many: one batch per list of events, in order
+            batches = cmd["batches"] if cmd["op"] == "publish_many" else [cmd["events"]]
+            for evs in batches:
+                events = [build_event(mod, dict(e)) for e in evs]
+                pub.publish(mod.KVEventBatch(ts=time.time(), events=events))
+                pub._event_queue.join()  # task_done() follows the send
+                seq += 1
             print(f"published {seq}", flush=True)
         elif cmd["op"] == "stop":
             break

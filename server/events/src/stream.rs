@@ -16,8 +16,13 @@
 //!   timestamp is not later than the last applied one's); a later timestamp means a new
 //!   process counting from 0 again: resync.
 //!
+//! A replay that lost replies in the middle (a publisher's send queue overflowed) is
+//! applied up to the hole and asked again from there.
+//!
 //! Without a replay endpoint nothing can be recovered: gaps are counted, a new process
-//! is still detected by the timestamp rule and clears the worker.
+//! is still detected by the timestamp rule and clears the worker, and so does the first
+//! batch after a (re)connection that does not follow the last one (a new process that
+//! published past the old seq while the subscription was away cannot be told apart).
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -72,6 +77,8 @@ pub struct Tally {
     pub gaps: u64,
     pub replayed: u64,
     pub replay_failures: u64,
+    /// Replays that came back with a hole and were asked again from it.
+    pub holes: u64,
     pub restarts: u64,
     pub malformed: u64,
 }
@@ -86,6 +93,8 @@ pub struct Stream {
     reset_from: Option<LastBatch>,
     /// A replay from 0 found nothing: the publisher's seq 0 needs no replay.
     empty: bool,
+    /// Without replay: the subscription (re)connected and no message came since.
+    reconnected: bool,
     /// The replay asked for and not yet answered: what its answer continues.
     waiting: Option<Then>,
     /// The live message that asked for it, (seq, payload, decoded): taken once it is
@@ -129,6 +138,7 @@ impl Stream {
         if self.has_replay {
             return self.verify();
         }
+        self.reconnected = true;
         None
     }
 
@@ -142,6 +152,7 @@ impl Stream {
     ) -> Ask {
         let decoded = payload::decode(payload);
         let ts = decoded.as_ref().map_or(f64::NAN, |b| b.ts);
+        let reconnected = std::mem::take(&mut self.reconnected);
         let ask = match self.last {
             Some(l) if seq <= l.seq => {
                 // Same process: not later than what was applied. An undecodable
@@ -158,6 +169,12 @@ impl Stream {
                 t.gaps += 1;
                 if self.has_replay {
                     self.verify()
+                } else if reconnected {
+                    // Nothing to ask whether this is the process we followed: a new one
+                    // that published past our seq while we were away looks the same.
+                    // What the worker held may be gone: start again from this batch.
+                    t.restarts += 1;
+                    self.resync()
                 } else {
                     None
                 }
@@ -270,8 +287,7 @@ impl Stream {
             t.restarts += 1;
             return self.resync();
         }
-        self.apply_replay(&replies[1..], out, t);
-        None
+        self.apply_replay(&replies[1..], out, t)
     }
 
     /// Starts over: the worker is to be cleared and given everything the publisher
@@ -290,7 +306,7 @@ impl Stream {
     }
 
     fn resynced(&mut self, got: Replayed, out: &mut Vec<Delivery>, t: &mut Tally) -> Ask {
-        match got {
+        let ask = match got {
             Ok(replies) => {
                 self.empty = replies.is_empty();
                 self.apply_replay(&replies, out, t)
@@ -298,8 +314,9 @@ impl Stream {
             Err(e) => {
                 t.replay_failures += 1;
                 tracing::debug!("ingest: replay from 0 failed: {e}");
+                None
             }
-        }
+        };
         if self.reset_pending {
             // Nothing to apply: still clear the worker now, not at the next batch.
             out.push(Delivery {
@@ -311,22 +328,37 @@ impl Stream {
             });
             self.reset_pending = false;
         }
-        None
+        ask
     }
 
-    fn apply_replay(&mut self, replies: &[(u64, Vec<u8>)], out: &mut Vec<Delivery>, t: &mut Tally) {
+    /// Applies a replay's batches in order. At a hole (a seq missing in the middle: the
+    /// publisher dropped replies it could not queue) it stops and asks again from there;
+    /// a replay that brought nothing before its hole is applied past it, the hole
+    /// counted as a gap, so a publisher that keeps dropping the same replies cannot hold
+    /// its stream forever.
+    fn apply_replay(
+        &mut self,
+        replies: &[(u64, Vec<u8>)],
+        out: &mut Vec<Delivery>,
+        t: &mut Tally,
+    ) -> Ask {
+        let mut took = false;
         for (seq, p) in replies {
             if self.last.is_some_and(|l| *seq <= l.seq) {
                 continue;
             }
-            if let Some(l) = self.last {
-                if *seq != l.seq + 1 {
-                    t.gaps += 1;
+            if self.last.is_some_and(|l| *seq != l.seq + 1) {
+                if took {
+                    t.holes += 1;
+                    return self.verify();
                 }
+                t.gaps += 1;
             }
+            took = true;
             t.replayed += 1;
             self.accept(*seq, xxh3_64(p), payload::decode(p), p, out, t);
         }
+        None
     }
 }
 
@@ -341,6 +373,8 @@ mod tests {
         /// Oldest seq still kept.
         keeps_from: u64,
         down: bool,
+        /// Seqs the next replay drops (a send queue that overflowed).
+        drops: Option<std::ops::Range<u64>>,
     }
 
     impl Publisher {
@@ -348,10 +382,12 @@ mod tests {
             if self.down {
                 return Err("no answer".into());
             }
+            let dropped = self.drops.take();
             Ok(self
                 .buffer
                 .iter()
                 .filter(|(s, _)| *s >= from && *s >= self.keeps_from)
+                .filter(|(s, _)| !dropped.as_ref().is_some_and(|d| d.contains(s)))
                 .cloned()
                 .collect())
         }
@@ -691,5 +727,93 @@ mod tests {
         assert!(!take(&out[5], &mut applied));
         assert!(!take(&out[6], &mut applied));
         assert_eq!(applied, out[6].record);
+    }
+
+    /// A replay that lost replies in the middle (vLLM 0.9.2's and SGLang's replay socket
+    /// drops what overflows its send queue) is applied up to the hole and asked again
+    /// from there: nothing past a hole is applied before the hole is filled.
+    #[test]
+    fn a_replay_with_a_hole_is_asked_again_from_the_hole() {
+        let mut p = Publisher::default();
+        for i in 0..10 {
+            p.publish(i as f64, i + 1);
+        }
+        p.drops = Some(3..6);
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        s.connected_to(&mut p, &mut out, &mut t);
+        let want: Vec<(bool, u64)> = (0..10).map(|i| (i == 0, i)).collect();
+        assert_eq!(seqs(&out), want);
+        assert_eq!((t.holes, t.gaps, t.replayed), (1, 0, 10));
+        // Asked again from the last batch before the hole, still the same process.
+        assert_eq!(t.restarts, 0);
+    }
+
+    /// A publisher that drops the same replies every time, right after the last batch
+    /// applied, cannot hold the stream: the replay is applied past the hole, counted.
+    #[test]
+    fn a_hole_right_after_the_last_batch_is_applied_past_and_counted() {
+        let mut p = Publisher::default();
+        for i in 0..3 {
+            p.publish(i as f64, i + 1);
+        }
+        let (mut s, mut out, mut t) = (Stream::new(None, true), Vec::new(), Tally::default());
+        s.connected_to(&mut p, &mut out, &mut t);
+        for i in 3..8 {
+            p.publish(i as f64, i + 1);
+        }
+        p.drops = Some(3..5);
+        // Reconnected: the replay from batch 2 lacks 3 and 4 and brings nothing before.
+        let (start, mut more) = (out.len(), Vec::new());
+        s.connected_to(&mut p, &mut more, &mut t);
+        out.extend(more);
+        let got: Vec<u64> = out[start..]
+            .iter()
+            .filter_map(|d| d.record)
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(got, [5, 6, 7]);
+        assert_eq!((t.holes, t.gaps), (0, 1));
+    }
+
+    /// Without replay, the first batch after a reconnection that does not follow the
+    /// last one clears the worker: a new process that published past the old seq while
+    /// the server was away looks just like it, and keeping the old blocks reported them
+    /// as held. A gap while connected is only counted, as before.
+    #[test]
+    fn without_replay_a_reconnection_past_the_last_seq_clears_the_worker() {
+        let mut p = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, false), Vec::new(), Tally::default());
+        s.connected_to(&mut p, &mut out, &mut t);
+        for i in 0..3 {
+            let (seq, b) = p.publish(i as f64, 1);
+            s.live_from(seq, &b, &mut p, &mut out, &mut t);
+        }
+        // A gap while connected: counted, applied.
+        p.publish(3.0, 1);
+        let (seq, b) = p.publish(4.0, 1);
+        s.live_from(seq, &b, &mut p, &mut out, &mut t);
+        assert_eq!(seqs(&out), [(false, 0), (false, 1), (false, 2), (false, 4)]);
+        assert_eq!((t.gaps, t.restarts), (1, 0));
+        // Reconnected right after the last one: goes on.
+        s.connected_to(&mut p, &mut out, &mut t);
+        let (seq, b) = p.publish(5.0, 1);
+        s.live_from(seq, &b, &mut p, &mut out, &mut t);
+        // Reconnected past it: cleared, then the batch.
+        s.connected_to(&mut p, &mut out, &mut t);
+        p.publish(6.0, 1);
+        let (seq, b) = p.publish(7.0, 1);
+        s.live_from(seq, &b, &mut p, &mut out, &mut t);
+        assert_eq!(
+            seqs(&out),
+            [
+                (false, 0),
+                (false, 1),
+                (false, 2),
+                (false, 4),
+                (false, 5),
+                (true, 7)
+            ]
+        );
+        assert_eq!((t.gaps, t.restarts), (2, 1));
     }
 }

@@ -411,6 +411,7 @@ pub struct Metrics {
     pub gaps: AtomicU64,
     pub replayed: AtomicU64,
     pub replay_failures: AtomicU64,
+    pub replay_holes: AtomicU64,
     pub restarts: AtomicU64,
     pub duplicates: AtomicU64,
     pub skipped: [AtomicU64; translate::SKIPS.len()],
@@ -443,6 +444,7 @@ pub static METRICS: Metrics = Metrics {
     gaps: ZERO,
     replayed: ZERO,
     replay_failures: ZERO,
+    replay_holes: ZERO,
     restarts: ZERO,
     duplicates: ZERO,
     skipped: [ZERO; translate::SKIPS.len()],
@@ -487,6 +489,7 @@ impl Metrics {
         self.gaps.fetch_add(t.gaps, Relaxed);
         self.replayed.fetch_add(t.replayed, Relaxed);
         self.replay_failures.fetch_add(t.replay_failures, Relaxed);
+        self.replay_holes.fetch_add(t.holes, Relaxed);
         self.restarts.fetch_add(t.restarts, Relaxed);
         self.malformed.fetch_add(t.malformed, Relaxed);
     }
@@ -499,12 +502,13 @@ impl Metrics {
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut String) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 23] = [
+    let plain: [(&str, &str, &str, &AtomicU64); 24] = [
         ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
         ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
         ("kvix_ingest_gaps_total", "Publisher sequence gaps seen (filled by a replay where the publisher has one).", "counter", &m.gaps),
         ("kvix_ingest_replayed_total", "Event batches recovered from a replay socket.", "counter", &m.replayed),
+        ("kvix_ingest_replay_holes_total", "Replays that came back with replies missing in the middle (a publisher whose send queue overflowed): applied up to the hole and asked again from there.", "counter", &m.replay_holes),
         ("kvix_ingest_replay_failures_total", "Replays that got no answer or did not finish (retried at the next gap or reconnect).", "counter", &m.replay_failures),
         ("kvix_ingest_restarts_total", "New publisher processes detected (or buffers that no longer reached back): the worker was cleared and rebuilt from the replay.", "counter", &m.restarts),
         ("kvix_ingest_duplicates_total", "Batches already applied (seen again live after a replay).", "counter", &m.duplicates),

@@ -225,6 +225,15 @@ impl Publisher {
         line["published ".len()..].parse().unwrap()
     }
 
+    /// Publishes one batch per list of events, in order; returns the last one's seq.
+    pub fn publish_many(&mut self, batches: Vec<Vec<Value>>) -> u64 {
+        let cmd = serde_json::json!({"op": "publish_many", "batches": batches});
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        let line = self.expect("published ");
+        line["published ".len()..].parse().unwrap()
+    }
+
     /// A clean shutdown of the publisher.
     pub fn stop(mut self) {
         writeln!(self.stdin, "{{\"op\": \"stop\"}}").unwrap();
