@@ -113,6 +113,12 @@ pub struct Config {
     #[arg(long)]
     pub log: Option<crate::durable::replica::LogUrl>,
 
+    /// Replicas: the name of the fleet this replica belongs to. The first replica on a
+    /// log key records it (with --block-size); a replica of another fleet, or with another
+    /// block size, refuses to start on that key instead of merging into its index.
+    #[arg(long, requires = "log", default_value = "")]
+    pub fleet: String,
+
     /// Seconds between periodic snapshots (0 = only on shutdown).
     #[arg(long, default_value_t = 60)]
     pub snapshot_every: u64,

@@ -71,7 +71,11 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
     };
     let mut generation = String::new();
     if let Some(log) = &config.log {
-        let start = replica::follower::fetch_start(&log.server, &log.key)
+        let fleet = format!(
+            "fleet {:?}, --block-size {}",
+            config.fleet, config.block_size
+        );
+        let start = replica::follower::fetch_start(&log.server, &log.key, &fleet)
             .with_context(|| format!("reading the stored snapshot from {}", log.server))?;
         generation = start.generation;
         // A snapshot of another log (flushed, restarted without persistence, recreated

@@ -12,7 +12,9 @@ use futures::SinkExt;
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 use redis::Commands;
 
-use super::{generation_key, id_key, positions_key, snapshot_key, LogJob, Mark, Replica, Stopped};
+use super::{
+    fleet_key, generation_key, id_key, positions_key, snapshot_key, LogJob, Mark, Replica, Stopped,
+};
 use crate::durable::write::Write;
 
 /// Entries read per round trip, and how long one read waits for new ones.
@@ -401,10 +403,31 @@ pub struct LogStart {
 /// that pass (the connection, a Sentinel that names no primary yet, Redis loading) are
 /// retried for [`START_WAIT`], each logged with its cause; any other error, or the last,
 /// is returned.
-pub fn fetch_start(server: &super::LogServer, key: &str) -> anyhow::Result<LogStart> {
+///
+/// The log's fleet (`KEY:fleet`: the `--fleet` name and block size of the replica that
+/// first started on it) must be this replica's, or the start is refused.
+pub fn fetch_start(server: &super::LogServer, key: &str, fleet: &str) -> anyhow::Result<LogStart> {
     let link = super::Link::open(server)?;
     let fetch = || -> redis::RedisResult<LogStart> {
         let mut c = link.connect()?;
+        let (_, theirs): (Option<String>, String) = redis::pipe()
+            .cmd("SET")
+            .arg(fleet_key(key))
+            .arg(fleet)
+            .arg("NX")
+            .get(fleet_key(key))
+            .query(&mut c)?;
+        if theirs != fleet {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "another fleet's log",
+                format!(
+                    "the log at {server}/{key} belongs to another fleet ({theirs}); this \
+                     replica is {fleet}: give each fleet its own key (or the same --fleet \
+                     and --block-size if they are one)"
+                ),
+            )));
+        }
         let (generation, snapshot): (Option<String>, Option<Vec<u8>>) = redis::pipe()
             .get(generation_key(key))
             .get(snapshot_key(key))

@@ -459,6 +459,9 @@ pub fn positions_key(key: &str) -> String {
 pub fn generation_key(key: &str) -> String {
     format!("{key}:generation")
 }
+pub fn fleet_key(key: &str) -> String {
+    format!("{key}:fleet")
+}
 
 fn rand_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
