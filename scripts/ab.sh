@@ -8,6 +8,8 @@
 #   scripts/ab.sh BASE_COMMIT [HEAD_COMMIT]   # HEAD_COMMIT default: the work tree
 #   ROUNDS=3 QUERIES=5000 scripts/ab.sh d194821
 #   ONLY=wal scripts/ab.sh d194821            # the write path's rate alone
+#   ONLY=load EVENT_BLOCKS=65536 EVENT_RATE=4 scripts/ab.sh 1fe11aa
+#                                             # queries while huge batches are written
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -18,6 +20,8 @@ QUERIES="${QUERIES:-5000}"
 LOAD_S="${LOAD_S:-10}"
 WAL_S="${WAL_S:-10}"
 ONLY="${ONLY:-}"
+EVENT_BLOCKS="${EVENT_BLOCKS:-16}"
+EVENT_RATE="${EVENT_RATE:-1000}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-bench}"
 WORK=$(mktemp -d)
 PID=""
@@ -59,11 +63,18 @@ for round in $(seq 1 "$ROUNDS"); do
   for build in base head; do
     if [ "$ONLY" != wal ]; then
       start "$WORK/$build.bin" "$build-$round"
-      "$BENCH" latency --server "127.0.0.1:$PORT" --queries "$QUERIES" --warmup 500 --json \
-        >"$WORK/$build-$round-latency.json"
+      if [ "$ONLY" != load ]; then
+        "$BENCH" latency --server "127.0.0.1:$PORT" --queries "$QUERIES" --warmup 500 --json \
+          >"$WORK/$build-$round-latency.json"
+      fi
       "$BENCH" load --server "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" --duration "$LOAD_S" \
-        --rate 2000 --json >"$WORK/$build-$round-load.json"
+        --rate 2000 --event-blocks "$EVENT_BLOCKS" --event-rate "$EVENT_RATE" --json \
+        >"$WORK/$build-$round-load.json"
       stop
+    fi
+    if [ "$ONLY" = load ]; then
+      echo "round $round $build done" >&2
+      continue
     fi
     snap="$WORK/$build-$round.snapshot"
     start "$WORK/$build.bin" "$build-$round-wal" --snapshot "$snap" --snapshot-every 0 --wal
@@ -88,21 +99,27 @@ def lat(b, r):
     return [(row["blocks"], row["ratio"]["p50"], row["ratio"]["p99"]) for row in rows]
 def load(b, r):
     if not os.path.exists(f"{work}/{b}-{r}-load.json"):
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), ""
     rep = json.load(open(f"{work}/{b}-{r}-load.json"))
-    return rep["queries"]["miss_share"] * 100, rep["floor"]["miss_share"] * 100 if rep.get("floor") else float("nan")
+    q, f = rep["queries"], rep.get("floor")
+    tails = f"{q['latency']['p99_us']:.0f} / {q['latency']['p999_us']:.0f} / {q['latency']['max_us']:.0f}"
+    if f:
+        tails += f" (floor {f['latency']['p99_us']:.0f} / {f['latency']['p999_us']:.0f} / {f['latency']['max_us']:.0f})"
+    return q["miss_share"] * 100, f["miss_share"] * 100 if f else float("nan"), tails
 def replay(b, r):
+    if not os.path.exists(f"{work}/{b}-{r}-replay.err"):
+        return (0, 0)
     text = re.sub(r"\x1b\[[0-9;]*m", "", open(f"{work}/{b}-{r}-replay.err").read())
     m = re.search(r"write-ahead log replayed.*?records=(\d+).*?per_second=(\d+)", text)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-print("| build | round | query/floor p50 (125, 1250 blocks) | p99 | load misses queries / floor (%) | WAL replay records/s |")
-print("|---|---|---|---|---|---|")
+print("| build | round | query/floor p50 (125, 1250 blocks) | p99 | load misses queries / floor (%) | load query p99 / p99.9 / max µs | WAL replay records/s |")
+print("|---|---|---|---|---|---|---|")
 for r in range(1, rounds + 1):
     for b in ("base", "head"):
         l = lat(b, r)
-        q, f = load(b, r)
+        q, f, tails = load(b, r)
         n, rate = replay(b, r)
         p50 = " / ".join(f"{x[1]:.2f}" for x in l)
         p99 = " / ".join(f"{x[2]:.2f}" for x in l)
-        print(f"| {b} | {r} | {p50} | {p99} | {q:.2f} / {f:.2f} | {rate:,} ({n:,} records) |")
+        print(f"| {b} | {r} | {p50} | {p99} | {q:.2f} / {f:.2f} | {tails} | {rate:,} ({n:,} records) |")
 PY

@@ -58,6 +58,70 @@ fn queries_never_leave_their_executor_and_see_writes_acknowledged_anywhere() {
     assert_eq!(metric(&text, "kvix_query_hops_total"), 0);
 }
 
+/// A 4 MiB event batch (half a million blocks: a store with engine hashes, then their
+/// removal) is fed in slices as well as applied in them: its feed step on the home (a
+/// name per block) used to run whole, tens of milliseconds that queries waited behind.
+#[test]
+fn a_huge_event_batch_is_fed_and_applied_in_slices() {
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--pin",
+        "false",
+        "--max-frame",
+        &(64u32 << 20).to_string(),
+    ]);
+    let ks = Keyspace::tokens("m");
+    let mut c = server.session();
+    let w = c.events_worker("engine");
+    const N: u32 = 250_000;
+    let chain = chain_of(&ks, 0, N as usize);
+    let engine: Vec<u64> = (0..N as u64).map(|i| i | 1 << 62).collect();
+    let before = metric(&server.scrape(), "kvix_write_slices_total");
+    let r = c.ask(&EventBatch {
+        worker: w,
+        seq: 0,
+        keyspace: ks.clone(),
+        events: vec![Event::Stored {
+            lane: 0,
+            start: 0,
+            parent: None,
+            chain: chain.clone(),
+            engine: engine.clone(),
+        }],
+    });
+    assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
+    let slices = metric(&server.scrape(), "kvix_write_slices_total") - before;
+    // The home's feed step and both executors' apply, each cut every 512 blocks.
+    let at_least = 3 * (N as u64 / 512);
+    assert!(
+        slices >= at_least,
+        "{slices} slices for a {N}-block store, expected at least {at_least}"
+    );
+    assert_eq!(
+        c.query(&ks, &chain).scores,
+        vec![Score {
+            worker: w,
+            blocks: N
+        }]
+    );
+    // Removed by their engine hashes: a name looked up per block, in slices too.
+    let before = metric(&server.scrape(), "kvix_write_slices_total");
+    let r = c.ask(&EventBatch {
+        worker: w,
+        seq: 1,
+        keyspace: ks.clone(),
+        events: vec![Event::Removed {
+            lane: 0,
+            hashes: engine,
+        }],
+    });
+    assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
+    let slices = metric(&server.scrape(), "kvix_write_slices_total") - before;
+    assert!(slices >= at_least, "{slices} slices for the removal");
+    assert!(c.query(&ks, &chain).scores.is_empty());
+}
+
 #[test]
 fn a_long_placement_is_applied_in_slices() {
     let server = Server::start(&[

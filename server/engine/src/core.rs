@@ -12,7 +12,9 @@
 use kvix_wire::{ApplyStatus, WorkerId};
 
 use crate::error::{EngineError, IndexError};
-use crate::feed::{ApplyReport, EventFeed, EventView, FeedState, PlacementFeed, Placing};
+use crate::feed::{
+    ApplyReport, EventFeed, EventView, EventsJob, FeedState, PlacementFeed, Placing,
+};
 use crate::index::BlockIndex;
 use crate::ops::{Cursor, Op, RosterChange, Update};
 use crate::query::Ranker;
@@ -107,6 +109,42 @@ impl Core {
             return Err(EngineError::BadSequence { seq, why });
         }
         Ok(feed.apply(worker, seq, ks.seed, lane_blocks, events, &mut out.ops))
+    }
+
+    /// Home: starts batch `seq` of `worker`'s events as a feed step in slices of about
+    /// `budget` blocks, checked whole first; [`Core::events_some`] applies it (nothing
+    /// else may write to this worker's feed until it is done). What [`Core::events`]
+    /// does at once.
+    pub fn start_events<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        seq: u64,
+        ks: Ks,
+        events: &[E],
+        budget: u64,
+    ) -> Result<EventsJob, EngineError> {
+        let (_, feed) = self.checked(worker, ks, seq, events)?;
+        if let Some(why) = feed.sequencer().implausible(seq) {
+            return Err(EngineError::BadSequence { seq, why });
+        }
+        Ok(feed.start(seq, events.len(), budget))
+    }
+
+    /// Home: one slice more of a batch started by [`Core::start_events`], appending the
+    /// block operations to `out`; true once it is done (its report in `job.report`).
+    pub fn events_some<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        ks: Ks,
+        events: &[E],
+        job: &mut EventsJob,
+        out: &mut Update,
+    ) -> Result<bool, EngineError> {
+        let (lane_blocks, feed) = home_feed(&self.roster, &mut self.feeds, worker, ks)?;
+        let FeedState::Events(feed) = feed else {
+            return Err(wrong_feed(worker, feed, "events"));
+        };
+        Ok(feed.apply_some(worker, ks.seed, lane_blocks, events, job, &mut out.ops))
     }
 
     /// Home: events of `worker` in `ks` that come without a sequence number, in the order

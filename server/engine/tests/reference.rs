@@ -597,8 +597,8 @@ impl Subject for Engine {
 }
 
 /// Cores composed as the server composes its executors: a registry assigns ids, a
-/// worker's writes become updates on its home core (id mod cores), and every core
-/// applies every update in slices of `budget` blocks.
+/// worker's writes become updates on its home core (id mod cores) in feed steps of
+/// `budget` blocks, and every core applies every update in slices of `budget` blocks.
 struct Fleet {
     registry: Registry,
     cores: Vec<Core>,
@@ -662,7 +662,13 @@ impl Subject for Fleet {
         ks: Ks,
         events: &[Event],
     ) -> Result<ApplyReport, EngineError> {
-        self.write(w, |core, u| core.events(w, seq, ks, events, u))
+        // The feed step in slices of `budget` blocks, as the server's write queue cuts it.
+        let budget = self.budget;
+        self.write(w, |core, u| {
+            let mut job = core.start_events(w, seq, ks, events, budget)?;
+            while !core.events_some(w, ks, events, &mut job, u)? {}
+            Ok(job.report)
+        })
     }
     fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<(), EngineError> {
         let budget = self.budget;

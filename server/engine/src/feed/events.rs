@@ -85,6 +85,69 @@ pub struct ApplyReport {
 /// minutes. 2^20 lookups cost about what storing a full frame's blocks does.
 pub const OTHER_KEYSPACE_LOOKUPS: u64 = 1 << 20;
 
+/// A batch's feed step under way ([`EventFeed::start`], [`EventFeed::apply_some`]).
+#[derive(Debug)]
+pub struct EventsJob {
+    pub report: ApplyReport,
+    /// The event it is at, and the blocks of it already applied.
+    at: usize,
+    off: usize,
+    /// Blocks a slice takes.
+    budget: u64,
+}
+
+/// The piece of `event` from block `off` on of at most `budget` blocks (whole engine
+/// blocks of its lane, at least one): the piece, its length, and whether it ends the event.
+fn piece_of<'a>(
+    event: EventRef<'a>,
+    off: usize,
+    budget: u64,
+    lane_blocks: &[u32],
+) -> (EventRef<'a>, usize, bool) {
+    let take = |n: usize, k: usize| -> usize {
+        let k = k.max(1);
+        let most = (budget as usize / k).max(1) * k;
+        (n - off).min(most)
+    };
+    match event {
+        EventRef::Stored {
+            lane,
+            start,
+            parent,
+            chain,
+            engine,
+        } => {
+            let k = lane_blocks.get(lane as usize).map_or(1, |&k| k as usize);
+            let len = take(chain.len(), k);
+            let piece = EventRef::Stored {
+                lane,
+                start: start + off as u32,
+                parent: if off == 0 {
+                    parent
+                } else {
+                    Some(chain[off - 1])
+                },
+                chain: &chain[off..off + len],
+                engine: if engine.is_empty() {
+                    engine
+                } else {
+                    &engine[off / k.max(1)..((off + len).div_ceil(k.max(1))).min(engine.len())]
+                },
+            };
+            (piece, len, off + len == chain.len())
+        }
+        EventRef::Removed { lane, hashes } => {
+            let len = take(hashes.len(), 1);
+            let piece = EventRef::Removed {
+                lane,
+                hashes: &hashes[off..off + len],
+            };
+            (piece, len, off + len == hashes.len())
+        }
+        EventRef::Cleared => (EventRef::Cleared, 0, true),
+    }
+}
+
 impl ApplyReport {
     fn new(status: ApplyStatus) -> Self {
         ApplyReport {
@@ -316,6 +379,56 @@ impl EventFeed {
             return ApplyReport::new(status);
         }
         self.apply_unsequenced(worker, ks, lane_blocks, events, status, out)
+    }
+
+    /// Starts batch `seq` as a feed step in slices of about `budget` blocks
+    /// ([`EventFeed::apply_some`]); the caller has checked the batch. A duplicate has
+    /// nothing to apply.
+    pub fn start(&mut self, seq: u64, events: usize, budget: u64) -> EventsJob {
+        let status = self.seq.admit(seq);
+        EventsJob {
+            report: ApplyReport::new(status),
+            at: if status == ApplyStatus::Duplicate {
+                events
+            } else {
+                0
+            },
+            off: 0,
+            budget: budget.max(1),
+        }
+    }
+
+    /// One slice more of `job`'s batch (at least one engine block): what
+    /// [`EventFeed::apply`] does at once, cut inside long stores and removals. A store's
+    /// later pieces continue its first (their parent is the block before them), as a
+    /// decode stream's one-block stores do. True once the batch is done.
+    pub fn apply_some<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        ks: u64,
+        lane_blocks: &[u32],
+        events: &[E],
+        job: &mut EventsJob,
+        out: &mut OpBatch,
+    ) -> bool {
+        let mut left = job.budget;
+        while job.at < events.len() {
+            let event = events[job.at].view();
+            let (piece, len, end) = piece_of(event, job.off, left, lane_blocks);
+            let taken = self.one(worker, ks, lane_blocks, piece, out, &mut job.report);
+            if !taken || end {
+                job.report.events += u32::from(taken);
+                job.at += 1;
+                job.off = 0;
+            } else {
+                job.off += len;
+            }
+            left = left.saturating_sub(len.max(1) as u64);
+            if left == 0 {
+                break;
+            }
+        }
+        job.at >= events.len()
     }
 
     /// Applies events whose order their producer already checked (the engine-event

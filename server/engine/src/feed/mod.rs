@@ -5,7 +5,7 @@
 mod events;
 mod placement;
 
-pub use events::{ApplyReport, EventFeed, Sequencer, OTHER_KEYSPACE_LOOKUPS};
+pub use events::{ApplyReport, EventFeed, EventsJob, Sequencer, OTHER_KEYSPACE_LOOKUPS};
 pub use placement::{PlacementFeed, Placing};
 
 use kvix_wire::{ArchivedEvent, Event, Feed};
