@@ -8,7 +8,7 @@
 #   scripts/ab.sh BASE_COMMIT [HEAD_COMMIT]   # HEAD_COMMIT default: the work tree
 #   ROUNDS=3 QUERIES=5000 scripts/ab.sh d194821
 #   ONLY=wal scripts/ab.sh d194821            # the write path's rate alone
-#   ONLY=load EVENT_BLOCKS=65536 EVENT_RATE=4 scripts/ab.sh 1fe11aa
+#   ONLY=load EVENT_ENGINE=1 EVENT_BLOCKS=200000 EVENT_RATE=1 scripts/ab.sh 1fe11aa
 #                                             # queries while huge batches are written
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,7 @@ WAL_S="${WAL_S:-10}"
 ONLY="${ONLY:-}"
 EVENT_BLOCKS="${EVENT_BLOCKS:-16}"
 EVENT_RATE="${EVENT_RATE:-1000}"
+EVENT_ENGINE="${EVENT_ENGINE:-}"   # non-empty: stores carry engine hashes
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-bench}"
 WORK=$(mktemp -d)
 PID=""
@@ -68,7 +69,8 @@ for round in $(seq 1 "$ROUNDS"); do
           >"$WORK/$build-$round-latency.json"
       fi
       "$BENCH" load --server "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" --duration "$LOAD_S" \
-        --rate 2000 --event-blocks "$EVENT_BLOCKS" --event-rate "$EVENT_RATE" --json \
+        --rate 2000 --event-blocks "$EVENT_BLOCKS" --event-rate "$EVENT_RATE" \
+        ${EVENT_ENGINE:+--event-engine --event-pool 4} --json \
         >"$WORK/$build-$round-load.json"
       stop
     fi

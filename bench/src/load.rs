@@ -38,6 +38,14 @@ pub struct LoadConfig {
     pub event_rate: f64,
     /// Blocks stored (then later removed) per event batch.
     pub event_blocks: u32,
+    /// Stores carry an engine hash per block and removals name them, as vLLM's do (the
+    /// home then keeps a name per block: the costly feed step).
+    #[serde(default)]
+    pub event_engine: bool,
+    /// Stores take their chains in turn from this many made before the run (0: a fresh
+    /// chain per batch). Keeps the generator's hashing out of runs of huge batches.
+    #[serde(default)]
+    pub event_pool: usize,
     pub duration_s: f64,
     /// Interleave an Echo floor at the same rate.
     pub floor: bool,
@@ -277,6 +285,17 @@ async fn events(
     let mut seqs = first_seq;
     let mut last: Vec<Vec<u64>> = vec![Vec::new(); ids.len()];
     let mut rng = Rng::new(cfg.seed ^ 0xe7e7);
+    let mut fresh = {
+        let mut rng = Rng::new(cfg.seed ^ 0x9001);
+        move || -> Vec<u64> {
+            let tokens: Vec<u32> = (0..cfg.event_blocks * cfg.token_block)
+                .map(|_| (rng.next_u64() >> 40) as u32)
+                .collect();
+            token_chain(seed, cfg.token_block, &tokens)
+        }
+    };
+    let pool: Vec<Vec<u64>> = (0..cfg.event_pool).map(|_| fresh()).collect();
+    let mut turn = 0usize;
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     let per_ms = cfg.event_rate / 1000.0;
     let (mut owed, mut w) = (0f64, 0usize);
@@ -285,18 +304,33 @@ async fn events(
         owed += per_ms;
         while owed >= 1.0 {
             owed -= 1.0;
-            let tokens: Vec<u32> = (0..cfg.event_blocks * cfg.token_block)
-                .map(|_| (rng.next_u64() >> 40) as u32)
-                .collect();
-            let chain = token_chain(seed, cfg.token_block, &tokens);
+            let chain = if pool.is_empty() {
+                let tokens: Vec<u32> = (0..cfg.event_blocks * cfg.token_block)
+                    .map(|_| (rng.next_u64() >> 40) as u32)
+                    .collect();
+                token_chain(seed, cfg.token_block, &tokens)
+            } else {
+                turn += 1;
+                pool[turn % pool.len()].clone()
+            };
+            let engine: Vec<u64> = if cfg.event_engine {
+                chain.iter().map(|h| h ^ 0x5bd1_e995_0000_0001).collect()
+            } else {
+                Vec::new()
+            };
+            let names = if cfg.event_engine {
+                engine.clone()
+            } else {
+                chain.clone()
+            };
             let mut evs = vec![Event::Stored {
                 lane: 0,
                 start: 0,
                 parent: None,
-                chain: chain.clone(),
-                engine: Vec::new(),
+                chain,
+                engine,
             }];
-            let old = std::mem::replace(&mut last[w], chain);
+            let old = std::mem::replace(&mut last[w], names);
             if !old.is_empty() {
                 evs.push(Event::Removed {
                     lane: 0,

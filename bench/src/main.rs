@@ -268,6 +268,13 @@ struct LoadArgs {
     /// Blocks stored per event batch.
     #[arg(long, default_value_t = 16)]
     event_blocks: u32,
+    /// Stores carry an engine hash per block and removals name them (as vLLM's do).
+    #[arg(long)]
+    event_engine: bool,
+    /// Stores take their chains in turn from this many made before the run (0: a fresh
+    /// chain per batch); keeps the generator's own hashing out of runs of huge batches.
+    #[arg(long, default_value_t = 0)]
+    event_pool: usize,
     /// Seconds of load.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
@@ -650,6 +657,8 @@ fn cmd_load(a: LoadArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
         workers: a.data.workers,
         event_rate: a.event_rate,
         event_blocks: a.event_blocks,
+        event_engine: a.event_engine,
+        event_pool: a.event_pool,
         duration_s: a.duration,
         floor: a.floor,
         blocks: a.blocks,
