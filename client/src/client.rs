@@ -55,6 +55,7 @@ impl Client {
             registry: Mutex::new(Vec::new()),
             counters: Arc::new(Counters::new()),
             placements: ptx,
+            sent_placements: Default::default(),
             changed: watch::channel(0).0,
             shutdown: watch::channel(false).0,
         });

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvix_wire::{
-    to_native, Announced, Answer, ErrorReply, Frame, Kind, MessageRef, Stats, DEFAULT_MAX_FRAME,
+    to_native, Announced, Answer, ErrorCode, ErrorReply, Frame, Kind, MessageRef, Stats,
+    DEFAULT_MAX_FRAME,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::{tcp, unix, TcpStream, UnixStream};
@@ -332,7 +333,13 @@ impl Conn {
 
     /// Reads replies and hands each to its waiter until the connection ends. A frame
     /// that cannot be read, or a reply of the wrong kind, closes the connection.
-    pub async fn read_loop(self: Arc<Self>, mut reader: FrameReader, counters: Arc<Counters>) {
+    /// `refused` hears of every fire-and-forget request a server refused (its id, the code).
+    pub async fn read_loop(
+        self: Arc<Self>,
+        mut reader: FrameReader,
+        counters: Arc<Counters>,
+        refused: Arc<dyn Fn(u64, ErrorCode) + Send + Sync>,
+    ) {
         let why = loop {
             tokio::select! {
                 r = reader.ready() => if let Err(e) = r { break e },
@@ -342,7 +349,7 @@ impl Conn {
                 break ReadError::Malformed("frame vanished".into());
             };
             let len = frame.len;
-            if let Err(e) = self.deliver(&frame, &counters) {
+            if let Err(e) = self.deliver(&frame, &counters, &*refused) {
                 break ReadError::Malformed(e);
             }
             reader.consume(len);
@@ -358,7 +365,12 @@ impl Conn {
         self.close();
     }
 
-    fn deliver(&self, frame: &Frame<'_>, counters: &Counters) -> Result<(), String> {
+    fn deliver(
+        &self,
+        frame: &Frame<'_>,
+        counters: &Counters,
+        refused: &(dyn Fn(u64, ErrorCode) + Send + Sync),
+    ) -> Result<(), String> {
         let msg = frame.message().map_err(|e| e.to_string())?;
         let id = frame.header.request_id;
         if id & QUIET_ID != 0 {
@@ -371,6 +383,7 @@ impl Conn {
             };
             let e: ErrorReply = to_native(e);
             let n = counters.write_refused(e.code);
+            refused(id & !QUIET_ID, e.code);
             if n.is_power_of_two() {
                 tracing::warn!(server = %self.addr, code = ?e.code, "a fire-and-forget write was refused ({n} so far): {}", e.message);
             }

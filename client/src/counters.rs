@@ -25,6 +25,7 @@ pub(crate) struct Atomics {
     pub placements_sent: AtomicU64,
     pub placement_drops: AtomicU64,
     pub placements_unsent: AtomicU64,
+    pub placements_retried: AtomicU64,
     pub connects: AtomicU64,
     pub reconnects: AtomicU64,
     pub connection_losses: AtomicU64,
@@ -100,6 +101,7 @@ impl Counters {
             placements_sent: g(&n.placements_sent),
             placement_drops: g(&n.placement_drops),
             placements_unsent: g(&n.placements_unsent),
+            placements_retried: g(&n.placements_retried),
             writes_refused: self
                 .refused
                 .lock()
@@ -165,6 +167,9 @@ pub struct CountersSnapshot {
     pub placement_drops: u64,
     /// Placements dequeued but not sent: no server up, or the worker is unknown.
     pub placements_unsent: u64,
+    /// Placements sent again after a server refused them for a moment (`LogUnavailable`,
+    /// `Overloaded`): up to 4 times each, 0.25 s later at first, doubling.
+    pub placements_retried: u64,
     /// Fire-and-forget writes (placements, retires) a server refused, by error code
     /// (`LogUnavailable`: the replicas' log was away; `UnknownWorker`: the server did not
     /// know the worker): sent, but not taken.
@@ -207,6 +212,7 @@ impl fmt::Debug for CountersSnapshot {
             .field("placements_sent", &self.placements_sent)
             .field("placement_drops", &self.placement_drops)
             .field("placements_unsent", &self.placements_unsent)
+            .field("placements_retried", &self.placements_retried)
             .field("writes_refused", &self.writes_refused)
             .field("connects", &self.connects)
             .field("reconnects", &self.reconnects)

@@ -1,8 +1,14 @@
 //! Placements: fire-and-forget through a bounded queue, sent by one task to the servers.
+//! A server answers one only to refuse it: one refused for a moment (the replicas' log
+//! away or full, the server overloaded) is sent again a few times, later; the rest are
+//! counted ([`crate::CountersSnapshot::writes_refused`]).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use kvix_wire::{Keyspace, Placement, FLAG_NO_REPLY};
+use kvix_wire::{ErrorCode, Keyspace, Placement, FLAG_NO_REPLY};
 use tokio::sync::mpsc;
 
 use crate::counters::Counters;
@@ -10,10 +16,74 @@ use crate::shared::Shared;
 use crate::types::WorkerRef;
 use crate::Client;
 
+#[derive(Clone)]
 pub(crate) struct PlacementReq {
     pub(crate) worker: WorkerRef,
     pub(crate) keyspace: Keyspace,
     pub(crate) chain: Vec<u64>,
+    /// Sends before this one that a server refused.
+    pub(crate) retries: u32,
+}
+
+/// How many times a refused placement is sent again, and the first wait (doubling).
+const RETRIES: u32 = 4;
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+/// Placements kept for a retry: a refusal comes back within a round trip and a Redis
+/// timeout (2 s), far fewer than this many placements later at any rate a gateway sends.
+const KEPT: usize = 4096;
+
+/// Placements sent lately (request id, what was sent), oldest first, and the ids they
+/// are sent under (unique across the client's connections).
+#[derive(Default)]
+pub(crate) struct Sent {
+    recent: Mutex<VecDeque<(u64, PlacementReq)>>,
+    next_id: AtomicU64,
+}
+
+impl Sent {
+    /// The id `msg` is sent under, kept for a retry while it may have one.
+    fn keep(&self, worker: &WorkerRef, msg: &Placement, retries: u32) -> u64 {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        if retries < RETRIES {
+            let req = PlacementReq {
+                worker: worker.clone(),
+                keyspace: msg.keyspace.clone(),
+                chain: msg.chain.clone(),
+                retries,
+            };
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if recent.len() == KEPT {
+                recent.pop_front();
+            }
+            recent.push_back((id, req));
+        }
+        id
+    }
+
+    fn take(&self, id: u64) -> Option<PlacementReq> {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let at = recent.iter().position(|(i, _)| *i == id)?;
+        recent.remove(at).map(|(_, req)| req)
+    }
+}
+
+/// A server refused the fire-and-forget request `id`: a placement refused for a moment
+/// is queued again after a wait.
+pub(crate) fn refused(sh: &Arc<Shared>, id: u64, code: ErrorCode) {
+    if !matches!(code, ErrorCode::LogUnavailable | ErrorCode::Overloaded) {
+        return;
+    }
+    let Some(mut req) = sh.sent_placements.take(id) else {
+        return;
+    };
+    let wait = FIRST_RETRY * 2u32.pow(req.retries);
+    req.retries += 1;
+    Counters::bump(&sh.counters.n.placements_retried);
+    let placements = sh.placements.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        let _ = placements.try_send(req);
+    });
 }
 
 impl Client {
@@ -30,6 +100,7 @@ impl Client {
             worker: worker.into(),
             keyspace: keyspace.clone(),
             chain,
+            retries: 0,
         };
         match self.shared.placements.try_send(req) {
             Ok(()) => true,
@@ -60,7 +131,7 @@ pub(crate) async fn pump_placements(sh: Arc<Shared>, mut rx: mpsc::Receiver<Plac
                 continue;
             };
             msg.worker = worker;
-            let id = conn.next_id();
+            let id = sh.sent_placements.keep(&req.worker, &msg, req.retries);
             if sh
                 .send_request(&conn, id, &msg, FLAG_NO_REPLY, None)
                 .is_ok()

@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     pub(crate) registry: Mutex<Vec<Announce>>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) placements: mpsc::Sender<PlacementReq>,
+    /// Placements sent lately, by request id, for a retry should a server refuse one.
+    pub(crate) sent_placements: crate::placements::Sent,
     /// Bumped whenever a connection comes up or goes, or a first attempt ends.
     pub(crate) changed: watch::Sender<u64>,
     pub(crate) shutdown: watch::Sender<bool>,

@@ -128,7 +128,13 @@ pub(crate) async fn establish(sh: &Arc<Shared>, idx: usize) -> Result<Arc<Conn>,
         )));
     }
     conn.set_max_frame(welcome.max_frame);
-    tokio::spawn(conn.clone().read_loop(reader, sh.counters.clone()));
+    let weak = Arc::downgrade(sh);
+    let refused = Arc::new(move |id: u64, code: ErrorCode| {
+        if let Some(sh) = weak.upgrade() {
+            crate::placements::refused(&sh, id, code);
+        }
+    });
+    tokio::spawn(conn.clone().read_loop(reader, sh.counters.clone(), refused));
 
     let mut ids = IdMap::default();
     let mut done: HashSet<String> = HashSet::new();

@@ -585,3 +585,49 @@ async fn refused_fire_and_forget_placements_are_counted_by_code() {
     assert_eq!(n.writes_refused, vec![(ErrorCode::UnknownWorker, 1)]);
     assert_eq!((n.placements_sent, n.late_replies), (2, 0));
 }
+
+/// A placement refused for a moment (the replicas' log is full: Redis at maxmemory) is
+/// sent again once the log takes writes, and lands; it used to be lost without a word.
+#[tokio::test]
+async fn a_placement_the_log_refused_for_a_moment_is_sent_again_and_lands() {
+    use common::redis::{available, Redis};
+    if available("placement_retry").is_none() {
+        return;
+    }
+    let redis = Redis::start("placement-retry");
+    let url = redis.url("kvix");
+    let server = Server::start(&["--cores", "2", "--log", &url]);
+    let c = Client::connect(config(tcp(&server))).await.unwrap();
+    let p = c.announce("pl", full(), placements(100)).await.unwrap();
+    let maxmemory = |bytes: u64| {
+        let mut conn = ::redis::Client::open(format!("redis://127.0.0.1:{}", redis.port))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let _: () = ::redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(bytes)
+            .query(&mut conn)
+            .unwrap();
+    };
+    maxmemory(1);
+    let prompt = tokens(0, 12);
+    let chain = c.token_chain(&ks(), &prompt);
+    assert!(c.publish_placement("pl", &ks(), chain));
+    for _ in 0..1000 {
+        if c.counters().writes_refused_total() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        c.counters().writes_refused,
+        vec![(ErrorCode::LogUnavailable, 1)]
+    );
+    maxmemory(0);
+    let want = QueryOutcome::Scores(vec![score(p, "pl", 12)]);
+    let out = query_until(&c, &ks(), &prompt, |o| *o == want).await;
+    assert_eq!(out, want);
+    assert!(c.counters().placements_retried >= 1);
+}

@@ -277,6 +277,7 @@ impl Core {
             ("placements_sent", c.placements_sent),
             ("placement_drops", c.placement_drops),
             ("placements_unsent", c.placements_unsent),
+            ("placements_retried", c.placements_retried),
             ("connects", c.connects),
             ("reconnects", c.reconnects),
             ("connection_losses", c.connection_losses),
