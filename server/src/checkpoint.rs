@@ -14,6 +14,11 @@ use crate::mesh::LocalFuture;
 use crate::metrics::ExecutorMetrics;
 use crate::{failure, mesh, writer};
 
+/// How long a snapshot waits for the log follower to cut the log: between two reads it
+/// does at once, and while Redis is away too; a follower that does not is stuck, and a
+/// stop must not wait for it.
+const MARK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Gathers every executor's part and writes a snapshot: to `--snapshot`, and, for a
 /// replica, into the log's Redis (which trims the stream below it: a fleet without
 /// snapshot files is trimmed all the same). Written by a helper thread so the executor
@@ -49,8 +54,16 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
         String,
     ) = match ex.replica() {
         Some(r) => {
-            let Ok(mark) = r.mark().await else {
-                anyhow::bail!("snapshot not taken: the log follower stopped");
+            let mark = r.mark();
+            let cut = glommio::timer::timeout(MARK_WAIT, async move {
+                mark.await
+                    .map_err(|_| glommio::GlommioError::IoError(std::io::Error::other("stopped")))
+            });
+            let Ok(mark) = cut.await else {
+                ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
+                anyhow::bail!(
+                    "snapshot not taken: the log follower did not cut the log within {MARK_WAIT:?}"
+                );
             };
             let parts = mark
                 .parts

@@ -439,6 +439,29 @@ fn a_replica_of_another_fleet_refuses_to_start_on_its_key() {
     assert_identical(&[&a, &b]);
 }
 
+/// SIGTERM while Redis is down: the last snapshot is cut without Redis (its store in
+/// Redis fails, counted) and the replica exits cleanly, with and without a snapshot file.
+/// The cut waited for a follower that served it only while connected: the stop hung.
+#[test]
+fn a_replica_stops_cleanly_while_redis_is_down() {
+    if available("stop_without_redis").is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kvix-stop-down-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let snap = dir.join("a.snapshot");
+    for extra in [vec![], vec!["--snapshot", snap.to_str().unwrap()]] {
+        let mut redis = Redis::start("stop-down");
+        let a = replica(&redis, &extra);
+        write_fleet(&[&a], "one");
+        redis.kill();
+        let status = a.stop();
+        assert!(status.success(), "{extra:?}: {status:?}");
+    }
+    assert!(snap.exists(), "the last snapshot was written to its file");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_replica_started_while_redis_is_down_waits_for_it_instead_of_exiting() {
     if available("start_waits").is_none() {

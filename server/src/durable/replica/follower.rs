@@ -134,6 +134,11 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
                     backoff = Duration::from_millis(50);
                 }
                 Err(e) => {
+                    // A cut needs no Redis: a snapshot (the last one, at a stop) is not
+                    // held up by its absence.
+                    if let Some(req) = r.take_mark_request() {
+                        mark(&mut inboxes, &position, req);
+                    }
                     r.metrics.read_failures.fetch_add(1, Relaxed);
                     tracing::warn!("the write log at {} is unreachable: {e}", r.url.server);
                     std::thread::sleep(backoff);
