@@ -23,7 +23,10 @@ ONLY="${ONLY:-}"
 EVENT_BLOCKS="${EVENT_BLOCKS:-16}"
 EVENT_RATE="${EVENT_RATE:-1000}"
 EVENT_ENGINE="${EVENT_ENGINE:-}"   # non-empty: stores carry engine hashes
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-bench}"
+# One target directory per side: cargo hashes path dependencies relative to the
+# workspace root, so a worktree's build and the work tree's share artifact names, and
+# sources older than the other side's artifacts are taken as built (head ran base's code).
+TARGETS="${TARGETS:-$ROOT/target-bench}"
 WORK=$(mktemp -d)
 PID=""
 cleanup() {
@@ -39,14 +42,14 @@ build() { # name, commit ("" = the work tree): builds kvix-server into $WORK/nam
     git worktree add -q --detach "$WORK/$name" "$commit"
     dir="$WORK/$name"
   fi
-  (cd "$dir" && cargo build -q --release -p kvix-server)
-  cp "$CARGO_TARGET_DIR/release/kvix-server" "$WORK/$name.bin"
+  (cd "$dir" && CARGO_TARGET_DIR="$TARGETS/$name" cargo build -q --release -p kvix-server)
+  cp "$TARGETS/$name/release/kvix-server" "$WORK/$name.bin"
   echo "$name: $(cd "$dir" && git rev-parse --short HEAD)$([ -z "$commit" ] && ! git diff --quiet && echo '+dirty')"
 }
 build base "$BASE"
 build head "$HEAD_REF"
-cargo build -q --release -p kvix-bench
-BENCH="$CARGO_TARGET_DIR/release/kvix-bench"
+CARGO_TARGET_DIR="$TARGETS/head" cargo build -q --release -p kvix-bench
+BENCH="$TARGETS/head/release/kvix-bench"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 start() { # binary, log name, extra args...

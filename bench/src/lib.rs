@@ -22,3 +22,4 @@ pub mod soak;
 pub mod stats;
 pub mod table;
 pub mod trace;
+pub mod writes;

@@ -12,7 +12,7 @@ use kvix_bench::replay::{self, InProcess, Remote, ReplayConfig, ReplayResult};
 use kvix_bench::sim::{self, LegResult, LoadView, Regime, SimConfig};
 use kvix_bench::table::{f, Table};
 use kvix_bench::trace;
-use kvix_bench::{latency, load, net, redis, soak};
+use kvix_bench::{latency, load, net, redis, soak, stats, writes};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -64,6 +64,10 @@ enum Cmd {
     /// The same queries against Redis (llm-d style: one hash per block, pipelined HKEYS)
     /// and kvix, side by side, same data in both.
     Redis(RedisArgs),
+    /// Closed-loop acknowledged writes (one-block event batches) with the transport floor
+    /// (an Echo of the same sizes) in the same run; with --replica, how long after its ack
+    /// each write is visible on another replica of the server's log.
+    Writes(WritesArgs),
 }
 
 #[derive(Args, Debug)]
@@ -215,6 +219,26 @@ struct SoakArgs {
     #[arg(long, default_value_t = 16)]
     token_block: u32,
     #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
+struct WritesArgs {
+    /// kvix-server address (loopback only) the writes go to.
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    server: String,
+    /// Another replica of the server's --log: each write is looked for there after its ack.
+    #[arg(long)]
+    replica: Option<String>,
+    /// Measured writes (and as many echoes).
+    #[arg(long, default_value_t = 5000)]
+    writes: usize,
+    #[arg(long, default_value_t = 500)]
+    warmup: usize,
+    /// Tokens per block (the server's --block-size).
+    #[arg(long, default_value_t = 16)]
+    token_block: u32,
+    #[arg(long, default_value_t = 7)]
     seed: u64,
 }
 
@@ -581,6 +605,44 @@ fn cmd_soak(a: SoakArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
     })
 }
 
+fn cmd_writes(a: WritesArgs, json: bool) -> anyhow::Result<()> {
+    let addr = net::loopback(&a.server)?;
+    let replica = a.replica.as_deref().map(net::loopback).transpose()?;
+    let cfg = writes::WritesConfig {
+        server: a.server.clone(),
+        replica: a.replica.clone(),
+        writes: a.writes,
+        warmup: a.warmup,
+        token_block: a.token_block,
+        seed: a.seed,
+    };
+    let rt = runtime(1)?;
+    let report = rt.block_on(writes::run(&cfg, addr, replica))?;
+    emit(json, &report, |r| {
+        let mut t = Table::new(&["what", "p50 us", "p90 us", "p99 us", "p99.9 us", "count"]);
+        let mut add = |what: &str, s: &stats::Summary| {
+            let mut cells = vec![what.to_string()];
+            cells.extend(s.cells());
+            t.row(cells);
+        };
+        add("acknowledged write", &r.write);
+        add("floor (echo)", &r.floor);
+        if let Some(lag) = &r.lag {
+            add("visible on the replica after the ack", lag);
+        }
+        format!(
+            "writes: {} one-block event batches ({} B) to {}\n{}write / floor: p50 {:.2}, p99 {:.2}, p99.9 {:.2}\n",
+            r.config.writes,
+            r.request_bytes,
+            r.config.server,
+            t.render(),
+            r.ratio.p50,
+            r.ratio.p99,
+            r.ratio.p999
+        )
+    })
+}
+
 fn cmd_latency(a: LatencyArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
     let addr = net::loopback(&a.server)?;
     let cfg = latency::LatencyConfig {
@@ -802,6 +864,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Load(a) => cmd_load(a, cli.json, cli.quiet),
         Cmd::Soak(a) => cmd_soak(a, cli.json, cli.quiet),
         Cmd::Redis(a) => cmd_redis(a, cli.json, cli.quiet),
+        Cmd::Writes(a) => cmd_writes(a, cli.json),
     };
     match done {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -223,7 +223,7 @@ impl WireConn {
         Ok(())
     }
 
-    async fn expect_applied(&mut self) -> anyhow::Result<()> {
+    pub async fn expect_applied(&mut self) -> anyhow::Result<()> {
         let r = self.recv().await?;
         match r.message()? {
             MessageRef::Applied(a) => {

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# What an acknowledged write costs with replicas (--log) against the plain server, in one
+# run on this machine's noise: `kvix-bench writes` (one-block event batches, reply wanted,
+# each paired with an Echo of the same sizes) against a plain server, then against
+# replica A of a two-replica log with the lag until each write is visible on replica B.
+# Rounds alternate plain and replicated. Needs redis-server.
+#
+#   ROUNDS=3 WRITES=5000 scripts/write-cost.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+ROUNDS="${ROUNDS:-3}"
+WRITES="${WRITES:-5000}"
+# Its own target directory: scripts/ab.sh builds other commits in target-bench/base and
+# target-bench/head.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-bench/work}"
+cargo build -q --release -p kvix-server -p kvix-bench
+SERVER="$CARGO_TARGET_DIR/release/kvix-server"
+BENCH="$CARGO_TARGET_DIR/release/kvix-bench"
+command -v redis-server >/dev/null || { echo "redis-server is missing: apt-get install redis-server" >&2; exit 1; }
+WORK=$(mktemp -d)
+PIDS=()
+REDIS=""
+cleanup() {
+  for p in "${PIDS[@]}" $REDIS; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+start() { # name, args...: starts kvix-server, sets PORT
+  local name="$1"; shift
+  PORT=$(free_port)
+  "$SERVER" --listen "127.0.0.1:$PORT" --metrics "" --unix "" --cores 1 --pin false "$@" \
+    >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  PIDS+=($!)
+  for _ in $(seq 1 6000); do grep -q "listening on" "$WORK/$name.out" 2>/dev/null && return; sleep 0.05; done
+  echo "$name did not start" >&2; cat "$WORK/$name.err" >&2; exit 1
+}
+stop_all() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; PIDS=(); }
+
+for round in $(seq 1 "$ROUNDS"); do
+  start plain
+  "$BENCH" --quiet --json writes --server "127.0.0.1:$PORT" --writes "$WRITES" >"$WORK/plain-$round.json"
+  stop_all
+  RPORT=$(free_port)
+  redis-server --port "$RPORT" --save "" --appendonly yes --dir "$WORK" --daemonize no \
+    >"$WORK/redis.out" 2>&1 &
+  REDIS=$!
+  for _ in $(seq 1 200); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  start a --log "redis://127.0.0.1:$RPORT/kvix-$round"
+  A=$PORT
+  start b --log "redis://127.0.0.1:$RPORT/kvix-$round"
+  "$BENCH" --quiet --json writes --server "127.0.0.1:$A" --replica "127.0.0.1:$PORT" \
+    --writes "$WRITES" >"$WORK/log-$round.json"
+  stop_all
+  kill -TERM "$REDIS"; wait "$REDIS" 2>/dev/null || true
+  echo "round $round done" >&2
+done
+
+python3 - "$WORK" "$ROUNDS" <<'PY'
+import json, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+print("| round | plain write p50 / p99 µs (floor p50) | --log write p50 / p99 µs (floor p50) | --log / plain p50 | p99 | lag to replica B p50 / p99 µs |")
+print("|---|---|---|---|---|---|")
+for r in range(1, rounds + 1):
+    p = json.load(open(f"{work}/plain-{r}.json"))
+    l = json.load(open(f"{work}/log-{r}.json"))
+    pw, lw = p["write"], l["write"]
+    lag = l["lag"]
+    print(f"| {r} | {pw['p50_us']:.0f} / {pw['p99_us']:.0f} ({p['floor']['p50_us']:.0f}) | "
+          f"{lw['p50_us']:.0f} / {lw['p99_us']:.0f} ({l['floor']['p50_us']:.0f}) | "
+          f"{lw['p50_us'] / pw['p50_us']:.2f} | {lw['p99_us'] / pw['p99_us']:.2f} | "
+          f"{lag['p50_us']:.0f} / {lag['p99_us']:.0f} |")
+PY
