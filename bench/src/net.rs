@@ -58,6 +58,22 @@ pub struct WireConn {
     frames: FrameReader,
 }
 
+/// Batch `seq` of `worker`: `chain` stored from block 0 on lane 0, without engine hashes.
+pub fn stored(worker: u32, seq: u64, keyspace: &Keyspace, chain: Vec<u64>) -> EventBatch {
+    EventBatch {
+        worker,
+        seq,
+        keyspace: keyspace.clone(),
+        events: vec![Event::Stored {
+            lane: 0,
+            start: 0,
+            parent: None,
+            chain,
+            engine: Vec::new(),
+        }],
+    }
+}
+
 impl WireConn {
     /// Connects and shakes hands with `token_block`.
     pub async fn connect(addr: SocketAddr, token_block: u32) -> anyhow::Result<WireConn> {
@@ -373,18 +389,7 @@ impl Dataset {
         let mut batches = Vec::new();
         for (w, held) in self.held().into_iter().enumerate() {
             for (seq, chain) in held.into_iter().enumerate() {
-                batches.push(EventBatch {
-                    worker: ids[w],
-                    seq: seq as u64 + 1,
-                    keyspace: self.keyspace.clone(),
-                    events: vec![Event::Stored {
-                        lane: 0,
-                        start: 0,
-                        parent: None,
-                        chain,
-                        engine: Vec::new(),
-                    }],
-                });
+                batches.push(stored(ids[w], seq as u64 + 1, &self.keyspace, chain));
             }
         }
         conn.apply_all(&batches, 64).await?;

@@ -9,13 +9,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use kvix_wire::chain::token_chain;
-use kvix_wire::{
-    encode, to_native, Answer, Echo, Event, EventBatch, Feed, Keyspace, MessageRef, Query,
-};
+use kvix_wire::{encode, to_native, Answer, Echo, Event, Feed, Keyspace, MessageRef, Query};
 use serde::{Deserialize, Serialize};
 
 use crate::latency::echo_payload_for;
-use crate::net::WireConn;
+use crate::net::{stored, WireConn};
 use crate::rng::Rng;
 use crate::stats::{histogram, record, Ratios, Summary};
 
@@ -64,19 +62,12 @@ pub async fn run(
         let tokens: Vec<u32> = (0..cfg.token_block)
             .map(|_| (rng.next_u64() >> 40) as u32)
             .collect();
-        let chain = token_chain(seed, cfg.token_block, &tokens);
-        EventBatch {
+        stored(
             worker,
             seq,
-            keyspace: ks.clone(),
-            events: vec![Event::Stored {
-                lane: 0,
-                start: 0,
-                parent: None,
-                chain,
-                engine: Vec::new(),
-            }],
-        }
+            &ks,
+            token_chain(seed, cfg.token_block, &tokens),
+        )
     };
     let request_bytes = encode(&batch(0), 0, 0)?.len();
     // An Applied reply is the floor's reply: a small frame either way.
