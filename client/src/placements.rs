@@ -33,11 +33,24 @@ const FIRST_RETRY: Duration = Duration::from_millis(250);
 const KEPT: usize = 4096;
 
 /// Placements sent lately (request id, what was sent), oldest first, and the ids they
-/// are sent under (unique across the client's connections).
-#[derive(Default)]
+/// are sent under: unique across the client's connections, and apart from the ids each
+/// connection numbers its other requests with (a refused fire-and-forget retire must not
+/// be taken for a placement).
 pub(crate) struct Sent {
     recent: Mutex<VecDeque<(u64, PlacementReq)>>,
     next_id: AtomicU64,
+}
+
+/// Where placement ids start: connections number their requests from 1 and never reach it.
+const FIRST_PLACEMENT_ID: u64 = 1 << 62;
+
+impl Default for Sent {
+    fn default() -> Self {
+        Sent {
+            recent: Mutex::default(),
+            next_id: AtomicU64::new(FIRST_PLACEMENT_ID),
+        }
+    }
 }
 
 impl Sent {

@@ -49,9 +49,9 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
         }
     };
     // Replicas: every part cut at the same stream position, by the follower.
-    let (parts, log_position): (
+    let (parts, cut_at): (
         Vec<LocalFuture<Result<snapshot::Part, failure::Failure>>>,
-        String,
+        Option<replica::LogMark>,
     ) = match ex.replica() {
         Some(r) => {
             let mark = r.mark();
@@ -76,18 +76,18 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
                 position: mark.position,
                 generation: Some(r.generation.clone()),
             };
-            (parts, at.to_string())
+            (parts, Some(at))
         }
         None => (
             (0..ex.executors())
                 .map(|e| ex.queue_on(e, writer::export))
                 .collect(),
-            String::new(),
+            None,
         ),
     };
     let mut image = snapshot::ServerImage {
         wal_from,
-        log_position: log_position.clone(),
+        log_position: cut_at.as_ref().map_or(String::new(), ToString::to_string),
         engine: EngineImage {
             workers: ex.registry().export(),
             ..Default::default()
@@ -132,9 +132,8 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
                 tracing::warn!("write-ahead log: old generations not removed: {e}");
             }
         }
-        if let Some(r) = replica {
-            let position = replica::LogMark::parse(&log_position).position;
-            match replica::follower::publish_snapshot(&r, &bytes, &position) {
+        if let (Some(r), Some(at)) = (replica, cut_at) {
+            match replica::follower::publish_snapshot(&r, &bytes, &at.position) {
                 Ok(()) => {
                     r.metrics.stored.fetch_add(1, Ordering::Relaxed);
                 }

@@ -104,10 +104,7 @@ impl Core {
         events: &[E],
         out: &mut Update,
     ) -> Result<ApplyReport, EngineError> {
-        let (lane_blocks, feed) = self.checked(worker, ks, seq, events)?;
-        if let Some(why) = feed.sequencer().implausible(seq) {
-            return Err(EngineError::BadSequence { seq, why });
-        }
+        let (lane_blocks, feed) = self.sequenced(worker, ks, seq, events)?;
         Ok(feed.apply(worker, seq, ks.seed, lane_blocks, events, &mut out.ops))
     }
 
@@ -123,10 +120,7 @@ impl Core {
         events: &[E],
         budget: u64,
     ) -> Result<EventsJob, EngineError> {
-        let (_, feed) = self.checked(worker, ks, seq, events)?;
-        if let Some(why) = feed.sequencer().implausible(seq) {
-            return Err(EngineError::BadSequence { seq, why });
-        }
+        let (_, feed) = self.sequenced(worker, ks, seq, events)?;
         Ok(feed.start(seq, events.len(), budget))
     }
 
@@ -166,6 +160,22 @@ impl Core {
             ApplyStatus::Applied,
             &mut out.ops,
         ))
+    }
+
+    /// The event feed of `worker` once batch `seq` passed its checks whole, its seq
+    /// included.
+    fn sequenced<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        ks: Ks,
+        seq: u64,
+        events: &[E],
+    ) -> Result<(&[u32], &mut EventFeed), EngineError> {
+        let (lane_blocks, feed) = self.checked(worker, ks, seq, events)?;
+        if let Some(why) = feed.sequencer().implausible(seq) {
+            return Err(EngineError::BadSequence { seq, why });
+        }
+        Ok((lane_blocks, feed))
     }
 
     /// The event feed of `worker` once `events` passed its checks whole.

@@ -148,7 +148,8 @@ pub struct Ingest {
     leased: std::sync::atomic::AtomicBool,
     /// The last batch applied from each stream (where a new lease holder resumes).
     lasts: Mutex<std::collections::HashMap<WorkerId, Option<LastBatch>>>,
-    /// Replicas: the streams this replica leads, with their lease's epoch.
+    /// Replicas: the streams this replica leads (holds the ingest lease of), with their
+    /// lease's epoch. The lease thread decides ([`Ingest::lead`], [`Ingest::follow`]).
     leading: Mutex<std::collections::HashMap<WorkerId, u64>>,
     /// Streams with a rewind scheduled ([`Ingest::rewind_due`]).
     rewinding: Mutex<std::collections::HashSet<WorkerId>>,
@@ -371,6 +372,20 @@ impl Ingest {
         });
     }
 
+    /// Whether this replica leads the worker's stream.
+    pub fn leads(&self, worker: WorkerId) -> bool {
+        self.leading
+            .lock()
+            .expect("not poisoned")
+            .contains_key(&worker)
+    }
+
+    /// The workers whose streams this replica leads.
+    pub fn led(&self) -> Vec<WorkerId> {
+        let leading = self.leading.lock().expect("not poisoned");
+        leading.keys().copied().collect()
+    }
+
     /// This replica no longer holds the worker's lease.
     pub fn follow(&self, worker: WorkerId) {
         self.leading.lock().expect("not poisoned").remove(&worker);
@@ -379,7 +394,6 @@ impl Ingest {
 
     /// The worker was retired.
     pub fn retired(&self, worker: WorkerId) {
-        self.leading.lock().expect("not poisoned").remove(&worker);
         if self
             .sources
             .lock()

@@ -5,7 +5,6 @@
 //! deliveries of an older epoch than they have seen, so a holder that lost its lease
 //! without knowing (a pause, a partition) cannot interleave with its successor.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,21 +35,20 @@ return 0";
 pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
     let script = redis::Script::new(SCRIPT);
     let release = redis::Script::new(RELEASE);
-    let mut held: HashMap<WorkerId, u64> = HashMap::new();
     let mut conn: Option<redis::Connection> = None;
     while !r.stopped() {
         std::thread::sleep(RENEW);
         if !r.caught_up.load(Relaxed) {
             // Not following the log (yet, or any more): nothing it ingests could be
             // appended.
-            drop_all(&r, &ingest, &mut held);
+            drop_all(&r, &ingest);
             continue;
         }
         if conn.is_none() {
             conn = r.connect().ok();
         }
         let Some(c) = conn.as_mut() else {
-            drop_all(&r, &ingest, &mut held);
+            drop_all(&r, &ingest);
             continue;
         };
         let sources = ingest.sources();
@@ -63,7 +61,7 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
                 .arg(TTL.as_millis() as u64)
                 .invoke(c);
             match got {
-                Ok(1) if held.contains_key(worker) => {}
+                Ok(1) if ingest.leads(*worker) => {}
                 // Taken now; or still ours but not led: a failed round stopped every
                 // stream while the lease lived on in Redis, so renewing it is taking it
                 // up again (with a new epoch, as any acquisition).
@@ -75,14 +73,13 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
                         Ok(epoch) => {
                             tracing::info!(worker, epoch, "ingest lease taken");
                             r.metrics.lease_changes.fetch_add(1, Relaxed);
-                            held.insert(*worker, epoch);
                             ingest.lead(*worker, epoch);
                         }
                         Err(_) => failed = true,
                     }
                 }
                 Ok(_) => {
-                    if held.remove(worker).is_some() {
+                    if ingest.leads(*worker) {
                         tracing::warn!(worker, "ingest lease lost");
                         ingest.follow(*worker);
                     }
@@ -94,13 +91,12 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
             }
         }
         // Leases of workers no longer subscribed (retired, announced without a source).
-        let gone: Vec<WorkerId> = held
-            .keys()
-            .filter(|w| !sources.iter().any(|(s, _)| s == *w))
-            .copied()
+        let gone: Vec<WorkerId> = ingest
+            .led()
+            .into_iter()
+            .filter(|w| !sources.iter().any(|(s, _)| s == w))
             .collect();
         for w in gone {
-            held.remove(&w);
             ingest.follow(w);
             let _: redis::RedisResult<u8> = release
                 .key(format!("{}:lease:{w}", r.url.key))
@@ -110,14 +106,16 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
         if failed {
             // Unable to renew: stop ingesting before the lease can run out on us.
             conn = None;
-            drop_all(&r, &ingest, &mut held);
+            drop_all(&r, &ingest);
         }
-        r.metrics.leases_held.store(held.len() as u64, Relaxed);
+        r.metrics
+            .leases_held
+            .store(ingest.led().len() as u64, Relaxed);
     }
 }
 
-fn drop_all(r: &Replica, ingest: &Ingest, held: &mut HashMap<WorkerId, u64>) {
-    for (w, _) in held.drain() {
+fn drop_all(r: &Replica, ingest: &Ingest) {
+    for w in ingest.led() {
         ingest.follow(w);
     }
     r.metrics.leases_held.store(0, Relaxed);

@@ -118,15 +118,14 @@ pub struct Mark {
 
 /// Why a replica stopped following its log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 pub enum Stopped {
     /// Entries after its position were trimmed away.
-    BehindTrim = 1,
+    BehindTrim,
     /// The log holds a record it cannot read.
-    Unreadable = 2,
+    Unreadable,
     /// The log is not the one it followed (flushed, restarted without persistence,
     /// recreated): another generation, or none.
-    Replaced = 3,
+    Replaced,
 }
 
 impl Stopped {
@@ -204,11 +203,9 @@ pub struct Replica {
     pub caught_up: AtomicBool,
     /// The log's generation this replica follows.
     pub generation: String,
-    /// Why this replica stopped following the log for good: it refuses writes and
-    /// /healthz says so until restarted.
-    broken: Mutex<Option<String>>,
-    /// Which [`Stopped`] reason, as its index (0: following).
-    stopped_for: std::sync::atomic::AtomicU8,
+    /// Why this replica stopped following the log for good, and in words: it refuses
+    /// writes and /healthz says so until restarted.
+    broken: Mutex<Option<(Stopped, String)>>,
     pub metrics: ReplicaMetrics,
     stop: AtomicBool,
 }
@@ -237,7 +234,6 @@ impl Replica {
             caught_up: AtomicBool::new(false),
             generation,
             broken: Mutex::new(None),
-            stopped_for: std::sync::atomic::AtomicU8::new(0),
             metrics: ReplicaMetrics::default(),
             stop: AtomicBool::new(false),
         });
@@ -263,10 +259,14 @@ impl Replica {
 
     /// Why this replica no longer follows the log, if it does not.
     pub fn broken(&self) -> Option<String> {
-        self.broken
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let broken = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        broken.as_ref().map(|(_, why)| why.clone())
+    }
+
+    /// Which reason this replica stopped following the log for, if it did.
+    fn stopped_for(&self) -> Option<Stopped> {
+        let broken = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        broken.as_ref().map(|(reason, _)| *reason)
     }
 
     /// The follower gives up for good (until a restart): refuses writes, fails
@@ -274,8 +274,7 @@ impl Replica {
     fn stop_following(&self, reason: Stopped, why: String) {
         tracing::error!("{why}");
         self.caught_up.store(false, Relaxed);
-        self.stopped_for.store(reason as u8, Relaxed);
-        *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some((reason, why));
         while !self.stopped() {
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -438,13 +437,13 @@ pub fn render(r: &Replica, out: &mut String) {
         out,
         "# HELP kvix_log_stopped 1 when this replica stopped following the log, by reason: behind_trim (entries after its position were trimmed away), unreadable (a record it cannot read: another kvix version's or a foreign writer's), replaced (the log was flushed, restarted without persistence or recreated). It refuses writes and fails /healthz until restarted.\n# TYPE kvix_log_stopped gauge"
     );
-    let now = r.stopped_for.load(Relaxed);
+    let now = r.stopped_for();
     for reason in Stopped::ALL {
         let _ = writeln!(
             out,
             "kvix_log_stopped{{reason=\"{}\"}} {}",
             reason.label(),
-            u8::from(now == reason as u8)
+            u8::from(now == Some(reason))
         );
     }
 }
