@@ -522,7 +522,7 @@ pub fn render(out: &mut String) {
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
         ("kvix_ingest_gaps_total", "Publisher sequence gaps seen (filled by a replay where the publisher has one).", "counter", &m.gaps),
         ("kvix_ingest_replayed_total", "Event batches recovered from a replay socket.", "counter", &m.replayed),
-        ("kvix_ingest_replay_holes_total", "Replays that came back with replies missing in the middle (a publisher whose send queue overflowed): applied up to the hole and asked again from there.", "counter", &m.replay_holes),
+        ("kvix_ingest_replay_holes_total", "Replays that came back with replies missing (a publisher whose send queue overflowed): in the middle, applied up to the hole and asked again from there; at the end (no end marker), applied as far as they came and continued at the next gap.", "counter", &m.replay_holes),
         ("kvix_ingest_replay_failures_total", "Replays that got no answer or did not finish (retried at the next gap or reconnect).", "counter", &m.replay_failures),
         ("kvix_ingest_restarts_total", "New publisher processes detected (or buffers that no longer reached back): the worker was cleared and rebuilt from the replay.", "counter", &m.restarts),
         ("kvix_ingest_duplicates_total", "Batches already applied (seen again live after a replay).", "counter", &m.duplicates),
