@@ -47,6 +47,7 @@ impl Client {
                 ids: Mutex::new(IdMap::default()),
                 tried: AtomicBool::new(false),
                 refusal: Mutex::new(None),
+                roster: Default::default(),
             })
             .collect();
         let shared = Arc::new(Shared {
@@ -56,6 +57,8 @@ impl Client {
             counters: Arc::new(Counters::new()),
             placements: ptx,
             sent_placements: Default::default(),
+            unresolved: Mutex::default(),
+            names_wanted: Default::default(),
             changed: watch::channel(0).0,
             shutdown: watch::channel(false).0,
         });
@@ -138,7 +141,9 @@ impl Client {
             .copied()
     }
 
-    /// The name of the primary server's worker `id`, if this client announced it.
+    /// The name of the primary server's worker `id`, if this client announced it or
+    /// learnt it from the server's roster (fetched at connect, every second, and when
+    /// an answer names an id this client cannot name).
     pub fn worker_name(&self, id: WorkerId) -> Option<Arc<str>> {
         let (i, _) = self.shared.primary()?;
         self.shared.slots[i]

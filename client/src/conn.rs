@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvix_wire::{
-    to_native, Announced, Answer, ErrorCode, ErrorReply, Frame, Kind, MessageRef, Stats,
+    to_native, Announced, Answer, ErrorCode, ErrorReply, Frame, Kind, MessageRef, Roster, Stats,
     DEFAULT_MAX_FRAME,
 };
 use tokio::io::AsyncReadExt;
@@ -37,6 +37,7 @@ pub(crate) enum Reply {
     Ack,
     Stats(Stats),
     Echo(Vec<u8>),
+    Roster(Roster),
     Error(ErrorReply),
 }
 
@@ -49,6 +50,7 @@ impl Reply {
             MessageRef::Ack(_) => Reply::Ack,
             MessageRef::Stats(s) => Reply::Stats(to_native::<Stats>(s)),
             MessageRef::Echo(e) => Reply::Echo(e.payload.as_slice().to_vec()),
+            MessageRef::Roster(r) => Reply::Roster(to_native::<Roster>(r)),
             MessageRef::ErrorReply(e) => Reply::Error(to_native::<ErrorReply>(e)),
             _ => return None,
         })
@@ -441,6 +443,7 @@ fn is_reply_kind(k: Kind) -> bool {
             | Kind::Applied
             | Kind::Stats
             | Kind::Echo
+            | Kind::Roster
             | Kind::ErrorReply
     )
 }

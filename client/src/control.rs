@@ -10,6 +10,7 @@ use kvix_wire::{
 };
 
 use crate::conn::Reply;
+use crate::roster::Want;
 use crate::types::WorkerRef;
 use crate::wait::{wait_reply, Waited};
 use crate::{Client, ClientError};
@@ -110,6 +111,14 @@ impl Client {
         let sh = &self.shared;
         let worker = worker.into();
         let until = Instant::now() + sh.cfg.request_timeout;
+        if let (WorkerRef::Name(n), Some((p, _))) = (&worker, sh.primary()) {
+            if sh.id_on(p, &worker).is_none() {
+                // Announced by another client (a controller retiring an engine).
+                let names = [n.clone()];
+                sh.learn(p, Want::Names(&names), Instant::now(), until)
+                    .await;
+            }
+        }
         let name = sh.name_of(&worker);
         let conns = {
             let mut reg = sh.registry.lock().map_err(|_| ClientError::Disconnected)?;
@@ -142,7 +151,7 @@ impl Client {
         let Some((conn, rid, mut rx)) = wait else {
             return Err(ClientError::Rejected(ErrorReply {
                 code: ErrorCode::UnknownWorker,
-                message: format!("worker {worker} is not known to this client"),
+                message: format!("worker {worker} is not announced on the server"),
             }));
         };
         match wait_reply(&mut rx, until, None).await {

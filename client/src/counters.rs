@@ -26,6 +26,7 @@ pub(crate) struct Atomics {
     pub placement_drops: AtomicU64,
     pub placements_unsent: AtomicU64,
     pub placements_retried: AtomicU64,
+    pub unknown_workers: AtomicU64,
     pub connects: AtomicU64,
     pub reconnects: AtomicU64,
     pub connection_losses: AtomicU64,
@@ -101,6 +102,7 @@ impl Counters {
             placements_sent: g(&n.placements_sent),
             placement_drops: g(&n.placement_drops),
             placements_unsent: g(&n.placements_unsent),
+            unknown_workers: g(&n.unknown_workers),
             placements_retried: g(&n.placements_retried),
             writes_refused: self
                 .refused
@@ -167,6 +169,10 @@ pub struct CountersSnapshot {
     pub placement_drops: u64,
     /// Placements dequeued but not sent: no server up, or the worker is unknown.
     pub placements_unsent: u64,
+    /// Workers named by a placement or as a query candidate that no server up knows
+    /// (not in its roster, fetched again before this is counted): the placement was
+    /// refused at once (`publish_placement` returned false), the candidate left out.
+    pub unknown_workers: u64,
     /// Placements sent again after a server refused them for a moment (`LogUnavailable`,
     /// `Overloaded`): up to 4 times each, 0.25 s later at first, doubling.
     pub placements_retried: u64,
@@ -212,6 +218,7 @@ impl fmt::Debug for CountersSnapshot {
             .field("placements_sent", &self.placements_sent)
             .field("placement_drops", &self.placement_drops)
             .field("placements_unsent", &self.placements_unsent)
+            .field("unknown_workers", &self.unknown_workers)
             .field("placements_retried", &self.placements_retried)
             .field("writes_refused", &self.writes_refused)
             .field("connects", &self.connects)

@@ -18,9 +18,13 @@
 //!   tokio runtime that does the I/O.
 //!
 //! Worker ids are per server: [`Client::announce`] returns the primary server's id and
-//! answers name the answering server's ids (with the worker's name when this client
-//! announced it). Where several servers are configured, name workers by name
-//! ([`WorkerRef::Name`]) in candidates and placements; the client translates.
+//! answers name the answering server's ids, each with the worker's name, whichever
+//! client announced it: the client learns every server's roster (at connect, every
+//! second, and at once when an answer or the caller names a worker it has not seen).
+//! So a gateway need not announce the workers it routes to; a controller or the
+//! engines' agents do. Name workers by name ([`WorkerRef::Name`]) in candidates and
+//! placements; the client translates. A placement for a name no server announced is
+//! refused at once (`publish_placement` returns false, counted as `unknown_workers`).
 //!
 //! Everything about the protocol (frames, messages, chain hashing, keyspaces, lanes)
 //! comes from [`kvix_wire`], re-exported here as [`wire`].
@@ -51,6 +55,7 @@ mod counters;
 mod error;
 mod placements;
 mod query;
+mod roster;
 mod shared;
 mod supervisor;
 mod types;

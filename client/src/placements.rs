@@ -101,16 +101,27 @@ pub(crate) fn refused(sh: &Arc<Shared>, id: u64, code: ErrorCode) {
 
 impl Client {
     /// Queues a placement (a request for `chain` was sent to `worker`) for every server
-    /// that is up. Never blocks: when the queue is full the placement is dropped and
-    /// counted, and `false` is returned.
+    /// that is up. Never blocks. Returns `false`, counted, when the placement is
+    /// dropped: the queue is full (`placement_drops`), or `worker` is a name the
+    /// primary server's roster, as this client last learnt it, does not hold
+    /// (`unknown_workers`; the roster is asked for that name at once, so a worker
+    /// announced a moment ago by another client is placed on the next try).
     pub fn publish_placement(
         &self,
         worker: impl Into<WorkerRef>,
         keyspace: &Keyspace,
         chain: Vec<u64>,
     ) -> bool {
+        let worker = worker.into();
+        if let (WorkerRef::Name(name), Some((slot, _))) = (&worker, self.shared.primary()) {
+            if self.shared.id_on(slot, &worker).is_none() {
+                Counters::bump(&self.shared.counters.n.unknown_workers);
+                self.shared.want_name(name);
+                return false;
+            }
+        }
         let req = PlacementReq {
-            worker: worker.into(),
+            worker,
             keyspace: keyspace.clone(),
             chain,
             retries: 0,

@@ -9,6 +9,7 @@ use kvix_wire::{Answer, ErrorCode, ErrorReply, Keyspace, Kind, Query};
 
 use crate::conn::Reply;
 use crate::counters::Counters;
+use crate::roster::Want;
 use crate::types::{Prompt, QueryOptions, QueryOutcome, WorkerScore};
 use crate::wait::{wait_either, wait_reply, Waited};
 use crate::{Client, ClientError};
@@ -96,6 +97,23 @@ impl Client {
                 Counters::bump(&sh.counters.n.failovers);
             }
             q.candidates = sh.ids_on(slot, &opts.candidates);
+            if q.candidates.len() < opts.candidates.len() {
+                // Names this client has not seen: announced lately, by another client.
+                let missing = sh.unresolved(slot, &opts.candidates);
+                if !missing.is_empty() {
+                    if sh
+                        .learn(slot, Want::Names(&missing), Instant::now(), until)
+                        .await
+                    {
+                        q.candidates = sh.ids_on(slot, &opts.candidates);
+                    }
+                    let still = sh.unresolved(slot, &opts.candidates).len() as u64;
+                    sh.counters
+                        .n
+                        .unknown_workers
+                        .fetch_add(still, Ordering::Relaxed);
+                }
+            }
             if !opts.candidates.is_empty() && q.candidates.is_empty() {
                 return QueryOutcome::Empty;
             }
@@ -125,7 +143,7 @@ impl Client {
                 Err(outcome) => return outcome,
             };
             return match reply {
-                Reply::Answer(a) => self.outcome(slot, a),
+                Reply::Answer(a) => self.named(slot, a, until).await,
                 Reply::Error(e) => QueryOutcome::Rejected(e),
                 _ => QueryOutcome::Disconnected,
             };
@@ -209,7 +227,24 @@ impl Client {
         Ok((if first == 0 { slot } else { slot2 }, w))
     }
 
-    pub(crate) fn outcome(&self, slot: usize, a: Answer) -> QueryOutcome {
+    /// The answer's outcome, every score named: ids this client cannot name are
+    /// looked up in the server's roster first, while the deadline allows.
+    async fn named(&self, slot: usize, a: Answer, until: Instant) -> QueryOutcome {
+        let sh = &self.shared;
+        let lowest = sh.slots[slot].ids.lock().ok().and_then(|ids| {
+            a.scores
+                .iter()
+                .map(|s| s.worker)
+                .filter(|w| !ids.by_id.contains_key(w))
+                .min()
+        });
+        if let Some(id) = lowest {
+            sh.learn(slot, Want::Ids(id), Instant::now(), until).await;
+        }
+        self.outcome(slot, a)
+    }
+
+    fn outcome(&self, slot: usize, a: Answer) -> QueryOutcome {
         let c = &self.shared.counters.n.unscorable;
         c.fetch_add(u64::from(a.unscorable), Ordering::Relaxed);
         if a.scores.is_empty() {

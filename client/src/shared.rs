@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvix_wire::{encode, Announce, Body, ErrorReply, Kind, WorkerId, FLAG_NO_REPLY};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::conn::{Conn, Reply};
 use crate::counters::Counters;
 use crate::placements::PlacementReq;
+use crate::roster::RosterSync;
 use crate::types::WorkerRef;
 use crate::wait::{wait_reply, Waited};
 use crate::{Addr, ClientConfig, ClientError};
@@ -43,6 +44,8 @@ pub(crate) struct Slot {
     pub(crate) ids: Mutex<IdMap>,
     pub(crate) tried: AtomicBool,
     pub(crate) refusal: Mutex<Option<ErrorReply>>,
+    /// How far this server's roster was learnt ([`crate::roster`]).
+    pub(crate) roster: tokio::sync::Mutex<RosterSync>,
 }
 
 impl Slot {
@@ -61,6 +64,10 @@ pub(crate) struct Shared {
     pub(crate) placements: mpsc::Sender<PlacementReq>,
     /// Placements sent lately, by request id, for a retry should a server refuse one.
     pub(crate) sent_placements: crate::placements::Sent,
+    /// Names a placement was refused for (not in the roster learnt): the servers'
+    /// supervisors ask for them at once (`names_wanted`), and then drop them.
+    pub(crate) unresolved: Mutex<Vec<Arc<str>>>,
+    pub(crate) names_wanted: Notify,
     /// Bumped whenever a connection comes up or goes, or a first attempt ends.
     pub(crate) changed: watch::Sender<u64>,
     pub(crate) shutdown: watch::Sender<bool>,
@@ -159,13 +166,37 @@ impl Shared {
         }
     }
 
+    /// The names among `workers` that server `slot` has no id for in this client.
+    pub(crate) fn unresolved(&self, slot: usize, workers: &[WorkerRef]) -> Vec<Arc<str>> {
+        let Ok(ids) = self.slots[slot].ids.lock() else {
+            return Vec::new();
+        };
+        workers
+            .iter()
+            .filter_map(|w| match w {
+                WorkerRef::Name(n) if !ids.by_name.contains_key(n) => Some(n.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Records `name → id` for server `slot`, if `conn` is still its connection.
     pub(crate) fn adopt(&self, slot: usize, conn: &Arc<Conn>, name: Arc<str>, id: WorkerId) {
+        let mut one = IdMap::default();
+        one.insert(name, id);
+        self.adopt_all(slot, conn, one);
+    }
+
+    /// Records every `name → id` of `learnt` for server `slot`, if `conn` is still its
+    /// connection (ids learnt on a lost connection may not be the next one's).
+    pub(crate) fn adopt_all(&self, slot: usize, conn: &Arc<Conn>, learnt: IdMap) {
         let s = &self.slots[slot];
         let current = s.conn.lock().ok().and_then(|c| c.clone());
         if current.is_some_and(|c| Arc::ptr_eq(&c, conn)) {
             if let Ok(mut m) = s.ids.lock() {
-                m.insert(name, id);
+                for (name, id) in learnt.by_name {
+                    m.insert(name, id);
+                }
             }
         }
     }

@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use kvix_wire::{
     encode, Announce, ErrorCode, ErrorReply, Hello, Kind, Retire, BYTE_CHUNK, FLAG_NO_REPLY,
@@ -11,6 +12,7 @@ use kvix_wire::{
 
 use crate::conn::{dial, Conn, FrameReader, Reply};
 use crate::counters::Counters;
+use crate::roster::Want;
 use crate::shared::{IdMap, Shared};
 use crate::{Addr, ClientError};
 
@@ -43,9 +45,25 @@ pub(crate) async fn supervise(sh: Arc<Shared>, idx: usize) {
                 slot.tried.store(true, Ordering::Release);
                 sh.bump_changed();
                 tracing::info!(server = %slot.addr, "connected");
-                tokio::select! {
-                    _ = conn.closed() => {}
-                    _ = shutdown.wait_for(|s| *s) => { conn.close(); return; }
+                // Connected: learn the roster's news until the connection goes.
+                loop {
+                    tokio::select! {
+                        _ = conn.closed() => break,
+                        _ = shutdown.wait_for(|s| *s) => { conn.close(); return; }
+                        _ = tokio::time::sleep(crate::roster::POLL) => {}
+                        _ = sh.names_wanted.notified() => {}
+                    }
+                    // Names a placement missed are asked for by name: one retired and
+                    // announced again has an id below where the listing goes on.
+                    let names = sh.unresolved.lock().map(|u| u.clone()).unwrap_or_default();
+                    let until = Instant::now() + sh.cfg.request_timeout;
+                    let want = if names.is_empty() {
+                        Want::New
+                    } else {
+                        Want::Names(&names)
+                    };
+                    sh.learn(idx, want, Instant::now(), until).await;
+                    sh.resolved(idx);
                 }
                 if let Ok(mut c) = slot.conn.lock() {
                     if c.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
@@ -136,7 +154,12 @@ pub(crate) async fn establish(sh: &Arc<Shared>, idx: usize) -> Result<Arc<Conn>,
     });
     tokio::spawn(conn.clone().read_loop(reader, sh.counters.clone(), refused));
 
+    // Every worker any client announced, so that answers and the caller's names
+    // resolve from the first query.
     let mut ids = IdMap::default();
+    let until = Instant::now() + sh.cfg.connect_timeout;
+    let next = crate::roster::fetch(sh, &conn, 0, &[], until, &mut ids).await?;
+    sh.start_roster(idx, next).await;
     let mut done: HashSet<String> = HashSet::new();
     loop {
         let todo: Vec<Announce> = {

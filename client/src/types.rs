@@ -79,7 +79,7 @@ pub struct QueryOptions {
 pub struct WorkerScore {
     /// The worker's id on the server that answered.
     pub worker: WorkerId,
-    /// Its name, when this client announced it (or learnt it otherwise).
+    /// Its name (None only when the server's roster could not be fetched in time).
     pub name: Option<Arc<str>>,
     /// Reusable prefix, in keyspace blocks.
     pub blocks: u32,

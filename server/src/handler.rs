@@ -134,6 +134,7 @@ pub fn handle(
             )
         })),
         MessageRef::StatsRequest(_) => stats(ex, id),
+        MessageRef::RosterRequest(r) => Reply::Now(roster(ex, id, r)),
         MessageRef::Echo(e) => echo(ex, id, e.reply_len.to_native()),
         MessageRef::Hello(_) => Reply::Now(failure_frame(
             id,
@@ -287,6 +288,47 @@ fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Re
             max_frame: cfg.max_frame,
         },
     ))
+}
+
+/// Names a client asks for, at most, in one `RosterRequest`.
+const MAX_ROSTER_NAMES: usize = 256;
+
+/// The active workers the request asks for, from this executor's roster (every
+/// executor installs every announce before it is answered). The id-ordered part stops
+/// at about a quarter of the frame limit; the client asks again from `next`.
+fn roster(ex: &Executor, id: u64, r: &kvix_wire::ArchivedRosterRequest) -> AlignedVec {
+    let core = ex.core();
+    let roster = core.roster();
+    let entry = |w: &kvix_engine::WorkerEntry| kvix_wire::RosterEntry {
+        worker: w.id,
+        name: w.name.clone(),
+    };
+    let mut workers: Vec<_> = r
+        .names
+        .iter()
+        .take(MAX_ROSTER_NAMES)
+        .filter_map(|n| roster.named(n.as_str()).map(entry))
+        .collect();
+    let budget = ex.config().max_frame as usize / 4;
+    let mut used: usize = workers.iter().map(|w| w.name.len() + 16).sum();
+    let mut next = roster.end();
+    let mut more = false;
+    for w in roster.from(r.from.to_native()) {
+        if used > budget {
+            (next, more) = (w.id, true);
+            break;
+        }
+        used += w.name.len() + 16;
+        workers.push(entry(w));
+    }
+    frame(
+        id,
+        &kvix_wire::Roster {
+            workers,
+            next,
+            more,
+        },
+    )
 }
 
 fn echo(ex: &Executor, id: u64, reply_len: u32) -> Reply {

@@ -550,9 +550,10 @@ async fn a_query_whose_real_server_dies_under_it_is_answered_by_the_next_one() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     a.kill();
+    // Named from the second server's roster, though this client announced nothing.
     let want = WorkerScore {
         worker: ids[1],
-        name: None,
+        name: Some("w".into()),
         blocks: 4,
     };
     assert_eq!(query.await.unwrap(), QueryOutcome::Scores(vec![want]));
@@ -630,4 +631,97 @@ async fn a_placement_the_log_refused_for_a_moment_is_sent_again_and_lands() {
     let out = query_until(&c, &ks(), &prompt, |o| *o == want).await;
     assert_eq!(out, want);
     assert!(c.counters().placements_retried >= 1);
+}
+
+/// A gateway that announced nothing (a controller announces the engines) names every
+/// score, resolves candidates, places for and retires the controller's workers, and
+/// learns a worker announced after it connected from the first answer that scores it.
+/// A placement for a name nobody announced is refused at once and counted. Before
+/// rosters, the gateway's answers had no names, its candidates were "empty" and its
+/// placements returned true and were dropped.
+#[tokio::test]
+async fn a_gateway_that_announced_nothing_names_places_and_retires_any_clients_workers() {
+    let server = Server::start(&["--cores", "2"]);
+    let controller = Client::connect(config(tcp(&server))).await.unwrap();
+    let w0 = controller
+        .announce("w0", full(), placements(1000))
+        .await
+        .unwrap();
+    let w1 = controller
+        .announce("w1", full(), placements(1000))
+        .await
+        .unwrap();
+    let gateway = Client::connect(config(tcp(&server))).await.unwrap();
+    assert!(gateway.announced().is_empty());
+    assert_eq!(
+        (gateway.worker_id("w0"), gateway.worker_id("w1")),
+        (Some(w0), Some(w1))
+    );
+
+    let p0 = tokens(0, 3);
+    assert!(controller.publish_placement("w0", &ks(), controller.token_chain(&ks(), &p0)));
+    let out = query_until(&gateway, &ks(), &p0, |o| best_is(o, "w0", 3)).await;
+    assert!(best_is(&out, "w0", 3), "{out:?}");
+    let only_w1 = QueryOptions {
+        candidates: vec!["w1".into()],
+        ..opts()
+    };
+    assert_eq!(
+        gateway.query_tokens(&ks(), &p0, &only_w1).await,
+        QueryOutcome::Empty
+    );
+
+    // The gateway's placement lands on the controller's worker.
+    let p1 = tokens(1000, 2);
+    assert!(gateway.publish_placement("w1", &ks(), gateway.token_chain(&ks(), &p1)));
+    let out = query_until(&controller, &ks(), &p1, |o| best_is(o, "w1", 2)).await;
+    assert!(best_is(&out, "w1", 2), "{out:?}");
+
+    // A worker announced after the gateway connected: the first answer scoring it names
+    // it (looked up then, not a second later).
+    let late = controller
+        .announce("late", full(), placements(1000))
+        .await
+        .unwrap();
+    let p2 = tokens(2000, 4);
+    assert!(controller.publish_placement("late", &ks(), controller.token_chain(&ks(), &p2)));
+    let first = query_until(&gateway, &ks(), &p2, |o| {
+        matches!(o, QueryOutcome::Scores(_))
+    })
+    .await;
+    assert_eq!(first.best(), Some(&score(late, "late", 4)));
+
+    // Candidates naming a worker announced a moment ago resolve in the query.
+    let newest = controller
+        .announce("newest", full(), placements(1000))
+        .await
+        .unwrap();
+    assert!(controller.publish_placement("newest", &ks(), controller.token_chain(&ks(), &p2)));
+    let only_newest = QueryOptions {
+        candidates: vec!["newest".into()],
+        ..opts()
+    };
+    let mut out = QueryOutcome::Empty;
+    for _ in 0..500 {
+        out = gateway.query_tokens(&ks(), &p2, &only_newest).await;
+        if matches!(out, QueryOutcome::Scores(_)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(out.best(), Some(&score(newest, "newest", 4)));
+
+    // Nobody announced it: refused at once, counted, nothing sent.
+    let sent = gateway.counters().placements_sent;
+    assert!(!gateway.publish_placement("nobody", &ks(), vec![1, 2]));
+    assert_eq!(gateway.counters().unknown_workers, 1);
+    assert_eq!(gateway.counters().placements_sent, sent);
+
+    // The gateway retires a worker it never announced; the controller sees it go.
+    gateway.retire("w1").await.unwrap();
+    assert_eq!(controller.stats().await.unwrap().workers, 3);
+    match gateway.retire("nobody").await {
+        Err(ClientError::Rejected(e)) => assert_eq!(e.code, ErrorCode::UnknownWorker),
+        other => panic!("{other:?}"),
+    }
 }

@@ -714,3 +714,67 @@ fn a_client_that_never_reads_does_not_stall_others() {
         }]
     );
 }
+
+/// Every connection, whichever executor holds it, lists the workers any client
+/// announced: paged at about a quarter of the frame limit, each listed once, retired
+/// ones left out; names asked for are listed whatever their id.
+#[test]
+fn the_roster_lists_every_clients_workers_in_pages() {
+    let server = Server::start(&["--cores", "2", "--max-frame", "16384"]);
+    let mut controller = server.session();
+    let names: Vec<String> = (0..120)
+        .map(|i| format!("{i:03}-{}", "w".repeat(200)))
+        .collect();
+    let ids: Vec<WorkerId> = names.iter().map(|n| controller.events_worker(n)).collect();
+    let retired = ids[7];
+    let r = controller.ask(&Retire { worker: retired });
+    assert_eq!(r.kind, Kind::Ack);
+    // Gateways on both executors (connections are spread over them), announcing nothing.
+    for _ in 0..4 {
+        let mut gateway = server.session();
+        let mut listed = Vec::new();
+        let (mut from, mut pages) = (0, 0);
+        loop {
+            let page: Roster = gateway
+                .ask(&RosterRequest {
+                    from,
+                    names: Vec::new(),
+                })
+                .decode();
+            pages += 1;
+            listed.extend(page.workers.into_iter().map(|e| (e.worker, e.name)));
+            if !page.more {
+                assert_eq!(page.next, ids.iter().max().unwrap() + 1);
+                break;
+            }
+            assert!(page.next > from, "a page moves on");
+            from = page.next;
+        }
+        assert!(
+            pages >= 4,
+            "120 names of 204 bytes take several 4 KiB pages"
+        );
+        let want: Vec<(WorkerId, String)> = ids
+            .iter()
+            .zip(&names)
+            .filter(|(id, _)| **id != retired)
+            .map(|(id, n)| (*id, n.clone()))
+            .collect();
+        assert_eq!(listed, want);
+        // By name: from the end, so only the names asked for (the retired one not).
+        let page: Roster = gateway
+            .ask(&RosterRequest {
+                from: u32::MAX,
+                names: vec![names[7].clone(), names[9].clone(), "nobody".into()],
+            })
+            .decode();
+        assert_eq!(
+            page.workers,
+            vec![RosterEntry {
+                worker: ids[9],
+                name: names[9].clone()
+            }]
+        );
+        assert!(!page.more);
+    }
+}

@@ -89,6 +89,8 @@ messages! {
     Echo = 13,
     Ack = 14,
     ErrorReply = 15,
+    RosterRequest = 16,
+    Roster = 17,
 }
 
 #[derive(Debug, Error)]

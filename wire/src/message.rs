@@ -220,6 +220,35 @@ pub struct Stats {
     pub shard_load: Vec<u64>,
 }
 
+/// Asks for the names of the workers announced, by any client: every active worker
+/// with an id from `from` on, and the workers named in `names` whatever their id.
+/// A gateway that announced nothing learns from it the names its answers' ids stand for.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct RosterRequest {
+    pub from: WorkerId,
+    pub names: Vec<String>,
+}
+
+/// One active worker: its id and the name it was announced under.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct RosterEntry {
+    pub worker: WorkerId,
+    pub name: String,
+}
+
+/// Reply to [`RosterRequest`]: active workers in id order (those asked for by name
+/// first). `more`: the listing stopped to keep the frame small; ask again from `next`.
+/// Otherwise `next` is one past the highest id the server has given.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct Roster {
+    pub workers: Vec<RosterEntry>,
+    pub next: WorkerId,
+    pub more: bool,
+}
+
 /// A raw payload echoed back at `reply_len` bytes: the latency floor of the transport.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 #[rkyv(derive(Debug))]

@@ -177,6 +177,32 @@ fn seeds() -> Vec<(&'static str, AlignedVec)> {
         ),
         ("ack", encode(&Ack {}, 8, 0)),
         (
+            "roster_request",
+            encode(
+                &RosterRequest {
+                    from: 3,
+                    names: vec!["w-7".into()],
+                },
+                10,
+                0,
+            ),
+        ),
+        (
+            "roster",
+            encode(
+                &Roster {
+                    workers: vec![RosterEntry {
+                        worker: 7,
+                        name: "w-7".into(),
+                    }],
+                    next: 9,
+                    more: false,
+                },
+                10,
+                0,
+            ),
+        ),
+        (
             "error_reply",
             encode(
                 &ErrorReply {

@@ -313,6 +313,9 @@ fn archived_layouts_match_the_document() {
         "Ack" => ArchivedAck,
         "ErrorCode" => ArchivedErrorCode,
         "ErrorReply" => ArchivedErrorReply,
+        "RosterRequest" => ArchivedRosterRequest,
+        "RosterEntry" => ArchivedRosterEntry,
+        "Roster" => ArchivedRoster,
     };
     let rows = table("layouts");
     assert_eq!(rows.len(), code.len(), "layout rows");

@@ -159,6 +159,9 @@ round_trip_props! {
         .prop_map(|(workers, blocks, memberships, queries, events, shard_load)| Stats { workers, blocks, memberships, queries, events, shard_load });
     echo: (vec(any::<u8>(), 0..600), any::<u32>()).prop_map(|(payload, reply_len)| Echo { payload, reply_len });
     ack: Just(Ack {});
+    roster_request: (any::<u32>(), vec(text(), 0..5)).prop_map(|(from, names)| RosterRequest { from, names });
+    roster: (vec((any::<u32>(), text()).prop_map(|(worker, name)| RosterEntry { worker, name }), 0..20), any::<u32>(), any::<bool>())
+        .prop_map(|(workers, next, more)| Roster { workers, next, more });
     error_reply: (error_code(), text()).prop_map(|(code, message)| ErrorReply { code, message });
 }
 

@@ -224,7 +224,7 @@ impl Core {
     }
 
     /// Queues a placement (the request for this prompt went to `worker`); never blocks.
-    /// False when the queue was full and it was dropped.
+    /// False when it was dropped: the queue was full, or the name is not announced.
     fn publish_placement(
         &self,
         worker: &Bound<'_, PyAny>,
@@ -278,6 +278,7 @@ impl Core {
             ("placement_drops", c.placement_drops),
             ("placements_unsent", c.placements_unsent),
             ("placements_retried", c.placements_retried),
+            ("unknown_workers", c.unknown_workers),
             ("connects", c.connects),
             ("reconnects", c.reconnects),
             ("connection_losses", c.connection_losses),

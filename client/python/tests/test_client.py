@@ -109,6 +109,48 @@ def test_candidates_and_top_k_limit_the_answer(server):
         c.query_tokens(MODEL, p, top_k=-1)
 
 
+# A gateway process: announces nothing, queries the prompts given, places one prompt
+# on a worker another process announced and one on a name nobody announced.
+GATEWAY = r"""
+import json, sys, kvix
+addr, model, prompts, extra = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+g = kvix.Client(addr, deadline_ms=2000)
+answers = [[[s.worker, s.worker_id, s.blocks] for s in g.query_tokens(model, p).scores]
+           for p in prompts]
+placed = g.publish_placement("w1", model, extra)
+ghost = g.publish_placement("ghost", model, extra)
+print(json.dumps({"answers": answers, "placed": placed, "ghost": ghost,
+                  "unknown": g.counters()["unknown_workers"]}))
+"""
+
+
+def test_a_gateway_process_that_announced_nothing_routes_as_the_announcing_one(server):
+    import subprocess
+    import sys
+    c = kvix.Client(server.addr, deadline_ms=SLOW)
+    prompts = [tokens(i + 2, salt=40 + i) for i in range(4)]
+    for i, p in enumerate(prompts):
+        placement_worker(c, f"w{i}")
+        placed(c, f"w{i}", p, i + 2)
+    # Two workers share a prefix: the answer ranks both.
+    placed(c, "w3", prompts[2][:16], 1)
+    mine = [[[s.worker, s.worker_id, s.blocks] for s in c.query_tokens(MODEL, p).scores]
+            for p in prompts]
+    extra = tokens(3, salt=77)
+    run = subprocess.run(
+        [sys.executable, "-c", GATEWAY, server.addr, MODEL, json.dumps(prompts), json.dumps(extra)],
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    theirs = json.loads(run.stdout)
+    assert theirs["answers"] == mine
+    assert all(score[0] is not None for answer in mine for score in answer)
+    assert theirs["placed"] is True
+    assert theirs["ghost"] is False and theirs["unknown"] == 1
+    # The gateway's placement landed on the announcing process's worker.
+    wait_until(lambda: [(s.worker, s.blocks) for s in c.query_tokens(MODEL, extra).scores]
+               == [("w1", 3)], "the gateway's placement on w1")
+
+
 def test_text_prompts_use_the_byte_keyspace(server):
     c = kvix.Client(server.addr, deadline_ms=SLOW)
     placement_worker(c, "t")

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use kvix_client::wire::{
     encode, to_native, Ack, AlignedVec, Announce, Announced, Answer, Echo, ErrorCode, ErrorReply,
-    FrameReader, Header, Hello, Kind, MessageRef, Placement, Query, Retire, Score, Stats, Welcome,
-    BYTE_CHUNK, DEFAULT_MAX_FRAME, HEADER_LEN,
+    FrameReader, Header, Hello, Kind, MessageRef, Placement, Query, Retire, Roster, RosterEntry,
+    RosterRequest, Score, Stats, Welcome, BYTE_CHUNK, DEFAULT_MAX_FRAME, HEADER_LEN,
 };
 use kvix_client::Addr;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -84,6 +84,7 @@ pub enum Msg {
     Placement(Placement),
     Stats,
     Echo(Echo),
+    Roster(RosterRequest),
     Other(Kind),
 }
 
@@ -458,6 +459,27 @@ async fn serve<S>(
                         id,
                     ))
                 }
+                Msg::Roster(r) => {
+                    let s = st.lock().unwrap();
+                    let mut workers: Vec<RosterEntry> = s
+                        .workers
+                        .iter()
+                        .filter(|(n, w)| **w >= r.from || r.names.contains(n))
+                        .map(|(name, &worker)| RosterEntry {
+                            worker,
+                            name: name.clone(),
+                        })
+                        .collect();
+                    workers.sort_by_key(|w| w.worker);
+                    Some(frame(
+                        &Roster {
+                            workers,
+                            next: s.next_worker,
+                            more: false,
+                        },
+                        id,
+                    ))
+                }
                 Msg::Echo(e) => Some(frame(
                     &Echo {
                         payload: vec![0xAB; e.reply_len as usize],
@@ -493,6 +515,7 @@ fn to_msg(m: &MessageRef<'_>) -> Msg {
         MessageRef::Placement(p) => Msg::Placement(to_native::<Placement>(p)),
         MessageRef::StatsRequest(_) => Msg::Stats,
         MessageRef::Echo(e) => Msg::Echo(to_native::<Echo>(e)),
+        MessageRef::RosterRequest(r) => Msg::Roster(to_native::<RosterRequest>(r)),
         other => Msg::Other(other.kind()),
     }
 }

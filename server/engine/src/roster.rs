@@ -250,6 +250,8 @@ impl Registry {
 #[derive(Debug, Default)]
 pub struct Roster {
     entries: Vec<Option<WorkerEntry>>,
+    /// Active workers by name, for clients that name a worker they did not announce.
+    by_name: FastMap<String, WorkerId>,
     /// Per id: the token class in bits 0..2, the byte class in bits 2..4.
     classes: Vec<u8>,
     active: u32,
@@ -269,6 +271,7 @@ impl Roster {
         }
         self.classes[id] =
             entry.class_in(ChunkKind::Tokens) as u8 | (entry.class_in(ChunkKind::Bytes) as u8) << 2;
+        self.by_name.insert(entry.name.clone(), entry.id);
         if self.entries[id].replace(entry).is_none() {
             self.active += 1;
         }
@@ -277,6 +280,7 @@ impl Roster {
     /// Removes a worker's entry.
     pub fn remove(&mut self, id: WorkerId) -> Option<WorkerEntry> {
         let entry = self.entries.get_mut(id as usize)?.take()?;
+        self.by_name.remove(&entry.name);
         self.classes[id as usize] = 0;
         self.active -= 1;
         Some(entry)
@@ -285,6 +289,21 @@ impl Roster {
     /// The active worker `id`.
     pub fn get(&self, id: WorkerId) -> Option<&WorkerEntry> {
         self.entries.get(id as usize)?.as_ref()
+    }
+
+    /// The active worker announced as `name`.
+    pub fn named(&self, name: &str) -> Option<&WorkerEntry> {
+        self.get(*self.by_name.get(name)?)
+    }
+
+    /// One past the highest id installed: where ids given later start.
+    pub fn end(&self) -> WorkerId {
+        self.entries.len() as WorkerId
+    }
+
+    /// Active workers with ids from `from` on, in id order.
+    pub fn from(&self, from: WorkerId) -> impl Iterator<Item = &WorkerEntry> {
+        self.entries.iter().skip(from as usize).flatten()
     }
 
     /// Like [`Roster::get`], as an error for unknown ids.

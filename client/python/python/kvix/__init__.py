@@ -86,9 +86,13 @@ class _Base:
         text: Union[str, bytes, None] = None,
     ) -> bool:
         """Records that the request for this prompt went to `worker` (name or id), so
-        later queries see it there. Never blocks: queued and sent in the background;
-        False when the queue was full and the placement was dropped (counted). Give
-        either `token_ids` or `text`."""
+        later queries see it there. Never blocks: queued and sent in the background.
+        False, counted, when the placement was dropped: the queue was full
+        (`placement_drops`), or `worker` is a name no client announced on the server
+        as far as this client has learnt (`unknown_workers`; the server is asked for
+        that name at once, so a worker announced a moment ago is placed on the next
+        call). Any client's workers can be named: a gateway need not announce them.
+        Give either `token_ids` or `text`."""
         if text is not None:
             return self._core.publish_placement(worker, keyspace, _TEXT, text)
         return self._core.publish_placement(worker, keyspace, _TOKENS, token_ids)
@@ -111,12 +115,16 @@ class _Base:
         return self._core.primary()
 
     def worker_id(self, name: str) -> Optional[int]:
-        """The id the primary server gave the worker `name` (announced by this client)."""
+        """The id the primary server gave the worker `name`, announced by any client
+        (None until this client has learnt it: its roster is fetched at connect and
+        every second)."""
         return self._core.worker_id(name)
 
     def counters(self) -> dict:
         """This client's counters: query outcomes (scores, empty, timeouts,
         disconnected, rejected, failed_open), placements (sent, drops, unsent),
+        unknown_workers (placements and candidates naming a worker the server does not
+        know),
         connections, hedges, failovers (queries sent again after a lost connection),
         and latency_p50_us / p99 / max over all queries."""
         return self._core.counters()
