@@ -3,6 +3,7 @@
 //! that loop.
 
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
@@ -22,7 +23,22 @@ use crate::runtime;
 
 #[pyclass(frozen, module = "kvix._kvix")]
 pub struct Core {
-    client: Client,
+    /// Dropped only in the process that made it ([`Drop for Core`]).
+    client: ManuallyDrop<Client>,
+    /// The fork generation and process it was made in.
+    generation: u64,
+    pid: u32,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // In a fork's child the client's sockets are the parent's and registered in the
+        // epoll instance both share: dropping them would deregister the parent's.
+        if self.generation == crate::generation() {
+            // SAFETY: dropped once, here.
+            unsafe { ManuallyDrop::drop(&mut self.client) };
+        }
+    }
 }
 
 /// Runs `fut` to its end: on this thread with the GIL released (`done` None), or on
@@ -84,9 +100,15 @@ impl Core {
         done: Option<&Bound<'_, Completer>>,
     ) -> PyResult<Py<PyAny>> {
         let cfg = args::config(py, servers, options)?;
+        let generation = crate::generation();
         finish(py, done, async move {
-            let client = Client::connect(cfg).await?;
-            Ok(Core { client })
+            let client = ManuallyDrop::new(Client::connect(cfg).await?);
+            let pid = std::process::id();
+            Ok(Core {
+                client,
+                generation,
+                pid,
+            })
         })
     }
 
@@ -112,7 +134,7 @@ impl Core {
             top_k: args::top_k(top_k)?,
             deadline: ms_opt("deadline_ms", deadline_ms)?,
         };
-        let client = self.client.clone();
+        let client = self.client()?.clone();
         finish(py, done, async move {
             let outcome = client.query(&ks, prompt.as_client(), &opts).await;
             Ok::<_, ClientError>(QueryResult::from(outcome))
@@ -136,11 +158,11 @@ impl Core {
     ) -> PyResult<Py<PyAny>> {
         let msg = Announce {
             name,
-            lanes: args::lanes(lanes, self.client.config().token_block)?,
+            lanes: args::lanes(lanes, self.client()?.config().token_block)?,
             feed: args::feed(feed, capacity_blocks, ttl_ms)?,
             source: source.map(|s| s.get().into()),
         };
-        let client = self.client.clone();
+        let client = self.client()?.clone();
         finish(py, done, async move { client.announce_worker(msg).await })
     }
 
@@ -161,7 +183,7 @@ impl Core {
         let args::Prompt::Tokens(tokens) = args::prompt(PromptKind::Tokens, token_ids)? else {
             unreachable!("a token prompt")
         };
-        let client = self.client.clone();
+        let client = self.client()?.clone();
         let opts = QueryOptions::default();
         if done.is_none() {
             let rt = runtime()?;
@@ -195,13 +217,13 @@ impl Core {
         done: Option<&Bound<'_, Completer>>,
     ) -> PyResult<Py<PyAny>> {
         let worker = args::worker(worker)?;
-        let client = self.client.clone();
+        let client = self.client()?.clone();
         finish(py, done, async move { client.retire(worker).await })
     }
 
     /// The primary server's counters.
     fn stats(&self, py: Python<'_>, done: Option<&Bound<'_, Completer>>) -> PyResult<Py<PyAny>> {
-        let client = self.client.clone();
+        let client = self.client()?.clone();
         finish(
             py,
             done,
@@ -217,7 +239,7 @@ impl Core {
         done: Option<&Bound<'_, Completer>>,
     ) -> PyResult<Py<PyAny>> {
         let timeout = args::ms("timeout_ms", timeout_ms)?;
-        let client = self.client.clone();
+        let client = self.client()?.clone();
         finish(py, done, async move {
             Ok::<_, ClientError>(client.wait_connected(timeout).await)
         })
@@ -235,7 +257,7 @@ impl Core {
         let worker = args::worker(worker)?;
         let ks = args::keyspace(keyspace)?;
         let (ks, chain) = self.chain_of(ks, prompt_kind(kind)?, prompt)?;
-        Ok(self.client.publish_placement(worker, &ks, chain))
+        Ok(self.client()?.publish_placement(worker, &ks, chain))
     }
 
     /// The prompt's chain of block hashes, as the server would index it.
@@ -249,21 +271,21 @@ impl Core {
         Ok(self.chain_of(ks, prompt_kind(kind)?, prompt)?.1)
     }
 
-    fn is_connected(&self) -> bool {
-        self.client.is_connected()
+    fn is_connected(&self) -> PyResult<bool> {
+        Ok(self.client()?.is_connected())
     }
 
-    fn primary(&self) -> Option<String> {
-        self.client.primary().map(|a| a.to_string())
+    fn primary(&self) -> PyResult<Option<String>> {
+        Ok(self.client()?.primary().map(|a| a.to_string()))
     }
 
-    fn worker_id(&self, name: &str) -> Option<u32> {
-        self.client.worker_id(name)
+    fn worker_id(&self, name: &str) -> PyResult<Option<u32>> {
+        Ok(self.client()?.worker_id(name))
     }
 
     /// The client's counters: outcomes, placements, connections, hedges, latency.
     fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let c = self.client.counters();
+        let c = self.client()?.counters();
         let d = PyDict::new(py);
         for (k, v) in [
             ("queries", c.queries()),
@@ -309,6 +331,19 @@ impl Core {
 }
 
 impl Core {
+    /// The client, in the process that made it; a clear error in a fork's child.
+    fn client(&self) -> PyResult<&Client> {
+        if self.generation == crate::generation() {
+            return Ok(&self.client);
+        }
+        Err(crate::errors::KvixError::new_err(format!(
+            "this kvix client was made in process {} before it forked: its connections \
+             and I/O thread stayed there; make a new client in this process ({})",
+            self.pid,
+            std::process::id()
+        )))
+    }
+
     fn chain_of(
         &self,
         ks: kvix_client::wire::Keyspace,
@@ -316,7 +351,7 @@ impl Core {
         prompt: &Bound<'_, PyAny>,
     ) -> PyResult<(kvix_client::wire::Keyspace, Vec<u64>)> {
         let prompt = args::prompt(kind, prompt)?;
-        Ok(self.client.prompt_chain(&ks, prompt.as_client()))
+        Ok(self.client()?.prompt_chain(&ks, prompt.as_client()))
     }
 }
 

@@ -151,6 +151,100 @@ def test_a_gateway_process_that_announced_nothing_routes_as_the_announcing_one(s
                == [("w1", 3)], "the gateway's placement on w1")
 
 
+def _in_forked_child(parent_client, addr, prompt):
+    """What a fork's child sees: every call on the parent's client raises KvixError,
+    a client made in the child works. Runs in the child."""
+    seen = {}
+    calls = {
+        "query": lambda: parent_client.query_tokens(MODEL, prompt),
+        "publish": lambda: parent_client.publish_placement("f0", MODEL, prompt),
+        "is_connected": lambda: parent_client.is_connected,
+        "stats": lambda: parent_client.stats(),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+            seen[name] = "no error"
+        except kvix.KvixError as e:
+            seen[name] = str(e)
+    parent_client.close()  # harmless in the child
+    with kvix.Client(addr, deadline_ms=SLOW) as fresh:
+        seen["fresh"] = [[s.worker, s.blocks] for s in fresh.query_tokens(MODEL, prompt).scores]
+    return seen
+
+
+def _read_child(fd, pid, timeout_s=60):
+    """The child's JSON from the pipe, or a failure naming the hang (the child is killed)."""
+    import select
+    import signal
+    data = b""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise AssertionError(f"the forked child hung (got {data!r})")
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_a_client_made_before_fork_raises_in_the_child_and_a_new_one_works(server):
+    c = kvix.Client(server.addr, deadline_ms=SLOW)
+    placement_worker(c, "f0")
+    p = tokens(2, salt=61)
+    placed(c, "f0", p, 2)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(r)
+            os.write(w, json.dumps(_in_forked_child(c, server.addr, p)).encode())
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    seen = _read_child(r, pid)
+    os.close(r)
+    for call in ("query", "publish", "is_connected", "stats"):
+        assert "before it forked" in seen[call], (call, seen[call])
+    assert seen["fresh"] == [["f0", 2]]
+    # The parent's client is untouched by the child's.
+    assert [(s.worker, s.blocks) for s in c.query_tokens(MODEL, p).scores] == [("f0", 2)]
+    assert c.publish_placement("f0", MODEL, p)
+
+
+_POOL_ADDR = None
+
+
+def _pool_query(prompt):
+    """A multiprocessing worker: its own client, made in the worker."""
+    with kvix.Client(_POOL_ADDR, deadline_ms=SLOW) as c:
+        return [[s.worker, s.blocks] for s in c.query_tokens(MODEL, prompt).scores]
+
+
+def test_multiprocessing_fork_workers_make_their_own_clients(server):
+    import multiprocessing
+    global _POOL_ADDR
+    _POOL_ADDR = server.addr
+    c = kvix.Client(server.addr, deadline_ms=SLOW)  # made before the pool forks
+    placement_worker(c, "m0")
+    prompts = [tokens(i + 1, salt=70 + i) for i in range(4)]
+    for i, p in enumerate(prompts):
+        placed(c, "m0", p, i + 1)
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        got = pool.map_async(_pool_query, prompts).get(timeout=60)
+    assert got == [[["m0", i + 1]] for i in range(4)]
+    assert c.query_tokens(MODEL, prompts[0]).best.worker == "m0"
+
+
 def test_text_prompts_use_the_byte_keyspace(server):
     c = kvix.Client(server.addr, deadline_ms=SLOW)
     placement_worker(c, "t")

@@ -16,6 +16,10 @@ Every call goes to the Rust client (kvix-client); nothing of the protocol is in 
 raise for the server's sake: they return a `QueryResult` whose `failed_open` is true when
 the server was down or slow (route without the index then). Control calls (announce,
 retire, stats) raise `KvixError` subclasses with the Rust error's message.
+
+Forks: a client made before `os.fork()` (gunicorn `--preload`, multiprocessing's fork)
+raises `KvixError` at its first call in the child; make each process's client in that
+process (a client made in the child works).
 """
 
 from __future__ import annotations
