@@ -133,21 +133,59 @@ impl Prompt {
 /// Token ids from a buffer of uint32 (`array('I')`, a NumPy uint32 array: copied at
 /// once) or any sequence of ints.
 fn u32s(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    if let Ok(buf) = PyBuffer::<u32>::get(obj) {
-        return buf.to_vec(obj.py());
+    if let Some(buf) = native::<u32>(obj) {
+        return flat(buf, obj, "token ids");
     }
     if let Ok(list) = obj.cast_exact::<PyList>() {
-        return list_u32s(list);
+        if let Some(v) = list_u32s(list)? {
+            return Ok(v);
+        }
     }
     obj.extract::<Vec<u32>>().map_err(|_| {
-        PyTypeError::new_err("token ids must be a sequence of ints in 0..2**32 or a uint32 buffer")
+        PyTypeError::new_err(
+            "token ids must be a sequence of ints in 0..2**32 or a one-dimensional uint32 \
+             buffer (a buffer in another byte order or type is read element by element)",
+        )
     })
+}
+
+/// `obj` as a buffer of `T` in this machine's byte order. pyo3 takes a big-endian
+/// format (`>I`, NumPy's `>u4`) for a native one on little-endian machines: such a
+/// buffer is refused here and read element by element, as Python ints.
+fn native<T: pyo3::buffer::Element>(obj: &Bound<'_, PyAny>) -> Option<PyBuffer<T>> {
+    let buf = PyBuffer::<T>::get(obj).ok()?;
+    let order = buf.format().to_bytes().first().copied();
+    let foreign = if cfg!(target_endian = "little") {
+        matches!(order, Some(b'>' | b'!'))
+    } else {
+        order == Some(b'<')
+    };
+    (!foreign).then_some(buf)
+}
+
+/// A one-dimensional buffer's items. (A buffer of another byte order or item type is
+/// not taken here: the caller reads it element by element, as Python ints.)
+fn flat<T: pyo3::buffer::Element + Copy>(
+    buf: PyBuffer<T>,
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+) -> PyResult<Vec<T>> {
+    if buf.dimensions() != 1 {
+        return Err(PyTypeError::new_err(format!(
+            "{what}: a one-dimensional buffer, not one of {} dimensions {:?} (flatten it if \
+             that is meant)",
+            buf.dimensions(),
+            buf.shape()
+        )));
+    }
+    buf.to_vec(obj.py())
 }
 
 /// A tokenizer's list of ints, read with the C API directly: this is most of what a
 /// Python query costs over a Rust one (2,000 ids: about 3 ns each this way, 7 ns
-/// through the generic extraction).
-fn list_u32s(list: &Bound<'_, PyList>) -> PyResult<Vec<u32>> {
+/// through the generic extraction). `None` when an item is not exactly an int (a
+/// NumPy integer, an int subclass): the generic extraction reads those.
+fn list_u32s(list: &Bound<'_, PyList>) -> PyResult<Option<Vec<u32>>> {
     let n = list.len();
     let mut v = Vec::with_capacity(n);
     for i in 0..n {
@@ -157,7 +195,7 @@ fn list_u32s(list: &Bound<'_, PyList>) -> PyResult<Vec<u32>> {
         let x = unsafe {
             let item = ffi::PyList_GET_ITEM(list.as_ptr(), i as ffi::Py_ssize_t);
             if ffi::PyLong_CheckExact(item) == 0 {
-                return Err(PyTypeError::new_err("token ids must be ints in 0..2**32"));
+                return Ok(None);
             }
             ffi::PyLong_AsUnsignedLong(item)
         };
@@ -169,12 +207,12 @@ fn list_u32s(list: &Bound<'_, PyList>) -> PyResult<Vec<u32>> {
             }
         }
     }
-    Ok(v)
+    Ok(Some(v))
 }
 
 fn u64s(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-    if let Ok(buf) = PyBuffer::<u64>::get(obj) {
-        return buf.to_vec(obj.py());
+    if let Some(buf) = native::<u64>(obj) {
+        return flat(buf, obj, "a chain");
     }
     obj.extract::<Vec<u64>>().map_err(|_| {
         PyTypeError::new_err("a chain must be a sequence of ints in 0..2**64 or a uint64 buffer")

@@ -6,6 +6,7 @@
 //! loop's thread, with the GIL, and sets the results. The I/O thread never waits for the
 //! GIL, so a busy interpreter cannot hold up the replies of other clients or threads.
 
+use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -54,6 +55,8 @@ pub struct Completer {
     event_loop: Py<PyAny>,
     queue: Arc<Queue>,
     watch: UnixStream,
+    /// Futures handed out and not yet set, by address: `close` fails them.
+    pending: Mutex<HashMap<usize, Py<PyAny>>>,
 }
 
 #[pymethods]
@@ -71,7 +74,31 @@ impl Completer {
                 wake,
             }),
             watch,
+            pending: Mutex::default(),
         })
+    }
+
+    /// Fails every future still pending with `KvixError` (the client is closing: their
+    /// replies would never be delivered to the loop).
+    fn close(&self, py: Python<'_>) {
+        let pending = match self.pending.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(_) => return,
+        };
+        for future in pending.into_values() {
+            let fut = future.bind(py);
+            if fut
+                .call_method0(intern!(py, "done"))
+                .and_then(|d| d.is_truthy())
+                .unwrap_or(true)
+            {
+                continue;
+            }
+            let e = crate::errors::KvixError::new_err("the client was closed before the reply");
+            if let Err(e) = fut.call_method1(intern!(py, "set_exception"), (e.value(py),)) {
+                e.write_unraisable(py, Some(fut));
+            }
+        }
     }
 
     /// The descriptor the loop watches for readability.
@@ -99,6 +126,11 @@ impl Completer {
             }
             Err(_) => return,
         };
+        if let Ok(mut p) = self.pending.lock() {
+            for d in &batch {
+                p.remove(&(d.future.as_ptr() as usize));
+            }
+        }
         for Done { future, make } in batch {
             let fut = future.bind(py);
             // Cancelled by the caller (asyncio.wait_for, say): nothing to set.
@@ -136,6 +168,9 @@ impl Completer {
         let fut = self
             .event_loop
             .call_method0(py, intern!(py, "create_future"))?;
+        if let Ok(mut p) = self.pending.lock() {
+            p.insert(fut.as_ptr() as usize, fut.clone_ref(py));
+        }
         Ok((fut, self.queue.clone()))
     }
 }

@@ -41,6 +41,10 @@ impl Drop for Core {
     }
 }
 
+/// How often a blocking call that may wait long (control calls, connecting) looks for
+/// a signal, so that Ctrl-C interrupts it (queries end by their deadline).
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
 /// Runs `fut` to its end: on this thread with the GIL released (`done` None), or on
 /// the I/O thread, answering a future of `done`'s event loop.
 fn finish<T, F>(py: Python<'_>, done: Option<&Bound<'_, Completer>>, fut: F) -> PyResult<Py<PyAny>>
@@ -48,8 +52,50 @@ where
     F: Future<Output = Result<T, ClientError>> + Send + 'static,
     T: for<'py> IntoPyObject<'py> + Send + 'static,
 {
+    finish_as(py, done, fut, false)
+}
+
+/// [`finish`] for a call that may wait up to the request timeout: a blocking one
+/// returns to Python every [`SIGNAL_CHECK`] to run signal handlers (KeyboardInterrupt
+/// ends the wait; the request is abandoned as a timed-out one would be).
+fn finish_control<T, F>(
+    py: Python<'_>,
+    done: Option<&Bound<'_, Completer>>,
+    fut: F,
+) -> PyResult<Py<PyAny>>
+where
+    F: Future<Output = Result<T, ClientError>> + Send + 'static,
+    T: for<'py> IntoPyObject<'py> + Send + 'static,
+{
+    finish_as(py, done, fut, true)
+}
+
+fn finish_as<T, F>(
+    py: Python<'_>,
+    done: Option<&Bound<'_, Completer>>,
+    fut: F,
+    interruptible: bool,
+) -> PyResult<Py<PyAny>>
+where
+    F: Future<Output = Result<T, ClientError>> + Send + 'static,
+    T: for<'py> IntoPyObject<'py> + Send + 'static,
+{
     let rt = runtime()?;
     match done {
+        None if interruptible => {
+            let mut fut = Box::pin(fut);
+            loop {
+                // The timer is made inside block_on: it needs the runtime's context.
+                let step = py.detach(|| {
+                    rt.block_on(async { tokio::time::timeout(SIGNAL_CHECK, fut.as_mut()).await })
+                });
+                match step {
+                    Ok(Ok(v)) => return v.into_py_any(py),
+                    Ok(Err(e)) => return Err(to_py(py, e)),
+                    Err(_) => py.check_signals()?,
+                }
+            }
+        }
         None => match py.detach(|| rt.block_on(fut)) {
             Ok(v) => v.into_py_any(py),
             Err(e) => Err(to_py(py, e)),
@@ -101,7 +147,7 @@ impl Core {
     ) -> PyResult<Py<PyAny>> {
         let cfg = args::config(py, servers, options)?;
         let generation = crate::generation();
-        finish(py, done, async move {
+        finish_control(py, done, async move {
             let client = ManuallyDrop::new(Client::connect(cfg).await?);
             let pid = std::process::id();
             Ok(Core {
@@ -163,7 +209,7 @@ impl Core {
             source: source.map(|s| s.get().into()),
         };
         let client = self.client()?.clone();
-        finish(py, done, async move { client.announce_worker(msg).await })
+        finish_control(py, done, async move { client.announce_worker(msg).await })
     }
 
     /// For benchmarks: `n` token queries through the Rust client alone, one after the
@@ -218,13 +264,13 @@ impl Core {
     ) -> PyResult<Py<PyAny>> {
         let worker = args::worker(worker)?;
         let client = self.client()?.clone();
-        finish(py, done, async move { client.retire(worker).await })
+        finish_control(py, done, async move { client.retire(worker).await })
     }
 
     /// The primary server's counters.
     fn stats(&self, py: Python<'_>, done: Option<&Bound<'_, Completer>>) -> PyResult<Py<PyAny>> {
         let client = self.client()?.clone();
-        finish(
+        finish_control(
             py,
             done,
             async move { client.stats().await.map(Stats::from) },
@@ -240,7 +286,7 @@ impl Core {
     ) -> PyResult<Py<PyAny>> {
         let timeout = args::ms("timeout_ms", timeout_ms)?;
         let client = self.client()?.clone();
-        finish(py, done, async move {
+        finish_control(py, done, async move {
             Ok::<_, ClientError>(client.wait_connected(timeout).await)
         })
     }

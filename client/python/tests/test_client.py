@@ -524,3 +524,75 @@ def test_scores_equal_the_rust_clients():
         assert r.outcome == q["outcome"], q
         assert mine(r) == q["scores"], q
         assert ar.outcome == q["outcome"] and mine(ar) == q["scores"], (q, counted)
+
+
+def test_big_endian_buffers_int_subclasses_and_2d_arrays(server):
+    """A big-endian uint32 buffer (NumPy's `>u4`) hashes as its values (pyo3 took it
+    for native order: wrong hashes, no error); ints that are not exactly `int` (NumPy
+    integers, subclasses) are read, not refused; a 2-D buffer is refused by name
+    instead of being flattened."""
+    import ctypes
+    c = kvix.Client(server.addr, deadline_ms=SLOW)
+    p = tokens(3, salt=5)
+    want = c.chain(MODEL, p)
+    be = (ctypes.c_uint32.__ctype_be__ * len(p))(*p)
+    assert memoryview(be).format == ">I"
+    assert c.chain(MODEL, be) == want
+
+    class Token(int):
+        pass
+
+    assert c.chain(MODEL, [Token(t) for t in p]) == want
+    two_d = memoryview(array.array("I", p)).cast("B").cast("I", [3, 16])
+    with pytest.raises(TypeError, match="one-dimensional"):
+        c.chain(MODEL, two_d)
+    placement_worker(c, "be0")
+    placed(c, "be0", p, 3)
+    chain_be = (ctypes.c_uint64.__ctype_be__ * len(want))(*want)
+    assert [(s.worker, s.blocks) for s in c.query_chain(MODEL, chain_be).scores] == [("be0", 3)]
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_ctrl_c_interrupts_a_blocking_control_call(server):
+    """SIGINT during a control call that waits on a stopped server ends the wait at once
+    (it waited for the whole request timeout, then raised)."""
+    import signal
+
+    def interrupted(*_):
+        raise _Interrupted()
+
+    c = kvix.Client(server.addr, request_timeout_ms=20_000)
+    old = signal.signal(signal.SIGINT, interrupted)
+    server.pause()
+    try:
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(_Interrupted) as caught:
+            c.stats()
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, old)
+        server.resume()
+    # Raised by the handler while waiting, not after the request timed out.
+    assert caught.value.__context__ is None, repr(caught.value.__context__)
+    assert c.stats().workers == 0
+
+
+def test_closing_an_async_client_fails_its_pending_calls(server):
+    """close() fails what is still pending with KvixError (those awaits hung forever)."""
+
+    async def main():
+        c = await kvix.AsyncClient.connect(server.addr, request_timeout_ms=60_000)
+        server.pause()
+        try:
+            pending = c.stats()
+            c.close()
+            with pytest.raises(kvix.KvixError, match="closed before the reply"):
+                await asyncio.wait_for(pending, 30)
+        finally:
+            server.resume()
+
+    asyncio.run(main())

@@ -258,11 +258,12 @@ class AsyncClient(_Base):
             raise
 
     def close(self) -> None:
-        """Closes the client: its connections go, replies stop being delivered to the
-        loop (calls still pending never complete), later calls raise KvixError. Also
-        what leaving `async with client:` does."""
+        """Closes the client: its connections go, calls still pending raise KvixError
+        ("closed before the reply"), later calls raise KvixError. Also what leaving
+        `async with client:` does."""
         if not isinstance(self._core, _Closed):
             self._loop.remove_reader(self._done.fileno())
+            self._done.close()
             self._core = _Closed()
 
     async def __aenter__(self) -> "AsyncClient":
