@@ -2,7 +2,7 @@
 //!
 //! - [`sim`]: routing simulation, shared index vs per-gateway guesses,
 //! - [`trace`] + [`replay`]: the Mooncake trace, its chain mapping, replay,
-//! - [`lru`]: the mock worker's LRU prefix cache, [`pick`]: the cache-aware pick,
+//! - [`lru`]: the mock worker's LRU prefix cache, the cache-aware pick (`kvix_client::pick`),
 //! - [`latency`], [`load`], [`redis`], [`soak`]: against a running kvix-server (and Redis),
 //!   over [`net`] (worker-side wire connection, preloaded dataset) and [`resp`],
 //! - [`stats`], [`table`], [`rng`]: reporting and determinism helpers.
@@ -12,7 +12,6 @@ pub mod load;
 pub mod lru;
 pub mod metrics;
 pub mod net;
-pub mod pick;
 pub mod redis;
 pub mod replay;
 pub mod resp;

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
-use crate::pick::Picker;
 use crate::stats::{histogram, record, Summary};
 use crate::trace::{trace_chain, TraceRecord};
+use kvix_client::pick::Picker;
 
 /// What a replay talks to: the in-process engine or a server through the client.
 pub trait IndexTarget {
@@ -119,7 +119,8 @@ pub fn replay(
             .iter()
             .filter_map(|&(id, b)| index_of.get(id as usize).map(|&w| (w as u32, b)))
             .filter(|&(w, _)| w as usize != usize::MAX);
-        let (w, got) = picker.pick(scores, &inflight, cfg.alpha, i as u64);
+        let picked = picker.pick(scores, &inflight, cfg.alpha, i as u64);
+        let (w, got) = (picked.index, picked.blocks);
         let p0 = Instant::now();
         target.place(workers[w], &chain, now_us / 1000)?;
         record(&mut hp, p0.elapsed().as_nanos() as u64);

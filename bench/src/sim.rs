@@ -5,7 +5,7 @@
 //! Sessions arrive as a Poisson stream; turn `t + 1` of a session extends turn `t`'s
 //! prompt with its output and a new user message, and each turn is sprayed at a
 //! uniformly random gateway (no sticky load balancer). Every gateway makes the same
-//! cache-aware pick ([`crate::pick::Picker`]); only where its prefix knowledge comes from
+//! cache-aware pick ([`kvix_client::pick::Picker`]); only where its prefix knowledge comes from
 //! differs:
 //!
 //! - `shared`: one [`Engine`] fed by every worker's own cache events (stored / removed as
@@ -30,9 +30,9 @@ use kvix_wire::{Feed, Keyspace, Lane, LaneKind, WorkerId};
 use serde::{Deserialize, Serialize};
 
 use crate::lru::LruCache;
-use crate::pick::Picker;
 use crate::rng::Rng;
 use crate::stats::cov;
+use kvix_client::pick::Picker;
 
 /// Where a gateway's prefix knowledge comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -319,7 +319,7 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
                     .iter()
                     .filter_map(|&(id, b)| index_of.get(id as usize).map(|&w| (w as u32, b)));
                 let tie = rng.next_u64();
-                let (w, _) = picker.pick(scores, load, cfg.alpha, tie);
+                let w = picker.pick(scores, load, cfg.alpha, tie).index;
                 let reused = caches[w].reusable(&chain) as u64;
                 if turn >= 2 {
                     fu_hit += reused;

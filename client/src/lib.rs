@@ -14,6 +14,8 @@
 //! - Placements are fire-and-forget through a bounded queue: full → dropped and counted.
 //! - [`Client::counters`]: outcomes, a latency histogram, drops, reconnects, malformed
 //!   replies.
+//! - [`pick`]: the load-aware choice among workers from an answer (reuse against
+//!   load, like Dynamo's and SGLang's routers), returning the expected hit.
 //! - [`blocking::BlockingClient`]: the same for plain threads; it owns a one-thread
 //!   tokio runtime that does the I/O.
 //!
@@ -62,11 +64,13 @@ mod types;
 mod wait;
 
 pub mod blocking;
+pub mod pick;
 
 pub use client::Client;
 pub use config::{Addr, ClientConfig};
 pub use counters::CountersSnapshot;
 pub use error::ClientError;
+pub use pick::{pick, Picked, DEFAULT_ALPHA};
 pub use types::{Prompt, QueryOptions, QueryOutcome, WorkerRef, WorkerScore};
 
 /// The histogram type of [`CountersSnapshot::latency_ns`].

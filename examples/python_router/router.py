@@ -7,9 +7,10 @@
 It tokenizes nothing: a prompt of token ids is asked of kvix by its tokens; a text
 prompt by its bytes (kvix's byte keyspace, which only placements fill: use
 --feed placements for text). Per request it asks kvix which worker can reuse the most
-of the prompt (--deadline-ms, 2 by default, then fail open), sends it there when that
-covers at least --min-reuse of the prompt and to the next worker in turn otherwise,
-forwards the request, and (with --feed placements) publishes the placement.
+of the prompt (--deadline-ms, 2 by default, then fail open) and picks with `kvix.pick`:
+the most reusable prefix less --alpha blocks per block of prompts in flight on the
+worker (Dynamo's default cost), forwards the request, and (with --feed placements)
+publishes the placement.
 
 At start it announces every worker to kvix with the worker's KV event endpoint as its
 source, so kvix subscribes to the worker's own event stream (--feed events, the
@@ -44,7 +45,9 @@ class Router:
         self.turn = itertools.cycle(self.names)
         self.kvix = None
         self.http = None
-        self.routed = {"by_kvix": 0, "in_turn": 0, "kvix_failed_open": 0}
+        # Blocks of the prompts each worker is serving now: the load kvix.pick weighs.
+        self.inflight = {name: 0 for name in self.names}
+        self.routed = {"by_kvix": 0, "by_load": 0, "kvix_failed_open": 0}
 
     async def start(self, _app):
         self.http = aiohttp.ClientSession()
@@ -66,21 +69,17 @@ class Router:
             self.kvix.close()
 
     async def pick(self, prompt):
-        """The worker for this prompt, and whether kvix chose it."""
+        """The worker for this prompt, and whether reuse (not load alone) chose it."""
         if self.kvix is None:
             return next(self.turn), False
         if isinstance(prompt, str):
-            r = await self.kvix.query_text(self.a.model, prompt, candidates=self.names, top_k=1)
-            blocks = max(1, len(prompt.encode()) // 256)
+            r = await self.kvix.query_text(self.a.model, prompt, candidates=self.names)
         else:
-            r = await self.kvix.query_tokens(self.a.model, prompt, candidates=self.names, top_k=1)
-            blocks = max(1, len(prompt) // 16)
+            r = await self.kvix.query_tokens(self.a.model, prompt, candidates=self.names)
         if r.failed_open:
             self.routed["kvix_failed_open"] += 1
-        best = r.best
-        if best is not None and best.blocks >= self.a.min_reuse * blocks:
-            return best.worker, True
-        return next(self.turn), False
+        chosen = kvix.pick(r, self.inflight, alpha=self.a.alpha)
+        return chosen.worker, chosen.blocks > 0
 
     async def completions(self, request):
         body = await request.json()
@@ -88,17 +87,22 @@ class Router:
         if not isinstance(prompt, (list, str)):
             return web.json_response({"error": {"message": "prompt must be token ids or text"}}, status=400)
         worker, by_kvix = await self.pick(prompt)
-        self.routed["by_kvix" if by_kvix else "in_turn"] += 1
-        async with self.http.post(self.workers[worker] + "/v1/completions", json=body) as resp:
-            answer = await resp.json()
-            status = resp.status
+        self.routed["by_kvix" if by_kvix else "by_load"] += 1
+        blocks = max(1, len(prompt.encode()) // 256 if isinstance(prompt, str) else len(prompt) // 16)
+        self.inflight[worker] += blocks
+        try:
+            async with self.http.post(self.workers[worker] + "/v1/completions", json=body) as resp:
+                answer = await resp.json()
+                status = resp.status
+        finally:
+            self.inflight[worker] -= blocks
         if self.kvix is not None and self.a.feed == "placements" and status == 200:
             if isinstance(prompt, str):
                 self.kvix.publish_placement(worker, self.a.model, text=prompt)
             else:
                 self.kvix.publish_placement(worker, self.a.model, prompt)
         return web.json_response(answer, status=status,
-                                 headers={"x-worker": worker, "x-routed-by": "kvix" if by_kvix else "turn"})
+                                 headers={"x-worker": worker, "x-routed-by": "kvix" if by_kvix else "load"})
 
     async def stats(self, _request):
         out = {"policy": self.a.policy, "routed": self.routed}
@@ -139,8 +143,9 @@ def main():
                     help="with --feed placements: blocks a worker is assumed to keep")
     ap.add_argument("--deadline-ms", type=float, default=2.0,
                     help="what a kvix query may take before the request is routed in turn")
-    ap.add_argument("--min-reuse", type=float, default=0.5,
-                    help="route by kvix when the best worker reuses at least this share of the prompt")
+    ap.add_argument("--alpha", type=float, default=1.0,
+                    help="blocks of reuse that one block of prompts in flight on a worker outweighs "
+                         "(kvix.pick; 1 is Dynamo's default cost)")
     asyncio.run(serve(ap.parse_args()))
 
 

@@ -25,20 +25,31 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Whether python3 has pytest and maturin (installing them and aiohttp from the Python
-/// index when it lacks them); None when the tester opted out of `python`. Otherwise a
-/// missing part fails the test with the command that provides it.
+/// What the suite imports besides kvix: the build backend and test runner, the router
+/// example's HTTP library, and what the package works with (tokenizers built in the
+/// tests, the Prometheus client library, NumPy arrays).
+const PACKAGES: [&str; 8] = [
+    "maturin>=1.7,<2",
+    "pytest",
+    "aiohttp",
+    "tokenizers",
+    "transformers",
+    "jinja2",
+    "prometheus_client",
+    "numpy",
+];
+const IMPORTS: &str =
+    "import pytest, maturin, aiohttp, tokenizers, transformers, jinja2, prometheus_client, numpy";
+
+/// Whether python3 has what the suite imports (installing it from the Python index when
+/// it lacks some); None when the tester opted out of `python`. Otherwise a missing part
+/// fails the test with the command that provides it.
 fn python_ready() -> Option<()> {
-    let probe = || {
-        Command::new("python3")
-            .args(["-c", "import pytest, maturin, aiohttp"])
-            .output()
-    };
+    let probe = || Command::new("python3").args(["-c", IMPORTS]).output();
     if probe().is_ok_and(|o| o.status.success()) {
         return Some(());
     }
-    const PACKAGES: [&str; 3] = ["maturin>=1.7,<2", "pytest", "aiohttp"];
-    eprintln!("python3 lacks pytest, maturin or aiohttp: installing them with pip");
+    eprintln!("python3 lacks some of {PACKAGES:?}: installing them with pip");
     let installed = Command::new("python3")
         .args([
             "-m",
@@ -60,8 +71,9 @@ fn python_ready() -> Option<()> {
         (_, Err(e)) => format!("no python3 ({e})"),
     };
     let how = format!(
-        "python3 with {} ({why}); `python3 -m pip install \"maturin>=1.7,<2\" pytest aiohttp`",
-        PACKAGES.join(", ")
+        "python3 with {} ({why}); `python3 -m pip install {}`",
+        PACKAGES.join(", "),
+        PACKAGES.map(|p| format!("\"{p}\"")).join(" ")
     );
     common::missing_part("python", &how);
     None

@@ -31,6 +31,8 @@ fn _kvix(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<results::Score>()?;
     m.add_class::<results::QueryResult>()?;
     m.add_class::<results::Stats>()?;
+    m.add_class::<results::Pick>()?;
+    m.add_function(pyo3::wrap_pyfunction!(results::pick, m)?)?;
     m.add_class::<args::Keyspace>()?;
     m.add_class::<args::EventSource>()?;
     errors::register(m)?;

@@ -32,8 +32,10 @@ impl Score {
 }
 
 /// What a query came to. Only `outcome == "scores"` carries scores; "empty" means the
-/// server knows no worker holding any of the prompt; "timeout", "disconnected" and
-/// "rejected" mean: route without the index (fail open).
+/// server knows no worker holding any of the prompt; "timeout" and "disconnected" mean
+/// the query failed open (`failed_open`); "rejected" means the server refused the query
+/// (`error` says why: a bug to fix, not a fault to ride out). In all but "scores", route
+/// without the index (`kvix.pick` then picks by load alone).
 #[pyclass(frozen, get_all, module = "kvix")]
 pub struct QueryResult {
     /// "scores", "empty", "timeout", "disconnected" or "rejected".
@@ -122,4 +124,79 @@ impl Stats {
             self.workers, self.blocks, self.memberships, self.queries, self.events, self.shard_load
         )
     }
+}
+
+/// A worker chosen by `kvix.pick`: its name and the blocks of the prompt it can reuse.
+#[pyclass(frozen, get_all, module = "kvix", eq)]
+#[derive(Clone, PartialEq)]
+pub struct Pick {
+    pub worker: String,
+    /// The expected hit in keyspace blocks (0: none of the workers holds any of it).
+    pub blocks: u32,
+}
+
+#[pymethods]
+impl Pick {
+    fn __repr__(&self) -> String {
+        format!("Pick(worker={:?}, blocks={})", self.worker, self.blocks)
+    }
+}
+
+impl QueryResult {
+    /// The outcome as kvix-client's pick reads it: the scores with their names.
+    pub fn as_outcome(&self) -> QueryOutcome {
+        if self.scores.is_empty() {
+            return QueryOutcome::Empty;
+        }
+        QueryOutcome::Scores(
+            self.scores
+                .iter()
+                .map(|s| WorkerScore {
+                    worker: s.worker_id,
+                    name: s.worker.as_deref().map(Into::into),
+                    blocks: s.blocks,
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Picks the worker for a request among `loads` (name -> load: a dict, or (name, load)
+/// pairs) given a query's result: the most reusable prefix less `alpha` blocks per unit
+/// of load (kvix-client's `pick`: with load in KV blocks and alpha 1, Dynamo's default
+/// cost); equal workers are taken in a different order on every call. Raises ValueError
+/// when `loads` is empty.
+#[pyfunction]
+#[pyo3(signature = (result, loads, alpha = kvix_client::DEFAULT_ALPHA))]
+pub fn pick(result: &QueryResult, loads: &Bound<'_, PyAny>, alpha: f64) -> PyResult<Pick> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let workers: Vec<(String, f64)> = match loads.cast::<pyo3::types::PyDict>() {
+        Ok(d) => d
+            .iter()
+            .map(|(k, v)| Ok((k.extract()?, v.extract()?)))
+            .collect::<PyResult<_>>()
+            .map_err(|_: PyErr| {
+                pyo3::exceptions::PyTypeError::new_err(
+                    "loads: worker names (str) -> loads (numbers)",
+                )
+            })?,
+        Err(_) => loads.extract().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(
+                "loads: a dict of worker name -> load, or (name, load) pairs",
+            )
+        })?,
+    };
+    if !alpha.is_finite() || alpha < 0.0 {
+        return Err(crate::errors::bad_arg(format!(
+            "alpha: a finite number of blocks per unit of load, 0 or more, not {alpha}"
+        )));
+    }
+    let tie = CALLS.fetch_add(1, Ordering::Relaxed);
+    let picked = kvix_client::pick(&result.as_outcome(), &workers, alpha, tie)
+        .ok_or_else(|| crate::errors::bad_arg("loads: no workers to pick from"))?;
+    Ok(Pick {
+        worker: workers[picked.index].0.clone(),
+        blocks: picked.blocks,
+    })
 }

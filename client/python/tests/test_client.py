@@ -543,6 +543,12 @@ def test_big_endian_buffers_int_subclasses_and_2d_arrays(server):
         pass
 
     assert c.chain(MODEL, [Token(t) for t in p]) == want
+    import numpy as np
+    assert c.chain(MODEL, np.array(p, dtype=">u4")) == want
+    assert c.chain(MODEL, np.array(p, dtype="<u4")) == want
+    assert c.chain(MODEL, [np.int64(t) for t in p]) == want
+    with pytest.raises(TypeError, match="one-dimensional"):
+        c.chain(MODEL, np.array(p, dtype=np.uint32).reshape(3, 16))
     two_d = memoryview(array.array("I", p)).cast("B").cast("I", [3, 16])
     with pytest.raises(TypeError, match="one-dimensional"):
         c.chain(MODEL, two_d)
@@ -596,3 +602,114 @@ def test_closing_an_async_client_fails_its_pending_calls(server):
             server.resume()
 
     asyncio.run(main())
+
+
+def test_pick_weighs_reuse_against_load(server, dead_addr):
+    c = kvix.Client(server.addr, deadline_ms=SLOW)
+    p = tokens(8, salt=90)
+    for name in ("p0", "p1"):
+        placement_worker(c, name)
+    placed(c, "p0", p, 8)
+    placed(c, "p1", p[:16 * 2], 2)
+    r = c.query_tokens(MODEL, p)
+
+    def chosen(loads, **kw):
+        pk = kvix.pick(r, loads, **kw)
+        return pk.worker, pk.blocks
+
+    assert chosen({"p0": 0, "p1": 0, "idle": 0}) == ("p0", 8)
+    # p0: 8 - 7 = 1 < p1: 2 - 0; with alpha 0.1 reuse wins again; pairs work as a dict.
+    assert chosen({"p0": 7, "p1": 0}) == ("p1", 2)
+    assert chosen([("p0", 7), ("p1", 0)], alpha=0.1) == ("p0", 8)
+    # Load alone decides when nothing is reusable or the query failed open.
+    assert chosen({"p0": 9, "p1": 9, "idle": 1}, alpha=2.0) == ("idle", 0)
+    with kvix.Client(dead_addr) as dead:
+        failed = dead.query_tokens(MODEL, p)
+    assert failed.failed_open
+    assert kvix.pick(failed, {"p0": 3, "p1": 1}).worker == "p1"
+    # Equal workers share the work.
+    seen = {kvix.pick(failed, {"a": 0, "b": 0, "c": 0}).worker for _ in range(60)}
+    assert seen == {"a", "b", "c"}
+    with pytest.raises(ValueError, match="no workers"):
+        kvix.pick(r, {})
+    with pytest.raises(ValueError, match="alpha"):
+        kvix.pick(r, {"p0": 0}, alpha=-1)
+    with pytest.raises(TypeError, match="loads"):
+        kvix.pick(r, 3)
+
+
+def _tokenizers():
+    """The engine's tokenizer, built here (no hub download): a word-level `tokenizers`
+    Tokenizer, and the same wrapped by transformers with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    words = ["[UNK]", "<|user|>", "<|assistant|>"] + [f"w{i}" for i in range(400)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    hf.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    return tok, hf
+
+
+def _ids(x):
+    return list(x["input_ids"] if hasattr(x, "keys") else x)
+
+
+def test_text_and_chat_prompts_are_tokenized_as_the_engine_does(server):
+    tok, hf = _tokenizers()
+    c = kvix.Client(server.addr, deadline_ms=SLOW)
+    placement_worker(c, "t0")
+    text = " ".join(f"w{i}" for i in range(40))
+    ids = tok.encode(text).ids
+    assert len(ids) == 40
+    assert c.chain(MODEL, text=text, tokenizer=tok) == c.chain(MODEL, ids)
+    assert c.chain(MODEL, text=text, tokenizer=hf) == c.chain(MODEL, ids)
+    # Stored as the engine's token ids: found by the text tokenized, not by its bytes.
+    placed(c, "t0", ids, 2)
+    assert c.query_text(MODEL, text, tokenizer=tok).best.blocks == 2
+    assert c.query_text(MODEL, text).outcome == "empty"
+
+    turn1 = [{"role": "user", "content": " ".join(f"w{i}" for i in range(100, 150))}]
+    chat1 = _ids(hf.apply_chat_template(turn1, tokenize=True, add_generation_prompt=True))
+    assert c.chain(MODEL, messages=turn1, tokenizer=hf) == c.chain(MODEL, chat1)
+    assert c.publish_placement("t0", MODEL, messages=turn1, tokenizer=hf)
+    wait_until(lambda: c.query_chat(MODEL, turn1, hf).best is not None, "the chat placement")
+    assert c.query_chat(MODEL, turn1, hf).best.blocks == len(chat1) // 16
+    # A follow-up reuses the first turn's whole blocks.
+    turn2 = turn1 + [{"role": "assistant", "content": "w1 w2 w3"},
+                     {"role": "user", "content": "w4 w5"}]
+    assert c.query_chat(MODEL, turn2, hf).best.blocks == len(chat1) // 16
+
+    async def in_asyncio():
+        async with await kvix.AsyncClient.connect(server.addr, deadline_ms=SLOW) as a:
+            return (await a.query_chat(MODEL, turn1, hf)).best.blocks, \
+                (await a.query_text(MODEL, text, tokenizer=tok)).best.blocks
+    assert asyncio.run(in_asyncio()) == (len(chat1) // 16, 2)
+
+    with pytest.raises(TypeError, match="apply_chat_template"):
+        c.query_chat(MODEL, turn1, tok)
+    with pytest.raises(TypeError, match="messages"):
+        c.query_chat(MODEL, "hello", hf)
+    with pytest.raises(TypeError, match="tokenizer"):
+        c.publish_placement("t0", MODEL, messages=turn1)
+    with pytest.raises(TypeError, match="one of"):
+        c.chain(MODEL, ids, text=text)
+
+
+def test_the_prometheus_collector_exports_the_counters(server):
+    from prometheus_client import CollectorRegistry, generate_latest
+    c = kvix.Client(server.addr, deadline_ms=SLOW)
+    c.query_tokens(MODEL, tokens(1))
+    assert c.publish_placement(10**6, MODEL, tokens(1))  # an id the server refuses
+    wait_until(lambda: c.counters().get("writes_refused.UnknownWorker") == 1, "the refusal")
+    reg = CollectorRegistry()
+    reg.register(kvix.PrometheusCollector(c, labels={"gateway": "g1"}))
+    text = generate_latest(reg).decode()
+    n = c.counters()
+    assert f'kvix_client_queries_total{{gateway="g1"}} {float(n["queries"])}' in text
+    assert f'kvix_client_placements_sent_total{{gateway="g1"}} {float(n["placements_sent"])}' in text
+    assert 'kvix_client_writes_refused_total{code="UnknownWorker",gateway="g1"} 1.0' in text
+    assert 'kvix_client_latency_us{gateway="g1",quantile="0.99"}' in text
+    assert "kvix_client_writes_refused_total{gateway=\"g1\"} " not in text

@@ -36,12 +36,14 @@ from ._kvix import (
     Keyspace,
     KvixError,
     NotConnectedError,
+    Pick,
     ProtocolError,
     QueryResult,
     RejectedError,
     RequestTimeoutError,
     Score,
     Stats,
+    pick,
 )
 
 __all__ = [
@@ -53,12 +55,15 @@ __all__ = [
     "Keyspace",
     "KvixError",
     "NotConnectedError",
+    "Pick",
     "ProtocolError",
     "QueryResult",
     "RejectedError",
     "RequestTimeoutError",
     "Score",
+    "PrometheusCollector",
     "Stats",
+    "pick",
 ]
 
 KeyspaceLike = Union[Keyspace, str]
@@ -71,6 +76,55 @@ def _servers(servers: Union[str, Sequence[str]]) -> list:
     if isinstance(servers, str):
         return [s for s in servers.split(",") if s.strip()]
     return list(servers)
+
+
+def _encode(tokenizer: Any, text: Union[str, bytes]) -> Any:
+    """Token ids of `text` as the engine's tokenizer makes them: a transformers
+    tokenizer's `encode` (a list of ints, with the special tokens the engine adds too) or
+    a tokenizers `Tokenizer.encode` (an `Encoding`: its `.ids`)."""
+    if not hasattr(tokenizer, "encode"):
+        raise TypeError("tokenizer: an object with encode(text) (transformers, tokenizers)")
+    if isinstance(text, bytes):
+        text = text.decode()
+    ids = tokenizer.encode(text)
+    return getattr(ids, "ids", ids)
+
+
+def _chat_ids(tokenizer: Any, messages: Any, add_generation_prompt: bool) -> Any:
+    """Token ids of a chat as the engine builds its prompt: the tokenizer's chat template
+    applied to `messages` ([{"role": ..., "content": ...}, ...]) with the generation
+    prompt, as vLLM's and SGLang's OpenAI servers do."""
+    if not hasattr(tokenizer, "apply_chat_template"):
+        raise TypeError(
+            "tokenizer: an object with apply_chat_template(messages) (a transformers tokenizer) "
+            "for chat messages")
+    if isinstance(messages, (str, bytes)):
+        raise TypeError("messages: a list of {'role': ..., 'content': ...} dicts, not a string")
+    ids = tokenizer.apply_chat_template(
+        list(messages), tokenize=True, add_generation_prompt=add_generation_prompt)
+    # transformers may hand back a BatchEncoding (a dict) rather than a list.
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return ids
+
+
+def _prompt(token_ids: Any, text: Any, messages: Any, tokenizer: Any,
+            add_generation_prompt: bool = True) -> tuple:
+    """(prompt kind, prompt) from exactly one of token ids, text or chat messages: text
+    with a tokenizer and messages (which need one) become token ids."""
+    given = [n for n, v in (("token_ids", token_ids), ("text", text), ("messages", messages))
+             if v is not None]
+    if len(given) != 1:
+        raise TypeError(f"give one of token_ids, text or messages, not {given or 'none'}")
+    if messages is not None:
+        if tokenizer is None:
+            raise TypeError("messages need the engine's tokenizer (tokenizer=...)")
+        return _TOKENS, _chat_ids(tokenizer, messages, add_generation_prompt)
+    if text is not None:
+        if tokenizer is not None:
+            return _TOKENS, _encode(tokenizer, text)
+        return _TEXT, text
+    return _TOKENS, token_ids
 
 
 class _Closed:
@@ -87,7 +141,7 @@ class _Base:
 
     def publish_placement(
         self, worker: Worker, keyspace: KeyspaceLike, token_ids: Any = None, *,
-        text: Union[str, bytes, None] = None,
+        text: Union[str, bytes, None] = None, messages: Any = None, tokenizer: Any = None,
     ) -> bool:
         """Records that the request for this prompt went to `worker` (name or id), so
         later queries see it there. Never blocks: queued and sent in the background.
@@ -96,17 +150,18 @@ class _Base:
         as far as this client has learnt (`unknown_workers`; the server is asked for
         that name at once, so a worker announced a moment ago is placed on the next
         call). Any client's workers can be named: a gateway need not announce them.
-        Give either `token_ids` or `text`."""
-        if text is not None:
-            return self._core.publish_placement(worker, keyspace, _TEXT, text)
-        return self._core.publish_placement(worker, keyspace, _TOKENS, token_ids)
+        Give one of `token_ids`, `text` (with `tokenizer`: as its token ids, else in the
+        byte keyspace) or chat `messages` (with `tokenizer`), as the query was given."""
+        kind, prompt = _prompt(token_ids, text, messages, tokenizer)
+        return self._core.publish_placement(worker, keyspace, kind, prompt)
 
     def chain(self, keyspace: KeyspaceLike, token_ids: Any = None, *,
-              text: Union[str, bytes, None] = None) -> list:
-        """The prompt's chain of block hashes as the server indexes it."""
-        if text is not None:
-            return self._core.chain(keyspace, _TEXT, text)
-        return self._core.chain(keyspace, _TOKENS, token_ids)
+              text: Union[str, bytes, None] = None, messages: Any = None,
+              tokenizer: Any = None) -> list:
+        """The prompt's chain of block hashes as the server indexes it (the prompt given
+        as in `publish_placement`)."""
+        kind, prompt = _prompt(token_ids, text, messages, tokenizer)
+        return self._core.chain(keyspace, kind, prompt)
 
     @property
     def is_connected(self) -> bool:
@@ -177,11 +232,26 @@ class Client(_Base):
 
     def query_text(
         self, keyspace: KeyspaceLike, text: Union[str, bytes], deadline_ms: Optional[float] = None,
-        candidates: Optional[Iterable[Worker]] = None, top_k: int = 0,
+        candidates: Optional[Iterable[Worker]] = None, top_k: int = 0, tokenizer: Any = None,
     ) -> QueryResult:
-        """`query_tokens` for a prompt given as text, in the keyspace's byte kind (for
-        gateways that do not tokenize; placements must then be published as text too)."""
-        return self._core.query(keyspace, _TEXT, text, deadline_ms, candidates, top_k, None)
+        """`query_tokens` for a prompt given as text. With `tokenizer` (the engine's:
+        anything with `encode`, from transformers or tokenizers) the text is queried as
+        its token ids, which engine events fill. Without, in the keyspace's byte kind (for
+        gateways that do not tokenize; placements must then be published as text too).
+        Tokenizing is the caller's time, before the deadline starts."""
+        kind, prompt = _prompt(None, text, None, tokenizer)
+        return self._core.query(keyspace, kind, prompt, deadline_ms, candidates, top_k, None)
+
+    def query_chat(
+        self, keyspace: KeyspaceLike, messages: Any, tokenizer: Any,
+        deadline_ms: Optional[float] = None, candidates: Optional[Iterable[Worker]] = None,
+        top_k: int = 0, add_generation_prompt: bool = True,
+    ) -> QueryResult:
+        """`query_tokens` for an OpenAI chat request's `messages`, tokenized as the
+        engine's OpenAI server does: `tokenizer.apply_chat_template(messages,
+        add_generation_prompt=True)` (a transformers tokenizer of the served model)."""
+        prompt = _chat_ids(tokenizer, messages, add_generation_prompt)
+        return self._core.query(keyspace, _TOKENS, prompt, deadline_ms, candidates, top_k, None)
 
     def query_chain(
         self, keyspace: KeyspaceLike, chain: Any, deadline_ms: Optional[float] = None,
@@ -281,10 +351,20 @@ class AsyncClient(_Base):
 
     def query_text(
         self, keyspace: KeyspaceLike, text: Union[str, bytes], deadline_ms: Optional[float] = None,
-        candidates: Optional[Iterable[Worker]] = None, top_k: int = 0,
+        candidates: Optional[Iterable[Worker]] = None, top_k: int = 0, tokenizer: Any = None,
     ) -> Awaitable[QueryResult]:
         """See `Client.query_text`."""
-        return self._core.query(keyspace, _TEXT, text, deadline_ms, candidates, top_k, self._done)
+        kind, prompt = _prompt(None, text, None, tokenizer)
+        return self._core.query(keyspace, kind, prompt, deadline_ms, candidates, top_k, self._done)
+
+    def query_chat(
+        self, keyspace: KeyspaceLike, messages: Any, tokenizer: Any,
+        deadline_ms: Optional[float] = None, candidates: Optional[Iterable[Worker]] = None,
+        top_k: int = 0, add_generation_prompt: bool = True,
+    ) -> Awaitable[QueryResult]:
+        """See `Client.query_chat`."""
+        prompt = _chat_ids(tokenizer, messages, add_generation_prompt)
+        return self._core.query(keyspace, _TOKENS, prompt, deadline_ms, candidates, top_k, self._done)
 
     def query_chain(
         self, keyspace: KeyspaceLike, chain: Any, deadline_ms: Optional[float] = None,
@@ -311,3 +391,57 @@ class AsyncClient(_Base):
     def wait_connected(self, timeout_ms: float = 1000.0) -> Awaitable[bool]:
         """See `Client.wait_connected`."""
         return self._core.wait_connected(timeout_ms, self._done)
+
+
+# Keys of `counters()` that are gauges (the rest are Prometheus counters).
+_GAUGES = ("latency_p50_us", "latency_p99_us", "latency_max_us")
+
+
+class PrometheusCollector:
+    """A client's counters for `prometheus_client`:
+
+        prometheus_client.REGISTRY.register(kvix.PrometheusCollector(client))
+
+    Each counter of `counters()` becomes `PREFIX_<name>_total` (refused fire-and-forget
+    writes as `PREFIX_writes_refused_total{code=...}`), the latency quantiles
+    `PREFIX_latency_us{quantile="0.5"|"0.99"|"1"}`. `labels` are added to every series
+    (e.g. {"gateway": "router-3"}). Read at each scrape, from Rust: no Python objects
+    are kept per query."""
+
+    def __init__(self, client: "_Base", prefix: str = "kvix_client",
+                 labels: Optional[dict] = None) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._labels = dict(labels or {})
+
+    def describe(self) -> list:
+        # Nothing up front: the registry then collects once to learn the names, which
+        # needs no server (the counters are the client's own).
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        c = self._client.counters()
+        names, values = list(self._labels), list(self._labels.values())
+        refused = CounterMetricFamily(
+            f"{self._prefix}_writes_refused",
+            "fire-and-forget writes (placements, retires) a server refused, by error code",
+            labels=names + ["code"])
+        latency = GaugeMetricFamily(
+            f"{self._prefix}_latency_us", "query latency quantiles since start, microseconds",
+            labels=names + ["quantile"])
+        for key, value in c.items():
+            if key.startswith("writes_refused."):
+                refused.add_metric(values + [key.split(".", 1)[1]], value)
+            elif key in _GAUGES:
+                q = {"latency_p50_us": "0.5", "latency_p99_us": "0.99", "latency_max_us": "1"}[key]
+                latency.add_metric(values + [q], value)
+            elif key != "writes_refused":
+                family = CounterMetricFamily(
+                    f"{self._prefix}_{key}", f"kvix client counter {key} (see Client.counters)",
+                    labels=names)
+                family.add_metric(values, value)
+                yield family
+        yield refused
+        yield latency

@@ -56,6 +56,16 @@ class Stats:
     events: int
     shard_load: list[int]
 
+class Pick:
+    """A worker chosen by `pick`: its name and the blocks it can reuse."""
+    worker: str
+    blocks: int
+
+def pick(result: QueryResult, loads: Any, alpha: float = 1.0) -> Pick:
+    """The worker for a request: most reusable prefix less `alpha` blocks per unit of
+    load (`loads`: name -> load, or (name, load) pairs)."""
+    ...
+
 class Core:
     @staticmethod
     def open(servers: list[str], options: Optional[dict[str, Any]],
