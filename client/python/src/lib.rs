@@ -36,6 +36,7 @@ fn _kvix(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<args::Keyspace>()?;
     m.add_class::<args::EventSource>()?;
     errors::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     static AT_FORK: std::sync::Once = std::sync::Once::new();
     // SAFETY: the handler only bumps an atomic, which is async-signal-safe.
     AT_FORK.call_once(|| unsafe {

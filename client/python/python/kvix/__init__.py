@@ -43,6 +43,7 @@ from ._kvix import (
     RequestTimeoutError,
     Score,
     Stats,
+    __version__,
     pick,
 )
 

@@ -56,6 +56,8 @@ class Stats:
     events: int
     shard_load: list[int]
 
+__version__: str
+
 class Pick:
     """A worker chosen by `pick`: its name and the blocks it can reuse."""
     worker: str
