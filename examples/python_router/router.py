@@ -4,9 +4,12 @@
     python3 router.py --port 8001 --kvix 127.0.0.1:7420 --model demo \\
         --worker w0=http://127.0.0.1:8101,tcp://127.0.0.1:5601 --worker w1=...
 
-It tokenizes nothing: a prompt of token ids is asked of kvix by its tokens; a text
-prompt by its bytes (kvix's byte keyspace, which only placements fill: use
---feed placements for text). Per request it asks kvix which worker can reuse the most
+A prompt of token ids is asked of kvix by its tokens; a text prompt by its bytes
+(kvix's byte keyspace, which only placements fill: use --feed placements for text).
+With --tokenizer (the served model's transformers tokenizer directory) it also serves
+POST /v1/chat/completions, streaming or not: the messages are tokenized with the chat
+template as the engine will (`query_chat`), and the worker's answer is passed through
+as it comes. Per request it asks kvix which worker can reuse the most
 of the prompt (--deadline-ms, 2 by default, then fail open) and picks with `kvix.pick`:
 the most reusable prefix less --alpha blocks per block of prompts in flight on the
 worker (Dynamo's default cost), forwards the request, and (with --feed placements)
@@ -48,6 +51,10 @@ class Router:
         # Blocks of the prompts each worker is serving now: the load kvix.pick weighs.
         self.inflight = {name: 0 for name in self.names}
         self.routed = {"by_kvix": 0, "by_load": 0, "kvix_failed_open": 0}
+        self.tok = None
+        if a.tokenizer:
+            from transformers import AutoTokenizer
+            self.tok = AutoTokenizer.from_pretrained(a.tokenizer)
 
     async def start(self, _app):
         self.http = aiohttp.ClientSession()
@@ -68,11 +75,13 @@ class Router:
         if self.kvix:
             self.kvix.close()
 
-    async def pick(self, prompt):
-        """The worker for this prompt, and whether reuse (not load alone) chose it."""
+    async def pick(self, prompt=None, messages=None):
+        """The worker for this prompt (or chat), and whether reuse (not load alone) chose it."""
         if self.kvix is None:
             return next(self.turn), False
-        if isinstance(prompt, str):
+        if messages is not None:
+            r = await self.kvix.query_chat(self.a.model, messages, self.tok, candidates=self.names)
+        elif isinstance(prompt, str):
             r = await self.kvix.query_text(self.a.model, prompt, candidates=self.names)
         else:
             r = await self.kvix.query_tokens(self.a.model, prompt, candidates=self.names)
@@ -104,6 +113,38 @@ class Router:
         return web.json_response(answer, status=status,
                                  headers={"x-worker": worker, "x-routed-by": "kvix" if by_kvix else "load"})
 
+    async def chat(self, request):
+        if self.tok is None:
+            return web.json_response({"error": {"message": "start the router with --tokenizer"}}, status=400)
+        body = await request.json()
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return web.json_response({"error": {"message": "messages must be a non-empty list"}}, status=400)
+        worker, by_kvix = await self.pick(messages=messages)
+        self.routed["by_kvix" if by_kvix else "by_load"] += 1
+        blocks = max(1, len(self.kvix.chain(self.a.model, messages=messages, tokenizer=self.tok))
+                     if self.kvix else 1)
+        self.inflight[worker] += blocks
+        headers = {"x-worker": worker, "x-routed-by": "kvix" if by_kvix else "load"}
+        try:
+            async with self.http.post(self.workers[worker] + "/v1/chat/completions", json=body) as up:
+                if body.get("stream") and up.status == 200:
+                    # Server-sent events: each chunk goes on as it comes.
+                    resp = web.StreamResponse(status=200, headers={
+                        **headers, "content-type": up.headers.get("content-type", "text/event-stream")})
+                    await resp.prepare(request)
+                    async for chunk in up.content.iter_any():
+                        await resp.write(chunk)
+                    await resp.write_eof()
+                else:
+                    resp = web.json_response(await up.json(), status=up.status, headers=headers)
+                status = up.status
+        finally:
+            self.inflight[worker] -= blocks
+        if self.kvix is not None and self.a.feed == "placements" and status == 200:
+            self.kvix.publish_placement(worker, self.a.model, messages=messages, tokenizer=self.tok)
+        return resp
+
     async def stats(self, _request):
         out = {"policy": self.a.policy, "routed": self.routed}
         if self.kvix:
@@ -117,6 +158,7 @@ async def serve(a):
     app.on_startup.append(r.start)
     app.on_cleanup.append(r.stop)
     app.router.add_post("/v1/completions", r.completions)
+    app.router.add_post("/v1/chat/completions", r.chat)
     app.router.add_get("/stats", r.stats)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -138,6 +180,8 @@ def main():
     ap.add_argument("--worker", action="append", type=parse_worker, required=True,
                     metavar="NAME=URL[,EVENTS]", help="a worker (repeat); EVENTS: its ZMQ PUB endpoint")
     ap.add_argument("--policy", choices=["kvix", "round_robin"], default="kvix")
+    ap.add_argument("--tokenizer", default=None,
+                    help="the served model's transformers tokenizer directory: serves /v1/chat/completions")
     ap.add_argument("--feed", choices=["events", "placements"], default="events")
     ap.add_argument("--capacity-blocks", type=int, default=1500,
                     help="with --feed placements: blocks a worker is assumed to keep")

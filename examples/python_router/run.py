@@ -18,8 +18,10 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import aiohttp
 
@@ -73,13 +75,66 @@ def workload(a):
             for _ in range(a.conversations)]
 
 
+def make_tokenizer(directory):
+    """A word-level tokenizer ("w<id>" is token id; role markers its own) with a chat
+    template, saved as a transformers tokenizer directory (no hub download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    words = ["[UNK]", "<|system|>", "<|user|>", "<|assistant|>"] + [f"w{i}" for i in range(50_000)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    hf.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    hf.save_pretrained(directory)
+
+
+def words(tokens):
+    return " ".join(f"w{t}" for t in tokens)
+
+
+async def chat_turn(http, url, a, messages):
+    """One streamed chat request: (the reply's text, its usage)."""
+    body = {"model": a.model, "messages": messages, "max_tokens": a.answer_tokens,
+            "stream": True, "stream_options": {"include_usage": True}}
+    text, usage = [], None
+    async with http.post(url + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.content:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            for c in chunk["choices"]:
+                text.append(c["delta"].get("content", ""))
+            usage = chunk.get("usage") or usage
+    return "".join(text), usage
+
+
 async def drive(routers, convs, a):
     """Runs every conversation; returns (first-turn, follow-up) (cached, prompt) sums."""
     first, follow = [0, 0], [0, 0]
     gate = asyncio.Semaphore(a.concurrency)
     pause = random.Random(a.seed)
     async with aiohttp.ClientSession() as http:
+        async def chat(i, head, messages):
+            async with gate:
+                system, document = head[:512], head[512:]
+                chat = [{"role": "system", "content": words(system)}]
+                for turn, msg in enumerate(messages):
+                    content = words(document + msg if turn == 0 else msg)
+                    chat.append({"role": "user", "content": content})
+                    reply, u = await chat_turn(http, routers[(i + turn) % len(routers)], a, chat)
+                    acc = first if turn == 0 else follow
+                    acc[0] += u["prompt_tokens_details"]["cached_tokens"]
+                    acc[1] += u["prompt_tokens"]
+                    chat.append({"role": "assistant", "content": reply})
+                    await asyncio.sleep(pause.uniform(0, 2 * a.think_ms) / 1000)
+
         async def conversation(i, head, messages):
+            if a.chat:
+                return await chat(i, head, messages)
             async with gate:
                 prompt = list(head)
                 for turn, msg in enumerate(messages):
@@ -120,10 +175,17 @@ def main():
     ap.add_argument("--deadline-ms", type=float, default=2.0,
                     help="the routers' kvix query deadline (a loaded machine may need more)")
     ap.add_argument("--json", action="store_true", help="print one JSON line of results at the end")
+    ap.add_argument("--chat", action="store_true",
+                    help="the same conversations as streamed OpenAI chat requests: routers and workers "
+                         "tokenize with one transformers tokenizer (needs transformers)")
     a = ap.parse_args()
 
     py = sys.executable
     procs = Procs()
+    tokenizer = []
+    if a.chat:
+        tokenizer = ["--tokenizer", tempfile.mkdtemp(prefix="kvix-example-tokenizer-")]
+        make_tokenizer(tokenizer[1])
     try:
         _, line = procs.start([server_bin(a.server_bin), "--listen", "127.0.0.1:0", "--unix", "",
                                "--metrics", "", "--cores", "1", "--pin", "false"],
@@ -134,7 +196,8 @@ def main():
             # The engine binds its PUB socket (vLLM's "tcp://*:0": any free port, printed
             # once bound); kvix connects to it.
             _, line = procs.start([py, os.path.join(HERE, "worker.py"),
-                                   "--capacity-blocks", str(a.capacity_blocks), "--name", f"w{i}"])
+                                   "--capacity-blocks", str(a.capacity_blocks), "--name", f"w{i}",
+                                   *tokenizer])
             url, events = line.split()[1:3]
             workers.append((f"w{i}", url, events))
         convs = workload(a)
@@ -144,7 +207,8 @@ def main():
             routers, started = [], []
             for _ in range(2):
                 args = [py, os.path.join(HERE, "router.py"), "--kvix", kvix_addr,
-                        "--model", a.model, "--policy", policy, "--deadline-ms", str(a.deadline_ms)]
+                        "--model", a.model, "--policy", policy, "--deadline-ms", str(a.deadline_ms),
+                        *tokenizer]
                 for name, url, events in workers:
                     args += ["--worker", f"{name}={url},{events}"]
                 p, line = procs.start(args)
@@ -157,9 +221,12 @@ def main():
                 procs.stop(p)
     finally:
         procs.stop_all()
+        if tokenizer:
+            shutil.rmtree(tokenizer[1], ignore_errors=True)
 
     k, rr = results["kvix"], results["round_robin"]
-    print(f"{a.workers} workers, 2 routers, {a.conversations} conversations of {a.turns} turns")
+    print(f"{a.workers} workers, 2 routers, {a.conversations} {'chat ' if a.chat else ''}conversations "
+          f"of {a.turns} turns")
     print(f"{'policy':<12} {'first-turn hit':>15} {'follow-up hit':>14}")
     for policy, r in results.items():
         print(f"{policy:<12} {r['first_turn_hit']:>15.2f} {r['follow_up_hit']:>14.2f}")

@@ -9,7 +9,11 @@ with `--kv-events-config` publishes them.
 
 POST /v1/completions {"prompt": [token ids], "max_tokens": n} answers n generated
 tokens and `usage.prompt_tokens_details.cached_tokens`: how much of the prompt was
-already in this worker's cache. POST /reset empties the cache (AllBlocksCleared).
+already in this worker's cache. With --tokenizer (a transformers tokenizer directory),
+POST /v1/chat/completions {"messages": [...], "stream": bool} builds the prompt with the
+tokenizer's chat template (and the generation prompt), as vLLM's OpenAI server does,
+and answers as OpenAI does (server-sent events when streaming; usage in the last chunk
+with stream_options.include_usage). POST /reset empties the cache (AllBlocksCleared).
 Prints "ready HTTP_URL EVENTS_ENDPOINT" once serving: with the defaults (--port 0,
 --events 'tcp://*:0') the ports are the ones the system gave it.
 """
@@ -17,6 +21,7 @@ Prints "ready HTTP_URL EVENTS_ENDPOINT" once serving: with the defaults (--port 
 import argparse
 import asyncio
 import hashlib
+import json
 import os
 import sys
 import time
@@ -109,6 +114,8 @@ def main():
     ap.add_argument("--replay", default=None, help="ZMQ ROUTER replay endpoint")
     ap.add_argument("--capacity-blocks", type=int, default=1500)
     ap.add_argument("--name", default="worker")
+    ap.add_argument("--tokenizer", default=None,
+                    help="a transformers tokenizer directory: serves /v1/chat/completions")
     a = ap.parse_args()
 
     mod = engines.load_real(RELEASE)
@@ -120,28 +127,73 @@ def main():
         if events:
             pub.publish(mod.KVEventBatch(ts=time.time(), events=events))
 
-    async def completions(request):
-        body = await request.json()
-        prompt = body.get("prompt")
-        if not isinstance(prompt, list) or not all(isinstance(t, int) and 0 <= t < 2 ** 32 for t in prompt):
-            return web.json_response({"error": {"message": "prompt must be a list of token ids"}}, status=400)
-        n = int(body.get("max_tokens", 16))
+    tok = None
+    if a.tokenizer:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(a.tokenizer)
+
+    def run(prompt, out):
+        """Prefill `prompt` and decode `out`: the cache and its events; the blocks hit."""
         events = []
-        hashes = cache.hashes(prompt)
-        hit = cache.admit(hashes, prompt, events, mod)
-        out = generated(prompt, n)
+        hit = cache.admit(cache.hashes(prompt), prompt, events, mod)
         # Decode: each block filled by generated tokens is stored on its own event,
         # as vLLM sends them.
         seq = prompt + out
         cache.admit(cache.hashes(seq), seq, events, mod, one_per_event=True)
         publish(events)
+        return {"prompt_tokens": len(prompt), "completion_tokens": len(out),
+                "total_tokens": len(prompt) + len(out),
+                "prompt_tokens_details": {"cached_tokens": hit * BLOCK}}
+
+    async def completions(request):
+        body = await request.json()
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not all(isinstance(t, int) and 0 <= t < 2 ** 32 for t in prompt):
+            return web.json_response({"error": {"message": "prompt must be a list of token ids"}}, status=400)
+        out = generated(prompt, int(body.get("max_tokens", 16)))
+        usage = run(prompt, out)
         return web.json_response({
             "object": "text_completion", "model": body.get("model", ""),
             "choices": [{"index": 0, "text": "", "token_ids": out, "finish_reason": "length"}],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
-                      "total_tokens": len(prompt) + n,
-                      "prompt_tokens_details": {"cached_tokens": hit * BLOCK}},
+            "usage": usage,
         }, headers={"x-worker": a.name})
+
+    async def chat(request):
+        if tok is None:
+            return web.json_response({"error": {"message": "start the worker with --tokenizer"}}, status=400)
+        body = await request.json()
+        ids = tok.apply_chat_template(body["messages"], tokenize=True, add_generation_prompt=True)
+        prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        # Generated tokens are the prompt's own (any id decodes, and the reply, sent
+        # back in the next turn, tokenizes to the same ids).
+        out = [prompt[g % len(prompt)] for g in generated(prompt, int(body.get("max_tokens", 16)))]
+        usage = run(prompt, out)
+        text = tok.decode(out)
+        head = {"id": "chat-1", "model": body.get("model", ""), "created": int(time.time())}
+        if not body.get("stream"):
+            return web.json_response({
+                **head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "length"}],
+                "usage": usage,
+            }, headers={"x-worker": a.name})
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream", "x-worker": a.name})
+        await resp.prepare(request)
+
+        async def event(obj):
+            await resp.write(f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', **obj})}\n\n".encode())
+
+        for i, word in enumerate(text.split(" ")):
+            delta = {"content": word if i == 0 else " " + word}
+            if i == 0:
+                delta["role"] = "assistant"
+            await event({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        await event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await event({"choices": [], "usage": usage})
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
     async def reset(_request):
         cache.blocks.clear()
@@ -150,6 +202,7 @@ def main():
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/reset", reset)
     try:
         # The publisher's resolved endpoint (port 0 bound), as a subscriber dials it.
