@@ -87,11 +87,7 @@ impl Completer {
         };
         for future in pending.into_values() {
             let fut = future.bind(py);
-            if fut
-                .call_method0(intern!(py, "done"))
-                .and_then(|d| d.is_truthy())
-                .unwrap_or(true)
-            {
+            if is_done(fut) {
                 continue;
             }
             let e = crate::errors::KvixError::new_err("the client was closed before the reply");
@@ -134,11 +130,7 @@ impl Completer {
         for Done { future, make } in batch {
             let fut = future.bind(py);
             // Cancelled by the caller (asyncio.wait_for, say): nothing to set.
-            if fut
-                .call_method0(intern!(py, "done"))
-                .and_then(|d| d.is_truthy())
-                .unwrap_or(true)
-            {
+            if is_done(fut) {
                 continue;
             }
             let set = match make(py) {
@@ -173,4 +165,11 @@ impl Completer {
         }
         Ok((fut, self.queue.clone()))
     }
+}
+
+/// Whether an asyncio future is done already (set, or cancelled by its caller).
+fn is_done(fut: &Bound<'_, PyAny>) -> bool {
+    fut.call_method0(intern!(fut.py(), "done"))
+        .and_then(|d| d.is_truthy())
+        .unwrap_or(true)
 }

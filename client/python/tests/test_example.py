@@ -42,7 +42,10 @@ def test_the_router_example_beats_round_robin_on_follow_up_hits():
 def test_the_router_example_routes_streamed_chat_requests_by_kvix():
     """The same workload as OpenAI chat requests, streamed: routers and workers tokenize
     with one transformers tokenizer (built by run.py, no download); kvix must beat round
-    robin on follow-up hits by at least 0.2 (0.83 vs 0.56 on this machine)."""
+    robin on follow-up hits. Five runs on this 2-core machine gave kvix 0.80-0.84 and
+    round robin 0.57-0.61 (margin 0.19-0.27, the low one in CI beside other tests), so the
+    test asks for a margin of 0.1 and kvix at 0.7 or more: routing that ignored kvix
+    lands at round robin's level and fails both."""
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "python_router", "run.py"),
          "--server-bin", _server_bin(), "--deadline-ms", "1000", "--json", "--chat"],
@@ -51,7 +54,8 @@ def test_the_router_example_routes_streamed_chat_requests_by_kvix():
     assert out.returncode == 0, out.stdout + out.stderr
     results = json.loads(out.stdout.strip().splitlines()[-1])
     kvix, rr = results["kvix"], results["round_robin"]
-    assert kvix["follow_up_hit"] - rr["follow_up_hit"] >= 0.2, out.stdout
+    assert kvix["follow_up_hit"] - rr["follow_up_hit"] >= 0.1, out.stdout
+    assert kvix["follow_up_hit"] >= 0.7, out.stdout
     routed = [r["routed"] for r in kvix["routers"]]
     assert all(r["kvix_failed_open"] == 0 for r in routed), out.stdout
     assert sum(r["by_kvix"] for r in routed) > sum(r["by_load"] for r in routed)
