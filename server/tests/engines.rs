@@ -295,6 +295,55 @@ fn every_release_scores_exactly_through_stores_decode_removals_clears_and_lora()
     }
 }
 
+/// vLLM stores a recomputed last block again under the same hash, in a second physical
+/// block, and removes each copy on its own (Stored h, Stored h, Removed h): the block is
+/// held until its last copy goes.
+#[test]
+fn a_hash_in_two_physical_blocks_is_held_until_the_last_copy_goes() {
+    if available("a_hash_in_two_physical_blocks").is_none() {
+        return;
+    }
+    for name in RELEASES.iter().filter(|n| n.starts_with("vllm")) {
+        let rel = Rel(name);
+        let Rig {
+            server: _server,
+            mut publisher,
+            mut c,
+            w,
+            ..
+        } = Rig::new(rel, "w", full());
+        let base = ks("", "");
+        let p1 = chain(&base, 1, 2);
+        publisher.publish(vec![rel.blocks(1, 0, 2, 1)]);
+        expect(&mut c, &base, &p1, &[(w, 2)], &format!("{name}: stored"));
+        // Block 1 again in a second physical block, one copy freed; prompt 9 in the same
+        // batch shows when the batch was applied.
+        publisher.publish(vec![
+            rel.blocks(1, 1, 2, 1),
+            rel.removed(&[2]),
+            rel.blocks(9, 0, 1, 900),
+        ]);
+        let p9 = chain(&base, 9, 1);
+        expect(&mut c, &base, &p9, &[(w, 1)], &format!("{name}: applied"));
+        expect(
+            &mut c,
+            &base,
+            &p1,
+            &[(w, 2)],
+            &format!("{name}: one copy left"),
+        );
+        publisher.publish(vec![rel.removed(&[2])]);
+        expect(
+            &mut c,
+            &base,
+            &p1,
+            &[(w, 1)],
+            &format!("{name}: last copy gone"),
+        );
+        publisher.stop();
+    }
+}
+
 #[test]
 fn vllm_034_hybrid_groups_and_spec_kinds_score_jointly() {
     if available("vllm_034_hybrid_groups").is_none() {

@@ -66,15 +66,6 @@ impl Medium {
             Medium::Other => "other",
         }
     }
-
-    /// One bit per medium, for "held where" masks.
-    pub fn bit(self) -> u8 {
-        match self {
-            Medium::Gpu => 1,
-            Medium::Cpu => 2,
-            Medium::Other => 4,
-        }
-    }
 }
 
 /// `BlockStored`: engine blocks `block_hashes` (each `block_size` tokens, in order)

@@ -84,9 +84,19 @@ struct Known {
     ks: u32,
     chain: u64,
     end: u64,
-    media: u8,
+    copies: Copies,
     named: bool,
     pending: Pending,
+}
+
+/// Physical copies of one engine hash, per medium (`Medium::ALL` order). vLLM stores a
+/// block again under the same hash (a recomputed last block lands in a second physical
+/// block) and removes each copy on its own: the hash is held until its last copy goes.
+/// A count saturates at 255, past which one removal too many reads as the last.
+pub type Copies = [u8; 3];
+
+fn held(c: &Copies) -> bool {
+    c.iter().any(|&n| n > 0)
 }
 
 /// One engine block as a snapshot keeps it.
@@ -99,8 +109,8 @@ pub struct Entry {
     pub chain: u64,
     /// Tokens from the start of the prompt to its end.
     pub end: u64,
-    /// Media holding it (`Medium::bit`).
-    pub media: u8,
+    /// Physical copies held, per medium.
+    pub copies: Copies,
     /// Whether it completed a lane block, i.e. names blocks in the server's feed.
     pub named: bool,
     /// Its tokens past the boundary (fewer than a lane block; pages only).
@@ -338,7 +348,7 @@ impl Translator {
         let mut hashes: Vec<u64> = Vec::with_capacity(n * p / b + 1);
         let by_name = !self.by_chain(&spec);
         let mut names = Vec::new();
-        let bit = st.medium.bit();
+        let m = medium_index(st.medium);
         // Every block's map entry is loaded at once, not one miss after another.
         let map = &mut self.maps[lane as usize];
         map.reserve(n);
@@ -379,13 +389,13 @@ impl Translator {
                     ks,
                     chain,
                     end,
-                    media: 0,
+                    copies: [0; 3],
                     named: false,
                     pending: Pending::default(),
                 }
             });
-            // A hash stored again (the engine re-reports cache hits) is refreshed; one
-            // stored at another position (a hash collision) takes the newest.
+            // A hash stored again is one copy more (see [`Copies`]); one stored at
+            // another position (a hash collision) takes the newest position.
             if e.ks != ks {
                 self.keyspaces.acquire(ks);
                 self.keyspaces.release(std::mem::replace(&mut e.ks, ks));
@@ -393,10 +403,10 @@ impl Translator {
             e.chain = chain;
             e.end = end;
             e.named |= named;
-            e.media |= bit;
+            e.copies[m] = e.copies[m].saturating_add(1);
             e.pending = pending.clone();
         }
-        counts.stored[medium_index(st.medium)] += n as u64;
+        counts.stored[m] += n as u64;
         if hashes.is_empty() {
             return Ok(None);
         }
@@ -425,7 +435,7 @@ impl Translator {
         let (lane, spec) = self.lane(rm.group_idx)?;
         let by_chain = self.by_chain(&spec);
         let map = &mut self.maps[lane as usize];
-        let bit = rm.medium.bit();
+        let m = medium_index(rm.medium);
         let mut gone: Option<(u32, Vec<u64>)> = None;
         let flush = |gone: &mut Option<(u32, Vec<u64>)>, out: &mut Vec<Group>| {
             if let Some((ks, hashes)) = gone.take() {
@@ -437,10 +447,10 @@ impl Translator {
         }
         for &h in &rm.block_hashes {
             match map.get_mut(h) {
-                Some(e) if e.media & bit != 0 => {
-                    e.media &= !bit;
-                    counts.removed[medium_index(rm.medium)] += 1;
-                    if e.media == 0 {
+                Some(e) if e.copies[m] > 0 => {
+                    e.copies[m] -= 1;
+                    counts.removed[m] += 1;
+                    if !held(&e.copies) {
                         let (ks, named) = (e.ks, e.named);
                         let name = if by_chain { e.chain } else { h };
                         map.remove(h);
@@ -472,7 +482,7 @@ impl Translator {
                         ks: e.ks,
                         chain: e.chain,
                         end: e.end,
-                        media: e.media,
+                        copies: e.copies,
                         named: e.named,
                         pending: e.pending.to_vec(),
                     };
@@ -484,12 +494,13 @@ impl Translator {
 
     /// Restores an image into a fresh translator of the same roster; false (nothing
     /// restored) when its lanes or keyspaces do not fit, or an entry's pending tokens
-    /// could not be (a lane block's worth or more, or more than its end).
+    /// could not be (a lane block's worth or more, or more than its end), or it holds no copy.
     pub fn import(&mut self, image: &TranslatorImage) -> bool {
         let fits = image.lanes.len() == self.maps.len()
             && image.lanes.iter().zip(&self.lanes).all(|(entries, lane)| {
                 entries.iter().all(|(_, e)| {
                     (e.ks as usize) < image.keyspaces.len()
+                        && held(&e.copies)
                         && e.pending.len() < lane.block_tokens as usize
                         && e.pending.len() as u64 <= e.end
                 })
@@ -527,7 +538,7 @@ impl Translator {
                         ks: e.ks,
                         chain: e.chain,
                         end: e.end,
-                        media: e.media,
+                        copies: e.copies,
                         named: e.named,
                         pending,
                     };
@@ -754,6 +765,33 @@ mod tests {
         assert!(out.is_empty());
         assert_eq!(c.unknown_removals, 1);
         assert_eq!(t.tracked(), 0);
+    }
+
+    #[test]
+    fn a_hash_in_two_physical_blocks_is_held_until_both_go() {
+        let mut t = Translator::new(KB, "m", "", &[Lane::full(32)]);
+        let twice = || EngineEvent::Stored(st(&[7], None, 0..32));
+        let (out, _) = run(&mut t, vec![twice(), twice()]);
+        assert_eq!(stored_of(&out).len(), 2, "each store is forwarded");
+        // Across a snapshot too: the copies are part of the image.
+        let mut back = Translator::new(KB, "m", "", &[Lane::full(32)]);
+        assert!(back.import(&t.export()));
+        for t in [&mut t, &mut back] {
+            let (out, c) = run(t, vec![gone(&[7])]);
+            assert!(out.is_empty(), "the other copy still holds it");
+            assert_eq!(c.removed, [1, 0, 0]);
+            let (out, _) = run(t, vec![gone(&[7])]);
+            assert_eq!(
+                out[0].events,
+                vec![Event::Removed {
+                    lane: 0,
+                    hashes: vec![7]
+                }]
+            );
+            let (_, c) = run(t, vec![gone(&[7])]);
+            assert_eq!(c.unknown_removals, 1);
+            assert_eq!(t.tracked(), 0);
+        }
     }
 
     fn salted(hash: u64, salt: &str) -> EngineEvent {
@@ -1032,7 +1070,7 @@ mod tests {
             ks: 0,
             chain: 1,
             end,
-            media: 1,
+            copies: [1, 0, 0],
             named: false,
             pending,
         };
