@@ -61,10 +61,10 @@ pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcom
         // the delivery applied all the same (a restart replays the engine's buffer after
         // the last batch the log holds).
         ingest @ Write::Ingest { worker, .. } => {
-            let block = ex.config().block_size;
+            let bounds = (ex.config().block_size, ex.config().max_blocks);
             let delivered = ex
                 .ingest_states()
-                .apply(&mut ex.core(), block, ingest, &mut u);
+                .apply(&mut ex.core(), bounds, ingest, &mut u);
             match delivered {
                 Ok(d) => {
                     ExecutorMetrics::add(&ex.metrics().unprobed_removals, d.unprobed);

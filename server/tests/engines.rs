@@ -169,7 +169,12 @@ struct Rig {
 
 impl Rig {
     fn new(rel: Rel, name: &str, lanes: Vec<Lane>) -> Rig {
-        let server = Server::start(&["--cores", "2"]);
+        Rig::with_flags(rel, name, lanes, &[])
+    }
+
+    /// With server flags beside `--cores 2`.
+    fn with_flags(rel: Rel, name: &str, lanes: Vec<Lane>, flags: &[&str]) -> Rig {
+        let server = Server::start(&[&["--cores", "2"], flags].concat());
         let (ports, publisher) = Ports::start_one(rel.0);
         let mut c = server.session();
         let w = c
@@ -342,6 +347,61 @@ fn a_hash_in_two_physical_blocks_is_held_until_the_last_copy_goes() {
         );
         publisher.stop();
     }
+}
+
+/// Past `--max-blocks` an engine's stores are dropped, counted and logged (the engine
+/// holds them: queries miss them, never a false hit), its removals still apply, and once
+/// there is room its stores are indexed again, continuations of dropped blocks included.
+#[test]
+fn past_max_blocks_engine_stores_are_dropped_and_counted_until_there_is_room() {
+    if available("past_max_blocks_engine_stores").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let Rig {
+        server,
+        mut publisher,
+        mut c,
+        w,
+        ..
+    } = Rig::with_flags(rel, "w", full(), &["--max-blocks", "4"]);
+    let base = ks("", "");
+    publisher.publish(vec![rel.blocks(1, 0, 4, 1)]);
+    expect(
+        &mut c,
+        &base,
+        &chain(&base, 1, 4),
+        &[(w, 4)],
+        "under the bound",
+    );
+    publisher.publish(vec![rel.blocks(2, 0, 2, 100)]);
+    await_metric(&server, "kvix_ingest_stores_dropped_full_total", 1);
+    expect(
+        &mut c,
+        &base,
+        &chain(&base, 2, 2),
+        &[],
+        "dropped at the bound",
+    );
+    // Removals apply; with room again, a store continuing a dropped block is indexed at
+    // its position (its prefix stays missing until the engine stores it again).
+    publisher.publish(vec![rel.removed(&[2, 3, 4])]);
+    expect(
+        &mut c,
+        &base,
+        &chain(&base, 1, 4),
+        &[(w, 1)],
+        "removals apply",
+    );
+    publisher.publish(vec![rel.blocks(2, 2, 3, 100), rel.blocks(3, 0, 2, 200)]);
+    expect(&mut c, &base, &chain(&base, 3, 2), &[(w, 2)], "room again");
+    assert_eq!(server.metric("kvix_ingest_stores_dropped_full_total"), 1);
+    let skipped = server.scrape();
+    assert!(
+        skipped.contains("kvix_ingest_skipped_events_total{reason=\"unknown_parent\"} 0"),
+        "the translator kept tracking the dropped blocks: {skipped}"
+    );
+    publisher.stop();
 }
 
 #[test]

@@ -436,6 +436,7 @@ pub struct Metrics {
     pub extra_keys: AtomicU64,
     pub salted: AtomicU64,
     pub refused: AtomicU64,
+    pub dropped_full: AtomicU64,
     pub orphaned: AtomicU64,
     pub fenced: AtomicU64,
     pub out_of_step: AtomicU64,
@@ -469,6 +470,7 @@ pub static METRICS: Metrics = Metrics {
     extra_keys: ZERO,
     salted: ZERO,
     refused: ZERO,
+    dropped_full: ZERO,
     orphaned: ZERO,
     fenced: ZERO,
     out_of_step: ZERO,
@@ -516,7 +518,7 @@ impl Metrics {
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut String) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 24] = [
+    let plain: [(&str, &str, &str, &AtomicU64); 25] = [
         ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
         ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
@@ -531,6 +533,7 @@ pub fn render(out: &mut String) {
         ("kvix_ingest_extra_keys_total", "Stores whose blocks carry extra keys (multimodal items, prompt embeddings), mixed into their chain.", "counter", &m.extra_keys),
         ("kvix_ingest_salted_total", "Stores starting a prompt with a cache salt (filed under the salt's keyspace).", "counter", &m.salted),
         ("kvix_ingest_refused_total", "Translated batches the worker's feed refused (a bug if it shows up).", "counter", &m.refused),
+        ("kvix_ingest_stores_dropped_full_total", "Translated stores not put in the index because it held --max-blocks blocks (the engine holds them; queries miss them until the index has room and the engine stores them again).", "counter", &m.dropped_full),
         ("kvix_ingest_orphaned_total", "Deliveries for workers retired or re-announced while on their way.", "counter", &m.orphaned),
         ("kvix_ingest_fenced_total", "Deliveries dropped because they were read under an ingest lease another replica has taken since.", "counter", &m.fenced),
         ("kvix_ingest_out_of_step_total", "Deliveries dropped because they do not continue the last batch applied from their stream (one before them was refused, or they were applied already).", "counter", &m.out_of_step),

@@ -121,23 +121,24 @@ pub enum Dropped {
 
 impl IngestStates {
     /// Applies one delivery (a [`Write::Ingest`]) of a worker homed here to `core`, the
-    /// home's engine, appending the block operations to `u`. Every copy decides alike
-    /// from the delivery and the state alone, so replicas and a replayed log agree.
+    /// home's engine, appending the block operations to `u`; while the index holds
+    /// `max_blocks` (0: no bound) its stores are dropped. Every copy decides alike from
+    /// the delivery and the state alone, so replicas and a replayed log agree.
     pub fn apply(
         &mut self,
         core: &mut Core,
-        block: u32,
+        (block, max_blocks): (u32, u64),
         delivery: Write,
         u: &mut Update,
     ) -> Result<IngestReport, Dropped> {
-        apply(self, core, block, delivery, u)
+        apply(self, core, (block, max_blocks), delivery, u)
     }
 }
 
 fn apply(
     states: &mut IngestStates,
     core: &mut Core,
-    block: u32,
+    (block, max_blocks): (u32, u64),
     delivery: Write,
     u: &mut Update,
 ) -> Result<IngestReport, Dropped> {
@@ -197,6 +198,13 @@ fn apply(
     if let Some(batch) = &batch {
         let (mut groups, mut counts) = (Vec::<Group>::new(), Counts::default());
         h.translator.apply(batch, &mut groups, &mut counts);
+        // The engine holds what it stored whatever the index's bound: past it, the stores
+        // are dropped here (queries miss them, never a false hit) and the translator still
+        // tracks them, so what continues them resolves once there is room again.
+        let held = core.index().blocks();
+        if max_blocks > 0 && held >= max_blocks {
+            drop_stores(&mut groups, worker, held, max_blocks);
+        }
         for g in &groups {
             let ks = Ks {
                 seed: h.translator.seed(g.ks),
@@ -219,6 +227,31 @@ fn apply(
     }
     h.last = last;
     Ok(IngestReport { last, unprobed })
+}
+
+/// Takes the stores out of `groups`, counted and logged at 1, 2, 4, ... drops.
+fn drop_stores(groups: &mut [Group], worker: WorkerId, held: u64, max: u64) {
+    let mut dropped = 0;
+    for g in groups {
+        let before = g.events.len();
+        g.events.retain(|e| !matches!(e, Event::Stored { .. }));
+        dropped += (before - g.events.len()) as u64;
+    }
+    if dropped == 0 {
+        return;
+    }
+    let total = METRICS
+        .dropped_full
+        .fetch_add(dropped, std::sync::atomic::Ordering::Relaxed)
+        + dropped;
+    if (total - dropped).checked_ilog2() != total.checked_ilog2() {
+        tracing::warn!(
+            worker,
+            held,
+            max,
+            "index full (--max-blocks): {total} engine stores dropped so far; queries miss them"
+        );
+    }
 }
 
 fn lanes_of(core: &Core, worker: WorkerId) -> Option<Vec<Lane>> {
