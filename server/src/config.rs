@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::ingest::bound::{rank_endpoint, BindSpec};
+
 /// kvix-server: the shared prefix-cache index, one pinned executor per core.
 ///
 /// Gateways ask it which worker holds the longest reusable prefix of a prompt;
@@ -136,6 +138,39 @@ pub struct Config {
     #[arg(long, default_value_t = 1024)]
     pub max_sources: usize,
 
+    /// Where engines connect their KV event publishers (tcp://*:5557, tcp://HOST:PORT or
+    /// ipc://PATH), as vLLM and SGLang do when their endpoint names a host. The topic names
+    /// the engine (--events-topic); the first message of one no worker has yet announces
+    /// it. Not with --log.
+    #[arg(long)]
+    pub events_bind: Option<String>,
+
+    /// Data-parallel ranks per engine on --events-bind: rank r connects to its port + r
+    /// (an ipc path + "_dp<r>"), as the engines offset their endpoint; one socket each.
+    #[arg(long, default_value_t = 1)]
+    pub events_ranks: usize,
+
+    /// The engines' topic: {host} names the worker (rank r > 0: "<host>/dp<r>"), {model}
+    /// is the keyspace its token ids are rehashed into.
+    #[arg(long, default_value = "kv@{host}@{model}")]
+    pub events_topic: String,
+
+    /// The engines' replay port (+ rank) at the topic's host; none by default (what an
+    /// engine published before its worker was announced, or while the server was away,
+    /// is then lost).
+    #[arg(long)]
+    pub events_replay_port: Option<u16>,
+
+    /// Tokens per KV block of the engines on --events-bind (one full-attention lane;
+    /// default --block-size).
+    #[arg(long)]
+    pub events_block_tokens: Option<u32>,
+
+    /// Seconds an engine on --events-bind may have no connection before its worker is
+    /// retired (what it held would be false hits).
+    #[arg(long, default_value_t = 60)]
+    pub events_grace: u64,
+
     /// Distinct blocks the index may hold (each executor holds a copy, ~30 B a block):
     /// past it, event batches that store blocks are refused with Overloaded until
     /// removals make room (0 = no bound). Placements are bounded by their own capacity.
@@ -235,7 +270,43 @@ impl Config {
         if self.max_inflight == 0 || self.max_connections == 0 {
             return Err("--max-inflight and --max-connections must be at least 1".into());
         }
+        self.bind_spec()?;
         Ok(())
+    }
+
+    /// --events-bind and its flags, checked.
+    pub fn bind_spec(&self) -> Result<Option<BindSpec>, String> {
+        let Some(base) = &self.events_bind else {
+            return Ok(None);
+        };
+        if self.log.is_some() {
+            return Err("--events-bind is for one server: with --log, announce engines with their endpoint (each replica subscribes under its ingest lease)".into());
+        }
+        if !(base.starts_with("tcp://") || base.starts_with("ipc://")) {
+            return Err(format!(
+                "--events-bind {base:?}: expected tcp://HOST:PORT (tcp://*:5557) or ipc://PATH"
+            ));
+        }
+        if self.events_ranks == 0 || self.events_ranks > 256 {
+            return Err("--events-ranks must be between 1 and 256".into());
+        }
+        let block_tokens = self.events_block_tokens.unwrap_or(self.block_size);
+        if block_tokens == 0 || !block_tokens.is_multiple_of(self.block_size) {
+            return Err(format!(
+                "--events-block-tokens {block_tokens} must be a multiple of --block-size {}",
+                self.block_size
+            ));
+        }
+        let endpoints = (0..self.events_ranks)
+            .map(|r| rank_endpoint(base, r))
+            .collect::<Result<_, _>>()?;
+        Ok(Some(BindSpec {
+            endpoints,
+            topic: self.events_topic.parse()?,
+            replay_port: self.events_replay_port,
+            block_tokens,
+            grace: Duration::from_secs(self.events_grace),
+        }))
     }
 }
 
@@ -284,5 +355,46 @@ mod tests {
         assert!(too_many.starts_with("--max-sources"), "{too_many}");
         let threads = validated(&["--ingest-threads", "0"]).unwrap_err();
         assert!(threads.starts_with("--ingest-threads"), "{threads}");
+        assert_eq!(
+            validated(&["--events-bind", "tcp://*:5557", "--events-ranks", "4"]),
+            Ok(())
+        );
+        for (flags, named) in [
+            (&["--events-bind", "udp://x:1"][..], "--events-bind"),
+            (
+                &["--events-bind", "tcp://*:65535", "--events-ranks", "2"],
+                "--events-bind",
+            ),
+            (
+                &[
+                    "--events-bind",
+                    "tcp://*:5557",
+                    "--events-topic",
+                    "kv@{host}",
+                ],
+                "--events-topic",
+            ),
+            (
+                &[
+                    "--events-bind",
+                    "tcp://*:5557",
+                    "--events-block-tokens",
+                    "24",
+                ],
+                "--events-block-tokens",
+            ),
+            (
+                &[
+                    "--events-bind",
+                    "tcp://*:5557",
+                    "--log",
+                    "redis://127.0.0.1/kv",
+                ],
+                "--events-bind",
+            ),
+        ] {
+            let e = validated(flags).unwrap_err();
+            assert!(e.starts_with(named), "{flags:?}: {e}");
+        }
     }
 }

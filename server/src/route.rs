@@ -175,7 +175,10 @@ fn check_source(
     let Some(source) = source else {
         return Box::pin(std::future::ready(Ok(())));
     };
-    let known = ex.registry().id_of(name);
+    let known = {
+        let registry = ex.registry();
+        registry.id_of(name).filter(|&w| registry.is_active(w))
+    };
     if let Err(source) = ex.ingest().check(source, feed, known) {
         let worker = name.to_string();
         return Box::pin(std::future::ready(Err(Failure::Source { worker, source })));
@@ -211,6 +214,17 @@ pub async fn serve_deliveries(
         };
         let worker = match &delivery {
             Write::Ingest { worker, .. } => *worker,
+            Write::Announce { .. } | Write::Retire { .. } => {
+                let change = EngineChange::of(&delivery);
+                let applied = route_write(&ex, delivery, Origin::Accepted);
+                glommio::spawn_local(async move {
+                    let outcome = applied.await;
+                    drop(slot);
+                    change.report(outcome);
+                })
+                .detach();
+                continue;
+            }
             _ => continue,
         };
         let applied = route_write(&ex, delivery, Origin::Accepted);
@@ -232,6 +246,50 @@ pub async fn serve_deliveries(
             }
         })
         .detach();
+    }
+}
+
+/// An announce or retire the ingest sends: an engine on --events-bind that connected
+/// for the first time, or one gone past its grace period.
+enum EngineChange {
+    Announce { name: String, endpoint: String },
+    Retire(WorkerId),
+}
+
+impl EngineChange {
+    fn of(w: &Write) -> EngineChange {
+        match w {
+            Write::Retire { worker } => EngineChange::Retire(*worker),
+            Write::Announce { name, source, .. } => EngineChange::Announce {
+                name: name.clone(),
+                endpoint: source
+                    .as_ref()
+                    .map(|s| s.endpoint.clone())
+                    .unwrap_or_default(),
+            },
+            _ => unreachable!("the ingest sends announces, retires and deliveries"),
+        }
+    }
+
+    /// Logs what became of it; a refused announce is counted.
+    fn report(self, outcome: Result<Outcome, Failure>) {
+        match (self, outcome) {
+            (EngineChange::Announce { name, endpoint }, Ok(_)) => {
+                tracing::info!(worker = %name, %endpoint, "ingest: engine announced");
+            }
+            (EngineChange::Announce { name, endpoint }, Err(f)) => {
+                crate::ingest::METRICS
+                    .discovery_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(worker = %name, %endpoint, "ingest: announcing an engine that connected was refused: {f}");
+            }
+            (EngineChange::Retire(worker), Ok(_)) => {
+                tracing::info!(worker, "ingest: gone engine retired");
+            }
+            (EngineChange::Retire(worker), Err(f)) => {
+                tracing::warn!(worker, "ingest: retiring a gone engine was refused: {f}");
+            }
+        }
     }
 }
 

@@ -58,6 +58,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
             executors,
             config.max_sources,
             config.source_networks().map_err(anyhow::Error::msg)?,
+            config.bind_spec().map_err(anyhow::Error::msg)?,
         )
         .context("starting the event ingest threads")?,
     );

@@ -300,6 +300,159 @@ fn every_release_scores_exactly_through_stores_decode_removals_clears_and_lora()
     }
 }
 
+/// Sends empty batches from `p` until the server has a worker named `name`; its id.
+/// (A publisher that connects drops what it sends before its connection is up.)
+fn heartbeat_until_announced(c: &mut Conn, p: &mut Publisher, name: &str) -> WorkerId {
+    for _ in 0..600 {
+        if let Some(w) = c.worker_id(name) {
+            return w;
+        }
+        p.publish(Vec::new());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{}: {name} was never announced", p.release);
+}
+
+/// Engines that find kvix (--events-bind): each release's real publisher configured
+/// connect-style (its endpoint names the server's host) under llm-d's topic
+/// `kv@<host>@<model>`, two data-parallel ranks each, and nobody announces. Each rank's
+/// worker is named by its topic's host (`/dp1` for rank 1); what it published before
+/// its worker existed comes back from its replay; later batches score exactly.
+#[test]
+fn engines_that_connect_are_announced_by_their_topic_and_scored_exactly() {
+    if available("engines_that_connect").is_none() {
+        return;
+    }
+    let events = free_ports(4);
+    let replay = events + 2;
+    let bind = format!("tcp://127.0.0.1:{events}");
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--events-bind",
+        &bind,
+        "--events-ranks",
+        "2",
+        "--events-replay-port",
+        &replay.to_string(),
+    ]);
+    let mut c = server.session();
+    let base = ks("", "");
+    for (i, name) in RELEASES.iter().enumerate() {
+        let rel = Rel(name);
+        // Each engine its own loopback host (the replay is dialled there).
+        let host = format!("127.0.0.{}", 2 + i);
+        for rank in 0..2u32 {
+            let mut p = Publisher::try_start_topic(
+                name,
+                &bind,
+                Some(&format!("tcp://{host}:{replay}")),
+                rank,
+                &format!("kv@{host}@m"),
+            )
+            .expect("the replay port is free");
+            let prompt = 10 * i as u32 + rank;
+            let hashes = 1000 * u64::from(prompt);
+            // Sent before anyone knows the engine: maybe lost on the way, certainly
+            // before its worker exists; the replay brings it.
+            p.publish(vec![rel.blocks(prompt, 0, 2, hashes)]);
+            let worker = match rank {
+                0 => host.clone(),
+                r => format!("{host}/dp{r}"),
+            };
+            let w = heartbeat_until_announced(&mut c, &mut p, &worker);
+            let what = format!("{name} rank {rank}");
+            let p2 = chain(&base, prompt, 3);
+            expect(
+                &mut c,
+                &base,
+                &p2[..2],
+                &[(w, 2)],
+                &format!("{what}: replayed"),
+            );
+            p.publish(vec![rel.blocks(prompt, 2, 3, hashes)]);
+            expect(&mut c, &base, &p2, &[(w, 3)], &format!("{what}: live"));
+            p.stop();
+        }
+    }
+    assert_eq!(server.metric("kvix_ingest_engines_announced_total"), 6);
+    assert_eq!(server.metric("kvix_ingest_engines_refused_total"), 0);
+}
+
+/// A bound source (`bound://RANK/TOPIC`, what a discovered engine is announced with)
+/// never takes over a worker announced otherwise, and names a rank the server binds.
+#[test]
+fn bound_sources_take_no_name_over_and_name_a_bound_rank() {
+    let bind = format!("tcp://127.0.0.1:{}", free_port());
+    let server = Server::start(&["--cores", "2", "--events-bind", &bind]);
+    let mut c = server.session();
+    let bound = |ep: &str| EventSource {
+        endpoint: ep.into(),
+        replay: String::new(),
+        model: "m".into(),
+        salt: String::new(),
+    };
+    c.announce_with("w", full(), Feed::Events, None).unwrap();
+    let e = c
+        .announce_source("w", full(), bound("bound://0/kv@w@m"))
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadSource, "{e:?}");
+    assert!(e.message.contains("may not take over"), "{}", e.message);
+    let e = c
+        .announce_source("x", full(), bound("bound://1/kv@x@m"))
+        .unwrap_err();
+    assert!(e.message.contains("--events-bind"), "{}", e.message);
+    // A controller may announce a bound engine itself, and announce it again.
+    let first = c
+        .announce_source("y", full(), bound("bound://0/kv@y@m"))
+        .unwrap();
+    let again = c
+        .announce_source("y", full(), bound("bound://0/kv@y@m"))
+        .unwrap();
+    assert_eq!(first.worker, again.worker);
+    assert!(!again.created);
+}
+
+/// An engine on --events-bind whose connection is gone for --events-grace is retired
+/// (what it held would be false hits), counted; when it comes back it is announced again.
+#[test]
+fn a_bound_engine_gone_past_the_grace_period_is_retired_and_comes_back_announced() {
+    if available("a_bound_engine_gone").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let bind = format!("tcp://127.0.0.1:{}", free_port());
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--events-bind",
+        &bind,
+        "--events-grace",
+        "1",
+    ]);
+    let mut c = server.session();
+    let base = ks("", "");
+    let p1 = chain(&base, 1, 2);
+    let start =
+        || Publisher::try_start_topic(rel.0, &bind, None, 0, "kv@127.0.0.1@m").expect("no ports");
+    let mut p = start();
+    let w = heartbeat_until_announced(&mut c, &mut p, "127.0.0.1");
+    p.publish(vec![rel.blocks(1, 0, 2, 1)]);
+    expect(&mut c, &base, &p1, &[(w, 2)], "stored");
+    p.kill();
+    await_metric(&server, "kvix_ingest_engines_gone_total", 1);
+    eventually("the gone engine retired", || {
+        c.worker_id("127.0.0.1").is_none().then_some(())
+    });
+    expect(&mut c, &base, &p1, &[], "no false hits once it is gone");
+    let mut p = start();
+    let again = heartbeat_until_announced(&mut c, &mut p, "127.0.0.1");
+    p.publish(vec![rel.blocks(1, 0, 2, 1)]);
+    expect(&mut c, &base, &p1, &[(again, 2)], "announced again");
+    assert_eq!(server.metric("kvix_ingest_engines_gone_total"), 1);
+    p.stop();
+}
+
 /// vLLM stores a recomputed last block again under the same hash, in a second physical
 /// block, and removes each copy on its own (Stored h, Stored h, Removed h): the block is
 /// held until its last copy goes.

@@ -9,6 +9,7 @@
 //! executor, like any other write. Nothing goes through the network to the server
 //! itself, and an ingest fault never takes an executor down.
 
+pub mod bound;
 mod context;
 
 use kvix_events::{payload, stream, translate};
@@ -69,10 +70,21 @@ pub enum SourceError {
     NotAllowed { endpoint: String, addr: String },
     #[error("event source endpoint {endpoint:?}: {why}")]
     Unresolved { endpoint: String, why: String },
+    #[error("event source endpoint {0:?}: this server binds no --events-bind socket for that rank (bound://RANK/TOPIC)")]
+    NotBound(String),
+    #[error("a bound source may not take over {0:?}: that worker has another source, or none (retire it first)")]
+    NameTaken(String),
 }
 
-/// Checks an endpoint the way libzmq will use it to connect.
-fn check_endpoint(ep: &str) -> Result<(), SourceError> {
+/// Checks an endpoint the way libzmq will use it to connect, or a `bound://` one against
+/// the ranks this server binds.
+fn check_endpoint(ep: &str, bound_ranks: usize) -> Result<(), SourceError> {
+    if ep.starts_with(bound::SCHEME) {
+        return match bound::parse_source_endpoint(ep) {
+            Some((rank, topic)) if rank < bound_ranks && !topic.is_empty() => Ok(()),
+            _ => Err(SourceError::NotBound(ep.to_string())),
+        };
+    }
     let bad = || SourceError::Endpoint(ep.to_string());
     if let Some(path) = ep.strip_prefix("ipc://") {
         // A Unix socket path holds at most 107 bytes (sun_path).
@@ -139,6 +151,8 @@ pub struct Ingest {
     /// Every subscribed source by worker (executor 0 announces and retires; snapshots).
     sources: Mutex<BTreeMap<WorkerId, EventSource>>,
     max_sources: usize,
+    /// Ranks bound for engines to connect to (--events-bind; 0 without).
+    bound_ranks: usize,
     /// --source-allow (None: any address).
     pub allow: Option<Arc<[ipnet::IpNet]>>,
     /// While the server restores (snapshot, write-ahead log), sources are recorded but
@@ -156,18 +170,21 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// Starts `threads` ingest threads for `executors` executors.
+    /// Starts `threads` ingest threads for `executors` executors, binding `bind`'s
+    /// sockets for engines that connect.
     pub fn start(
         threads: usize,
         executors: usize,
         max_sources: usize,
         allow: Option<Vec<ipnet::IpNet>>,
+        bind: Option<bound::BindSpec>,
     ) -> std::io::Result<Ingest> {
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..executors).map(|_| mpsc::channel(INBOX)).unzip();
         METRICS.threads.store(threads.max(1) as u64, Relaxed);
         Ok(Ingest {
-            pool: Pool::start(threads, max_sources, senders)?,
+            bound_ranks: bind.as_ref().map_or(0, |b| b.endpoints.len()),
+            pool: Pool::start(threads, max_sources, senders, bind)?,
             inboxes: Mutex::new(receivers.into_iter().map(Some).collect()),
             sources: Mutex::new(BTreeMap::new()),
             max_sources,
@@ -193,14 +210,19 @@ impl Ingest {
         feed: Feed,
         known: Option<WorkerId>,
     ) -> Result<(), SourceError> {
-        check_endpoint(&source.endpoint)?;
+        check_endpoint(&source.endpoint, self.bound_ranks)?;
         if !source.replay.is_empty() {
-            check_endpoint(&source.replay)?;
+            check_endpoint(&source.replay, 0)?;
         }
         if feed != Feed::Events {
             return Err(SourceError::Feed);
         }
         let sources = self.sources.lock().expect("not poisoned");
+        // An engine that names itself on a bound socket never takes a name over.
+        let bound = source.endpoint.starts_with(bound::SCHEME);
+        if bound && known.is_some_and(|w| sources.get(&w) != Some(source)) {
+            return Err(SourceError::NameTaken(source.endpoint.clone()));
+        }
         let replacing = known.is_some_and(|w| sources.contains_key(&w));
         if !replacing && sources.len() >= self.max_sources {
             return Err(SourceError::TooMany {
@@ -295,6 +317,7 @@ impl Ingest {
             lasts.insert(w, last(w));
         }
         self.paused.store(false, Relaxed);
+        self.pool.discover();
     }
 
     /// Replicas: streams start only under a lease.
@@ -437,6 +460,10 @@ pub struct Metrics {
     pub salted: AtomicU64,
     pub refused: AtomicU64,
     pub dropped_full: AtomicU64,
+    pub unknown_topics: AtomicU64,
+    pub engines_announced: AtomicU64,
+    pub engines_gone: AtomicU64,
+    pub discovery_refused: AtomicU64,
     pub orphaned: AtomicU64,
     pub fenced: AtomicU64,
     pub out_of_step: AtomicU64,
@@ -471,6 +498,10 @@ pub static METRICS: Metrics = Metrics {
     salted: ZERO,
     refused: ZERO,
     dropped_full: ZERO,
+    unknown_topics: ZERO,
+    engines_announced: ZERO,
+    engines_gone: ZERO,
+    discovery_refused: ZERO,
     orphaned: ZERO,
     fenced: ZERO,
     out_of_step: ZERO,
@@ -518,7 +549,7 @@ impl Metrics {
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut String) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 25] = [
+    let plain: [(&str, &str, &str, &AtomicU64); 29] = [
         ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
         ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
@@ -534,6 +565,10 @@ pub fn render(out: &mut String) {
         ("kvix_ingest_salted_total", "Stores starting a prompt with a cache salt (filed under the salt's keyspace).", "counter", &m.salted),
         ("kvix_ingest_refused_total", "Translated batches the worker's feed refused (a bug if it shows up).", "counter", &m.refused),
         ("kvix_ingest_stores_dropped_full_total", "Translated stores not put in the index because it held --max-blocks blocks (the engine holds them; queries miss them until the index has room and the engine stores them again).", "counter", &m.dropped_full),
+        ("kvix_ingest_engines_announced_total", "Announces sent for engines first heard of on --events-bind (their worker named by the topic's host).", "counter", &m.engines_announced),
+        ("kvix_ingest_engines_refused_total", "Announces of engines first heard of on --events-bind that were refused (the log names why: --max-sources, --source-allow, a name taken).", "counter", &m.discovery_refused),
+        ("kvix_ingest_engines_gone_total", "Bound workers retired because their engine had no connection for --events-grace.", "counter", &m.engines_gone),
+        ("kvix_ingest_unknown_topics_total", "Messages on --events-bind whose topic does not have the --events-topic form (dropped).", "counter", &m.unknown_topics),
         ("kvix_ingest_orphaned_total", "Deliveries for workers retired or re-announced while on their way.", "counter", &m.orphaned),
         ("kvix_ingest_fenced_total", "Deliveries dropped because they were read under an ingest lease another replica has taken since.", "counter", &m.fenced),
         ("kvix_ingest_out_of_step_total", "Deliveries dropped because they do not continue the last batch applied from their stream (one before them was refused, or they were applied already).", "counter", &m.out_of_step),
@@ -626,7 +661,7 @@ mod tests {
             "tcp://engine-0:1",
             "ipc:///tmp/kv.sock",
         ] {
-            assert_eq!(check_endpoint(ok), Ok(()), "{ok}");
+            assert_eq!(check_endpoint(ok, 0), Ok(()), "{ok}");
         }
         for bad in [
             "",
@@ -640,13 +675,24 @@ mod tests {
             &format!("ipc:///{}", "x".repeat(120)),
         ] {
             assert!(
-                matches!(check_endpoint(bad), Err(SourceError::Endpoint(_))),
+                matches!(check_endpoint(bad, 0), Err(SourceError::Endpoint(_))),
                 "{bad}"
             );
         }
         assert!(matches!(
-            check_endpoint("tcp://*:5557"),
+            check_endpoint("tcp://*:5557", 0),
             Err(SourceError::Wildcard(_))
+        ));
+        assert_eq!(check_endpoint("bound://1/kv@h@m", 2), Ok(()));
+        for bad in ["bound://2/kv@h@m", "bound://0/", "bound://x/t", "bound://0"] {
+            assert!(
+                matches!(check_endpoint(bad, 2), Err(SourceError::NotBound(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            check_endpoint("bound://0/kv@h@m", 0),
+            Err(SourceError::NotBound(_))
         ));
     }
 }

@@ -6,15 +6,18 @@
 //! hands each delivery to the worker's home executor over that executor's bounded
 //! channel, waiting when it is full (the executors' write queues set the pace).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use futures::channel::mpsc;
 use futures::SinkExt;
-use kvix_wire::WorkerId;
+use kvix_wire::{Feed, Lane, WorkerId};
 
+use super::bound::{self, BindSpec, Bound};
 use super::context::{Context, SOCKETS_PER_SOURCE};
 use super::socket::{Backoff, Link, ReplayCall, Subscription};
 use super::{SourceSpec, METRICS};
@@ -53,15 +56,23 @@ pub struct Pool {
     slots: Vec<Arc<ThreadSlot>>,
     dealt: Mutex<HashMap<WorkerId, usize>>,
     stop: Arc<AtomicBool>,
+    /// Whether engines first heard of on the bound sockets are announced (not while the
+    /// server restores: an announce would interleave with the log's replay).
+    discovering: Arc<AtomicBool>,
 }
+
+/// How long a retire of a gone engine may stay unanswered before it is sent again.
+const RETIRE_AGAIN: Duration = Duration::from_secs(10);
 
 impl Pool {
     /// Starts `threads` threads for up to `max_sources` sources, delivering to `homes`
     /// (one channel per executor; a worker's home is `worker % homes.len()`).
+    /// Thread 0 binds `bind`'s sockets, if any, and serves every `bound://` source.
     pub fn start(
         threads: usize,
         max_sources: usize,
         homes: Vec<mpsc::Sender<Write>>,
+        bind: Option<BindSpec>,
     ) -> std::io::Result<Pool> {
         let threads = threads.max(1);
         // Twice the sources' sockets: a replaced subscription's sockets keep their slots
@@ -69,6 +80,11 @@ impl Pool {
         let sockets = 2 * SOCKETS_PER_SOURCE * max_sources + REPLAYS_AT_ONCE * threads + 64;
         let ctx = Arc::new(Context::new(sockets).map_err(std::io::Error::other)?);
         let stop = Arc::new(AtomicBool::new(false));
+        let discovering = Arc::new(AtomicBool::new(false));
+        let mut bound = match bind {
+            Some(spec) => Some(Bound::bind(&ctx, spec).map_err(std::io::Error::other)?),
+            None => None,
+        };
         let mut slots = Vec::new();
         for i in 0..threads {
             let slot = Arc::new(ThreadSlot {
@@ -80,6 +96,9 @@ impl Pool {
                 homes: homes.clone(),
                 stop: stop.clone(),
                 streams: Vec::new(),
+                bound: bound.take(),
+                bound_index: HashMap::new(),
+                discovering: discovering.clone(),
                 replays: Replays {
                     ctx: ctx.clone(),
                     free: REPLAYS_AT_ONCE,
@@ -96,6 +115,7 @@ impl Pool {
             slots,
             dealt: Mutex::new(HashMap::new()),
             stop,
+            discovering,
         })
     }
 
@@ -111,7 +131,12 @@ impl Pool {
         for &t in dealt.values() {
             load[t] += 1;
         }
-        let t = (0..load.len()).min_by_key(|&t| load[t]).unwrap_or(0);
+        // Thread 0 holds the bound sockets.
+        let t = if bound::parse_source_endpoint(&spec.source.endpoint).is_some() {
+            0
+        } else {
+            (0..load.len()).min_by_key(|&t| load[t]).unwrap_or(0)
+        };
         dealt.insert(spec.worker, t);
         self.slots[t]
             .commands
@@ -129,6 +154,11 @@ impl Pool {
                 .expect("not poisoned")
                 .push(Command::Remove(worker));
         }
+    }
+
+    /// Engines first heard of on the bound sockets are announced from now on.
+    pub fn discover(&self) {
+        self.discovering.store(true, Relaxed);
     }
 
     /// Stops every thread and waits for them.
@@ -162,9 +192,33 @@ struct Replays {
     next_turn: u64,
 }
 
+/// Where a stream's messages come from.
+enum Input {
+    /// Its own subscription to the engine's publisher.
+    Own(Subscription),
+    /// The bound sockets: the thread puts its messages here.
+    Bound(BoundStream),
+}
+
+struct BoundStream {
+    rank: usize,
+    topic: String,
+    /// The address its engine connects from (its topic's host, else its messages').
+    peer: Option<IpAddr>,
+    inbox: VecDeque<Result<(u64, Vec<u8>), usize>>,
+    /// Whether its engine is connected, as the bound sockets last told.
+    connected: bool,
+    /// A connection change not yet handed to the stream.
+    link: Option<Link>,
+    /// Since when its engine has had no connection.
+    down_since: Option<Instant>,
+    /// When its retire was sent (the engine gone past the grace period).
+    retire_sent: Option<Instant>,
+}
+
 struct Live {
     spec: StreamSpec,
-    subscription: Subscription,
+    input: Input,
     stream: Stream,
     up: bool,
     backoff: Backoff,
@@ -176,6 +230,30 @@ struct Live {
 }
 
 impl Live {
+    /// The next connection change of its publisher, if one is waiting.
+    fn next_link(&mut self) -> Option<Link> {
+        match &mut self.input {
+            Input::Own(sub) => sub.link(),
+            Input::Bound(b) => b.link.take(),
+        }
+    }
+
+    /// The next live message, if one is waiting.
+    fn next_message(&mut self) -> Option<Result<(u64, Vec<u8>), usize>> {
+        match &mut self.input {
+            Input::Own(sub) => sub.next(),
+            Input::Bound(b) => b.inbox.pop_front(),
+        }
+    }
+
+    /// Whether it has something to serve that no socket of its own signals.
+    fn has_pending(&self) -> bool {
+        match &self.input {
+            Input::Own(_) => false,
+            Input::Bound(b) => !self.waiting() && (b.link.is_some() || !b.inbox.is_empty()),
+        }
+    }
+
     /// Whether the stream waits for a replay (in flight or queued).
     fn waiting(&self) -> bool {
         self.replay.is_some() || self.queued.is_some()
@@ -229,6 +307,10 @@ struct IngestThread {
     homes: Vec<mpsc::Sender<Write>>,
     stop: Arc<AtomicBool>,
     streams: Vec<Live>,
+    /// Thread 0: the sockets engines connect to, and which stream each (rank, topic) is.
+    bound: Option<Bound>,
+    bound_index: HashMap<(usize, String), usize>,
+    discovering: Arc<AtomicBool>,
     replays: Replays,
 }
 
@@ -243,7 +325,7 @@ impl IngestThread {
                     Command::Remove(w) => self.remove(w),
                 }
             }
-            if self.streams.is_empty() {
+            if self.streams.is_empty() && self.bound.is_none() {
                 std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
                 continue;
             }
@@ -258,13 +340,138 @@ impl IngestThread {
                     return;
                 }
             }
-            for i in self.ready() {
+            let mut ready = self.ready();
+            if self.bound.is_some() {
+                if !self.read_bound() {
+                    return;
+                }
+                ready.extend((0..self.streams.len()).filter(|&i| self.streams[i].has_pending()));
+                ready.sort_unstable();
+                ready.dedup();
+            }
+            for i in ready {
                 self.serve(i, &mut out);
                 if !self.deliver(i, &mut out) {
                     return;
                 }
             }
+            if !self.retire_gone() {
+                return;
+            }
         }
+    }
+
+    /// Reads what the bound sockets have: connection changes, then each message into its
+    /// stream's inbox, announcing the engines first heard of. False once the server stops.
+    fn read_bound(&mut self) -> bool {
+        let Some(bound) = self.bound.as_mut() else {
+            return true;
+        };
+        let now = Instant::now();
+        for change in bound.connection_changes() {
+            for s in &mut self.streams {
+                if let Input::Bound(b) = &mut s.input {
+                    if b.rank == change.rank && b.peer == Some(change.peer) {
+                        set_link(b, change.open > 0, now);
+                    }
+                }
+            }
+        }
+        let mut announces = Vec::new();
+        for rank in 0..bound.ranks() {
+            for _ in 0..BURST {
+                let Some(m) = bound.next(rank) else { break };
+                METRICS.messages.fetch_add(1, Relaxed);
+                let key = (m.rank, m.topic);
+                match self.bound_index.get(&key) {
+                    Some(&i) => {
+                        let Input::Bound(b) = &mut self.streams[i].input else {
+                            continue;
+                        };
+                        // Where its messages come from says more than its topic's host.
+                        if m.peer.is_some() {
+                            b.peer = m.peer;
+                        }
+                        // A message comes over a connection: the engine is there.
+                        set_link(b, true, now);
+                        b.inbox.push_back(m.frame);
+                    }
+                    None => {
+                        if !self.discovering.load(Relaxed) {
+                            continue;
+                        }
+                        match bound.spec.discover(key.0, &key.1) {
+                            None => {
+                                let n = METRICS.unknown_topics.fetch_add(1, Relaxed) + 1;
+                                if n.is_power_of_two() {
+                                    tracing::warn!(topic = %key.1, "ingest: a message on --events-bind whose topic does not have the --events-topic form was dropped ({n} so far)");
+                                }
+                            }
+                            Some(d) if bound.announce_due(key.0, &key.1) => announces.push(d),
+                            Some(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+        let lanes = vec![Lane::full(bound.spec.block_tokens)];
+        for d in announces {
+            tracing::info!(worker = %d.name, endpoint = %d.source.endpoint, replay = %d.source.replay, "ingest: an engine connected for the first time; announcing it");
+            METRICS.engines_announced.fetch_add(1, Relaxed);
+            let announce = Write::Announce {
+                name: d.name,
+                lanes: lanes.clone(),
+                feed: Feed::Events,
+                source: Some(d.source),
+            };
+            if futures::executor::block_on(self.homes[0].send(announce)).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Retires the bound workers whose engine has had no connection for the grace period.
+    /// False once the server stops.
+    fn retire_gone(&mut self) -> bool {
+        let Some(grace) = self.bound.as_ref().map(|b| b.spec.grace) else {
+            return true;
+        };
+        let now = Instant::now();
+        for s in &mut self.streams {
+            let Input::Bound(b) = &mut s.input else {
+                continue;
+            };
+            let gone = b.down_since.is_some_and(|t| now.duration_since(t) >= grace);
+            let sent = b
+                .retire_sent
+                .is_some_and(|t| now.duration_since(t) < RETIRE_AGAIN);
+            if !gone || sent {
+                continue;
+            }
+            b.retire_sent = Some(now);
+            METRICS.engines_gone.fetch_add(1, Relaxed);
+            tracing::warn!(worker = %s.spec.name, topic = %b.topic, "ingest: the engine has had no connection for {grace:?} (--events-grace); retiring its worker");
+            let retire = Write::Retire {
+                worker: s.spec.worker,
+            };
+            if futures::executor::block_on(self.homes[0].send(retire)).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn index_bound(&mut self) {
+        self.bound_index = self
+            .streams
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match &s.input {
+                Input::Bound(b) => Some(((b.rank, b.topic.clone()), i)),
+                Input::Own(_) => None,
+            })
+            .collect();
     }
 
     /// The stream whose queued replay is next, if one may be started now.
@@ -294,12 +501,20 @@ impl IngestThread {
                     owners.push(i);
                 }
                 None if s.queued.is_some() => {}
-                None => {
-                    items.push(s.subscription.sub.as_poll_item(zmq::POLLIN));
-                    items.push(s.subscription.monitor.as_poll_item(zmq::POLLIN));
-                    owners.extend([i, i]);
-                }
+                None => match &s.input {
+                    Input::Own(sub) => {
+                        items.push(sub.sub.as_poll_item(zmq::POLLIN));
+                        items.push(sub.monitor.as_poll_item(zmq::POLLIN));
+                        owners.extend([i, i]);
+                    }
+                    Input::Bound(_) if s.has_pending() => timeout = std::time::Duration::ZERO,
+                    Input::Bound(_) => {}
+                },
             }
+        }
+        // The bound sockets are read after the poll whatever it says (read_bound).
+        if let Some(b) = &self.bound {
+            items.extend(b.poll_items());
         }
         // Rounded up: a deadline is found passed when the poll returns.
         let ms = timeout.as_micros().div_ceil(1000) as i64;
@@ -313,6 +528,7 @@ impl IngestThread {
             .iter()
             .zip(&owners)
             .filter(|(item, _)| item.is_readable())
+            // The bound sockets' items have no owner.
             .map(|(_, &i)| i)
             .chain(
                 self.streams
@@ -329,6 +545,12 @@ impl IngestThread {
 
     fn add(&mut self, spec: StreamSpec) {
         self.remove(spec.worker);
+        let bound = bound::parse_source_endpoint(&spec.source.endpoint)
+            .map(|(rank, topic)| (rank, topic.to_string()));
+        if let Some((rank, topic)) = bound {
+            self.add_bound(spec, rank, topic);
+            return;
+        }
         match Subscription::open(&self.replays.ctx, &spec.source.endpoint) {
             Ok(subscription) => {
                 tracing::info!(worker = %spec.name, endpoint = %spec.source.endpoint, replay = %spec.source.replay, "ingest: subscribing");
@@ -336,7 +558,7 @@ impl IngestThread {
                 let stream = Stream::new(spec.last, !spec.source.replay.is_empty());
                 self.streams.push(Live {
                     spec,
-                    subscription,
+                    input: Input::Own(subscription),
                     stream,
                     up: false,
                     backoff: Backoff::default(),
@@ -351,9 +573,51 @@ impl IngestThread {
         }
     }
 
+    /// A stream of the bound sockets: up at once if its engine is connected (it catches
+    /// up as after a reconnect), else its grace period starts now (a message or a
+    /// connection from its engine ends it).
+    fn add_bound(&mut self, spec: StreamSpec, rank: usize, topic: String) {
+        let Some(bound) = self.bound.as_mut().filter(|b| rank < b.ranks()) else {
+            METRICS.connect_failures.fetch_add(1, Relaxed);
+            tracing::error!(worker = %spec.name, endpoint = %spec.source.endpoint, "ingest: cannot subscribe: no --events-bind socket for that rank");
+            return;
+        };
+        bound.subscribed(rank, &topic);
+        let peer = bound.spec.peer_of(&topic);
+        let connected = peer.is_some_and(|p| bound.connected(rank, p));
+        tracing::info!(worker = %spec.name, endpoint = %spec.source.endpoint, replay = %spec.source.replay, connected, "ingest: serving a bound stream");
+        METRICS.sources.fetch_add(1, Relaxed);
+        let mut b = BoundStream {
+            rank,
+            topic,
+            peer,
+            inbox: VecDeque::new(),
+            connected: false,
+            link: None,
+            down_since: Some(Instant::now()),
+            retire_sent: None,
+        };
+        set_link(&mut b, connected, Instant::now());
+        // It catches up now (the engine spoke a moment ago, or the server restarted):
+        // what came before its worker was subscribed is in the engine's replay.
+        b.link = Some(Link::Up);
+        let stream = Stream::new(spec.last, !spec.source.replay.is_empty());
+        self.streams.push(Live {
+            spec,
+            input: Input::Bound(b),
+            stream,
+            up: false,
+            backoff: Backoff::default(),
+            replay: None,
+            queued: None,
+        });
+        self.index_bound();
+    }
+
     fn remove(&mut self, worker: WorkerId) {
         if let Some(i) = self.streams.iter().position(|s| s.spec.worker == worker) {
             let s = self.streams.swap_remove(i);
+            self.index_bound();
             if s.replay.is_some() {
                 self.replays.free += 1;
                 METRICS.replays_in_flight.fetch_sub(1, Relaxed);
@@ -377,12 +641,17 @@ impl IngestThread {
         let mut tally = Tally::default();
         s.progress(r, out, &mut tally);
         while !s.waiting() {
-            let Some(link) = s.subscription.link() else {
+            let Some(link) = s.next_link() else {
                 break;
             };
             match link {
                 Link::Up => {
-                    if !s.up {
+                    // A bound stream is told to catch up when it starts, connected or not.
+                    let connected = match &s.input {
+                        Input::Own(_) => true,
+                        Input::Bound(b) => b.connected,
+                    };
+                    if connected && !s.up {
                         METRICS.connected.fetch_add(1, Relaxed);
                         s.up = true;
                     }
@@ -395,7 +664,14 @@ impl IngestThread {
                         METRICS.connected.fetch_sub(1, Relaxed);
                         s.up = false;
                     }
-                    tracing::warn!(worker = %s.spec.name, "ingest: publisher disconnected; libzmq reconnects");
+                    match &s.input {
+                        Input::Own(_) => {
+                            tracing::warn!(worker = %s.spec.name, "ingest: publisher disconnected; libzmq reconnects")
+                        }
+                        Input::Bound(_) => {
+                            tracing::warn!(worker = %s.spec.name, "ingest: the engine disconnected; its worker is retired unless it connects again within --events-grace")
+                        }
+                    }
                 }
             }
         }
@@ -403,7 +679,7 @@ impl IngestThread {
             if s.waiting() {
                 break;
             }
-            match s.subscription.next() {
+            match s.next_message() {
                 None => break,
                 Some(Ok((seq, payload))) => {
                     METRICS.messages.fetch_add(1, Relaxed);
@@ -440,5 +716,21 @@ impl IngestThread {
             }
         }
         true
+    }
+}
+
+/// Notes whether a bound stream's engine is connected; a change is handed to the stream.
+fn set_link(b: &mut BoundStream, up: bool, now: Instant) {
+    if up == b.connected {
+        return;
+    }
+    b.connected = up;
+    if up {
+        b.down_since = None;
+        b.retire_sent = None;
+        b.link = Some(Link::Up);
+    } else {
+        b.down_since = Some(now);
+        b.link = Some(Link::Down);
     }
 }

@@ -93,7 +93,7 @@ impl Subscription {
 }
 
 /// seq and payload of a live or replayed message: the last two frames.
-fn seq_and_payload(mut frames: Vec<Vec<u8>>) -> Result<(u64, Vec<u8>), usize> {
+pub(super) fn seq_and_payload(mut frames: Vec<Vec<u8>>) -> Result<(u64, Vec<u8>), usize> {
     let n = frames.len();
     if n < 2 || frames[n - 2].len() != 8 {
         return Err(n);

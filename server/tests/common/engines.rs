@@ -166,9 +166,20 @@ impl Publisher {
         replay: Option<&str>,
         rank: u32,
     ) -> Option<Publisher> {
+        Publisher::try_start_topic(release, endpoint, replay, rank, "kv")
+    }
+
+    /// As `try_start`, publishing under `topic`.
+    pub fn try_start_topic(
+        release: &'static str,
+        endpoint: &str,
+        replay: Option<&str>,
+        rank: u32,
+        topic: &str,
+    ) -> Option<Publisher> {
         let mut cmd = Command::new("python3");
         cmd.arg(script())
-            .args(["publish", release, "--endpoint", endpoint, "--topic", "kv"])
+            .args(["publish", release, "--endpoint", endpoint, "--topic", topic])
             .args(["--rank", &rank.to_string()]);
         if let Some(r) = replay {
             cmd.args(["--replay", r]);

@@ -509,6 +509,17 @@ impl Conn {
         })
         .decode()
     }
+    /// The id of the active worker `name`, if there is one.
+    #[allow(dead_code)]
+    pub fn worker_id(&mut self, name: &str) -> Option<WorkerId> {
+        let page: Roster = self
+            .ask(&RosterRequest {
+                from: WorkerId::MAX,
+                names: vec![name.to_string()],
+            })
+            .decode();
+        page.workers.first().map(|e| e.worker)
+    }
 }
 
 /// The server binary run with `args`, on an ephemeral port, without a Unix socket or

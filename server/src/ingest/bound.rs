@@ -1,0 +1,484 @@
+//! Engines that find kvix (`--events-bind`): the engine's PUB socket connects to a SUB
+//! the server binds, as vLLM and SGLang do when their endpoint names a host
+//! (`tcp://kvix:5557`), and the message topic names the engine (llm-d's
+//! `kv@<host>@<model>`). Rank `r` of a data-parallel engine offsets the endpoint as the
+//! engines do (tcp port + r, `_dp<r>` after an ipc path), so the server binds one socket
+//! per rank and a stream is one (rank, topic).
+//!
+//! The first message of a (rank, topic) no worker has yet announces its worker through
+//! the one write route, as a client's announce would: named by the topic's host (with
+//! `/dp<r>` past rank 0), its source `bound://<rank>/<topic>`, its replay endpoint the
+//! host at `--events-replay-port` (+ rank). What it published before its worker was
+//! subscribed comes back from that replay (a stream without one starts at the next
+//! message). A bound worker whose engine has had no connection for `--events-grace` is
+//! retired: its engine is gone, and what it held would be false hits.
+//!
+//! Which connection a message came on is known by the peer's address (libzmq's
+//! `Peer-Address` message property) and the socket it came to; connections come and go
+//! by the bound socket's monitor (accepted, disconnected: a file descriptor each, whose
+//! peer address is read at accept).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use kvix_wire::EventSource;
+
+use super::context::{Context, Kind};
+use super::socket::MAX_FRAME;
+
+/// The source endpoint form of a bound stream.
+pub const SCHEME: &str = "bound://";
+
+/// How long an announce of a discovered engine may stay unanswered before its next
+/// message asks again (it was refused, or lost while the server stopped).
+const ANNOUNCE_AGAIN: Duration = Duration::from_secs(10);
+
+/// `--events-topic`: literal text around `{host}` and `{model}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicTemplate {
+    parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    Host,
+    Model,
+}
+
+impl std::str::FromStr for TopicTemplate {
+    type Err = String;
+
+    fn from_str(template: &str) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut rest = template;
+        while !rest.is_empty() {
+            let next = [("{host}", Part::Host), ("{model}", Part::Model)]
+                .into_iter()
+                .filter_map(|(tag, part)| rest.find(tag).map(|at| (at, tag, part)))
+                .min_by_key(|(at, _, _)| *at);
+            match next {
+                Some((at, tag, part)) => {
+                    if at > 0 {
+                        parts.push(Part::Text(rest[..at].to_string()));
+                    } else if matches!(parts.last(), Some(Part::Host | Part::Model)) {
+                        return Err(format!(
+                            "--events-topic {template:?}: {{host}} and {{model}} need text between them"
+                        ));
+                    }
+                    parts.push(part);
+                    rest = &rest[at + tag.len()..];
+                }
+                None => {
+                    parts.push(Part::Text(rest.to_string()));
+                    rest = "";
+                }
+            }
+        }
+        for (part, tag) in [(Part::Host, "{host}"), (Part::Model, "{model}")] {
+            if parts.iter().filter(|p| **p == part).count() != 1 {
+                return Err(format!(
+                    "--events-topic {template:?}: needs {tag} exactly once (like kv@{{host}}@{{model}})"
+                ));
+            }
+        }
+        Ok(TopicTemplate { parts })
+    }
+}
+
+impl TopicTemplate {
+    /// The host and model a topic names, if it has the template's form: each field ends
+    /// at the first occurrence of the text after it (the last one takes the rest).
+    pub fn parse(&self, topic: &str) -> Option<(String, String)> {
+        let (mut host, mut model, mut rest) = (None, None, topic);
+        for (i, part) in self.parts.iter().enumerate() {
+            match part {
+                Part::Text(t) => rest = rest.strip_prefix(t.as_str())?,
+                field => {
+                    let end = match self.parts.get(i + 1) {
+                        Some(Part::Text(t)) => rest.find(t.as_str())?,
+                        _ => rest.len(),
+                    };
+                    let value = &rest[..end];
+                    if value.is_empty() {
+                        return None;
+                    }
+                    match field {
+                        Part::Host => host = Some(value.to_string()),
+                        _ => model = Some(value.to_string()),
+                    }
+                    rest = &rest[end..];
+                }
+            }
+        }
+        rest.is_empty().then_some(())?;
+        Some((host?, model?))
+    }
+}
+
+/// Rank `rank`'s endpoint of an engine configured with `base`, as vLLM and SGLang offset
+/// it (`offset_endpoint_port`): the tcp port plus the rank, `_dp<rank>` after an ipc path.
+pub fn rank_endpoint(base: &str, rank: usize) -> Result<String, String> {
+    if rank == 0 {
+        return Ok(base.to_string());
+    }
+    if base.starts_with("ipc://") {
+        return Ok(format!("{base}_dp{rank}"));
+    }
+    let bad = || format!("--events-bind {base:?}: expected tcp://HOST:PORT or ipc://PATH");
+    let (addr, port) = base.rsplit_once(':').ok_or_else(bad)?;
+    let port: usize = port.parse().map_err(|_| bad())?;
+    match u16::try_from(port + rank) {
+        Ok(p) if port > 0 => Ok(format!("{addr}:{p}")),
+        _ => Err(format!(
+            "--events-bind {base:?}: rank {rank}'s port is past 65535"
+        )),
+    }
+}
+
+/// The source endpoint of rank `rank`'s stream of `topic`.
+pub fn source_endpoint(rank: usize, topic: &str) -> String {
+    format!("{SCHEME}{rank}/{topic}")
+}
+
+/// The rank and topic a `bound://` source endpoint names.
+pub fn parse_source_endpoint(endpoint: &str) -> Option<(usize, &str)> {
+    let (rank, topic) = endpoint.strip_prefix(SCHEME)?.split_once('/')?;
+    Some((rank.parse().ok()?, topic))
+}
+
+/// What the server binds for engines to connect to, and how it names what comes.
+#[derive(Debug, Clone)]
+pub struct BindSpec {
+    /// Rank r's endpoint at index r.
+    pub endpoints: Vec<String>,
+    pub topic: TopicTemplate,
+    pub replay_port: Option<u16>,
+    /// The lane a discovered engine is announced with: full attention, blocks of this
+    /// many tokens.
+    pub block_tokens: u32,
+    pub grace: Duration,
+}
+
+/// The announce of an engine first heard of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovered {
+    pub name: String,
+    pub source: EventSource,
+}
+
+impl BindSpec {
+    /// What rank `rank`'s stream of `topic` is announced as; None when the topic does
+    /// not have the template's form.
+    pub fn discover(&self, rank: usize, topic: &str) -> Option<Discovered> {
+        let (host, model) = self.topic.parse(topic)?;
+        let name = match rank {
+            0 => host.clone(),
+            r => format!("{host}/dp{r}"),
+        };
+        let replay = match self.replay_port {
+            Some(p) => {
+                let port = usize::from(p) + rank;
+                let host = if host.contains(':') && !host.starts_with('[') {
+                    format!("[{host}]")
+                } else {
+                    host.clone()
+                };
+                format!("tcp://{host}:{port}")
+            }
+            None => String::new(),
+        };
+        Some(Discovered {
+            name,
+            source: EventSource {
+                endpoint: source_endpoint(rank, topic),
+                replay,
+                model,
+                salt: String::new(),
+            },
+        })
+    }
+
+    /// The address a stream's engine connects from, where its topic's host is an address.
+    pub fn peer_of(&self, topic: &str) -> Option<IpAddr> {
+        let (host, _) = self.topic.parse(topic)?;
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .ok()
+    }
+}
+
+/// One message from a bound socket: the peer it came from, its topic, seq and payload.
+pub struct BoundMessage {
+    pub rank: usize,
+    pub peer: Option<IpAddr>,
+    pub topic: String,
+    pub frame: Result<(u64, Vec<u8>), usize>,
+}
+
+/// A connection opened or closed on rank `rank`'s socket, from `peer`.
+pub struct ConnectionChange {
+    pub rank: usize,
+    pub peer: IpAddr,
+    /// Connections from that peer to that socket now.
+    pub open: usize,
+}
+
+struct RankSocket {
+    sub: zmq::Socket,
+    monitor: zmq::Socket,
+}
+
+/// The bound sockets and the connections on them.
+pub struct Bound {
+    pub spec: BindSpec,
+    sockets: Vec<RankSocket>,
+    /// Each open connection's peer, by (rank, file descriptor).
+    peers: HashMap<(usize, i32), IpAddr>,
+    /// Open connections by (rank, peer).
+    open: HashMap<(usize, IpAddr), usize>,
+    /// Announces sent for streams not yet subscribed, and when.
+    announced: HashMap<(usize, String), Instant>,
+}
+
+impl Bound {
+    /// Binds every rank's endpoint.
+    pub fn bind(ctx: &Context, spec: BindSpec) -> Result<Bound, String> {
+        let mut sockets = Vec::new();
+        for (rank, endpoint) in spec.endpoints.iter().enumerate() {
+            let err = |e: zmq::Error| format!("--events-bind {endpoint}: {e}");
+            let sub = ctx.socket(Kind::Sub).map_err(err)?;
+            sub.set_maxmsgsize(MAX_FRAME).map_err(err)?;
+            sub.set_rcvhwm(100_000).map_err(err)?;
+            sub.set_linger(0).map_err(err)?;
+            sub.set_subscribe(b"").map_err(err)?;
+            let name = format!("inproc://kvix-ingest-bound-{rank}");
+            sub.monitor(
+                &name,
+                (zmq::SocketEvent::ACCEPTED as i32) | (zmq::SocketEvent::DISCONNECTED as i32),
+            )
+            .map_err(err)?;
+            let monitor = ctx.socket(Kind::Pair).map_err(err)?;
+            monitor.set_linger(0).map_err(err)?;
+            monitor.connect(&name).map_err(err)?;
+            sub.bind(endpoint).map_err(err)?;
+            sockets.push(RankSocket { sub, monitor });
+        }
+        Ok(Bound {
+            spec,
+            sockets,
+            peers: HashMap::new(),
+            open: HashMap::new(),
+            announced: HashMap::new(),
+        })
+    }
+
+    /// Poll items: each rank's SUB, then its monitor.
+    pub fn poll_items(&self) -> Vec<zmq::PollItem<'_>> {
+        self.sockets
+            .iter()
+            .flat_map(|s| {
+                [
+                    s.sub.as_poll_item(zmq::POLLIN),
+                    s.monitor.as_poll_item(zmq::POLLIN),
+                ]
+            })
+            .collect()
+    }
+
+    /// The connections opened and closed since last asked.
+    pub fn connection_changes(&mut self) -> Vec<ConnectionChange> {
+        let mut changes = Vec::new();
+        for rank in 0..self.sockets.len() {
+            while let Ok(frames) = self.sockets[rank].monitor.recv_multipart(zmq::DONTWAIT) {
+                let Some(event) = frames.first().filter(|f| f.len() >= 6) else {
+                    continue;
+                };
+                let id = u16::from_le_bytes([event[0], event[1]]);
+                let fd = i32::from_le_bytes([event[2], event[3], event[4], event[5]]);
+                let peer = if id == zmq::SocketEvent::ACCEPTED as u16 {
+                    // Read now: the descriptor is the connection's until it closes.
+                    let Some(peer) = peer_address(fd) else {
+                        continue;
+                    };
+                    self.peers.insert((rank, fd), peer);
+                    *self.open.entry((rank, peer)).or_default() += 1;
+                    peer
+                } else {
+                    let Some(peer) = self.peers.remove(&(rank, fd)) else {
+                        continue;
+                    };
+                    let n = self.open.entry((rank, peer)).or_default();
+                    *n = n.saturating_sub(1);
+                    peer
+                };
+                changes.push(ConnectionChange {
+                    rank,
+                    peer,
+                    open: self.open[&(rank, peer)],
+                });
+            }
+        }
+        changes
+    }
+
+    /// Whether an engine at `peer` has a connection to rank `rank`'s socket.
+    pub fn connected(&self, rank: usize, peer: IpAddr) -> bool {
+        self.open.get(&(rank, peer)).is_some_and(|&n| n > 0)
+    }
+
+    /// The next message waiting on rank `rank`'s socket, if any.
+    pub fn next(&self, rank: usize) -> Option<BoundMessage> {
+        let sub = &self.sockets[rank].sub;
+        let mut first = sub.recv_msg(zmq::DONTWAIT).ok()?;
+        let peer = first
+            .gets("Peer-Address")
+            .and_then(|a| a.trim_start_matches("::ffff:").parse().ok());
+        let topic = String::from_utf8_lossy(&first).into_owned();
+        let mut frames = vec![first.to_vec()];
+        while sub.get_rcvmore().unwrap_or(false) {
+            match sub.recv_bytes(0) {
+                Ok(f) => frames.push(f),
+                Err(_) => break,
+            }
+        }
+        Some(BoundMessage {
+            rank,
+            peer,
+            topic,
+            frame: super::socket::seq_and_payload(frames),
+        })
+    }
+
+    pub fn ranks(&self) -> usize {
+        self.sockets.len()
+    }
+
+    /// Whether the stream's announce is to be sent now (none in the last
+    /// `ANNOUNCE_AGAIN`), noting it as sent.
+    pub fn announce_due(&mut self, rank: usize, topic: &str) -> bool {
+        let now = Instant::now();
+        let key = (rank, topic.to_string());
+        match self.announced.get(&key) {
+            Some(at) if now.duration_since(*at) < ANNOUNCE_AGAIN => false,
+            _ => {
+                self.announced.insert(key, now);
+                true
+            }
+        }
+    }
+
+    /// The stream is subscribed: no announce is pending for it.
+    pub fn subscribed(&mut self, rank: usize, topic: &str) {
+        self.announced.remove(&(rank, topic.to_string()));
+    }
+}
+
+/// The address of the peer of socket `fd`, if it is a TCP connection still open.
+fn peer_address(fd: i32) -> Option<IpAddr> {
+    let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: getpeername writes at most `len` bytes into `addr`, which is that large.
+    let rc = unsafe {
+        libc::getpeername(
+            fd,
+            (&mut addr as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    match i32::from(addr.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a =
+                unsafe { *(&addr as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(IpAddr::from(u32::from_be(a.sin_addr.s_addr).to_be_bytes()))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a =
+                unsafe { *(&addr as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4))
+        }
+        // A Unix socket (ipc://): every engine on it is local.
+        _ => Some(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_parse_by_the_template_and_others_do_not() {
+        let t: TopicTemplate = "kv@{host}@{model}".parse().unwrap();
+        assert_eq!(
+            t.parse("kv@10.0.0.5@meta-llama/Llama-3.1-8B"),
+            Some(("10.0.0.5".into(), "meta-llama/Llama-3.1-8B".into()))
+        );
+        assert_eq!(
+            t.parse("kv@pod-a@m@x"),
+            Some(("pod-a".into(), "m@x".into()))
+        );
+        for bad in ["", "kv", "kv@", "kv@@m", "kv@h@", "xv@h@m"] {
+            assert_eq!(t.parse(bad), None, "{bad:?}");
+        }
+        let t: TopicTemplate = "{model}|{host}".parse().unwrap();
+        assert_eq!(t.parse("m|h"), Some(("h".into(), "m".into())));
+        for bad in [
+            "kv@{host}",
+            "{model}",
+            "{host}{model}",
+            "{host}@{host}@{model}",
+        ] {
+            assert!(bad.parse::<TopicTemplate>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ranks_offset_endpoints_as_the_engines_do() {
+        assert_eq!(rank_endpoint("tcp://*:5557", 0).unwrap(), "tcp://*:5557");
+        assert_eq!(rank_endpoint("tcp://*:5557", 3).unwrap(), "tcp://*:5560");
+        assert_eq!(
+            rank_endpoint("ipc:///tmp/kv", 2).unwrap(),
+            "ipc:///tmp/kv_dp2"
+        );
+        assert!(rank_endpoint("tcp://*:65535", 1).is_err());
+        assert!(rank_endpoint("tcp://*", 1).is_err());
+    }
+
+    #[test]
+    fn a_discovered_engine_is_named_by_its_host_and_rank() {
+        let spec = BindSpec {
+            endpoints: vec!["tcp://*:5557".into(), "tcp://*:5558".into()],
+            topic: "kv@{host}@{model}".parse().unwrap(),
+            replay_port: Some(5600),
+            block_tokens: 16,
+            grace: Duration::from_secs(60),
+        };
+        let d = spec.discover(1, "kv@10.0.0.5@m").unwrap();
+        assert_eq!(d.name, "10.0.0.5/dp1");
+        assert_eq!(d.source.endpoint, "bound://1/kv@10.0.0.5@m");
+        assert_eq!(d.source.replay, "tcp://10.0.0.5:5601");
+        assert_eq!(d.source.model, "m");
+        assert_eq!(
+            parse_source_endpoint(&d.source.endpoint),
+            Some((1, "kv@10.0.0.5@m"))
+        );
+        assert_eq!(
+            spec.discover(0, "kv@fd00::1@m").unwrap().source.replay,
+            "tcp://[fd00::1]:5600"
+        );
+        assert_eq!(
+            spec.peer_of("kv@10.0.0.5@m"),
+            Some("10.0.0.5".parse().unwrap())
+        );
+        assert_eq!(spec.peer_of("kv@pod-a@m"), None);
+        assert_eq!(spec.discover(0, "other"), None);
+    }
+}
