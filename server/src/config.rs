@@ -171,6 +171,13 @@ pub struct Config {
     #[arg(long, default_value_t = 60)]
     pub events_grace: u64,
 
+    /// A file declaring the engines to ingest, one per line (NAME ENDPOINT model=M
+    /// [replay=EP] [salt=S] [lanes=KIND@TOKENS,...] [dp=N]): each is announced once the
+    /// server has restored, and the file is read again at SIGHUP (new and changed ones
+    /// announced, removed ones retired; a file that does not read changes nothing).
+    #[arg(long)]
+    pub engines: Option<PathBuf>,
+
     /// Distinct blocks the index may hold (each executor holds a copy, ~30 B a block):
     /// past it, event batches that store blocks are refused with Overloaded until
     /// removals make room (0 = no bound). Placements are bounded by their own capacity.

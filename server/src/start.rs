@@ -52,6 +52,12 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         Err(e) => tracing::warn!("open files limit not raised: {e}"),
     }
     admit::reserve::hold();
+    // A fleet file that does not read stops the start (at SIGHUP it only changes nothing).
+    if let Some(path) = &config.engines {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--engines {}", path.display()))?;
+        ingest::fleet::parse(&path.display().to_string(), &text, config.block_size)?;
+    }
     let ingest = Arc::new(
         ingest::Ingest::start(
             config.ingest_threads,
@@ -59,6 +65,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
             config.max_sources,
             config.source_networks().map_err(anyhow::Error::msg)?,
             config.bind_spec().map_err(anyhow::Error::msg)?,
+            config.engines.clone().map(|p| (p, config.block_size)),
         )
         .context("starting the event ingest threads")?,
     );

@@ -453,6 +453,72 @@ fn a_bound_engine_gone_past_the_grace_period_is_retired_and_comes_back_announced
     p.stop();
 }
 
+/// `--engines FILE`: the engines a file declares are ingested with no announce (data-
+/// parallel ranks expanded), and at SIGHUP the file is read again: an engine no longer
+/// declared is retired, a new one announced; a file that does not read changes nothing
+/// (counted), and a start with one is refused naming its line.
+#[test]
+fn a_fleet_file_declares_the_engines_and_sighup_applies_its_changes() {
+    if available("a_fleet_file").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let (ports, mut publishers) = Ports::start_ranks(rel.0, 2);
+    let dir = std::env::temp_dir().join(format!("kvix-fleet-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("engines.txt");
+    let write = |text: String| std::fs::write(&file, text).unwrap();
+    write(format!(
+        "# one engine, two ranks\ne {} replay={} model=m dp=2\n",
+        ports.endpoint(0),
+        ports.replay(0)
+    ));
+    let path = file.to_str().unwrap();
+    let server = Server::start(&["--cores", "2", "--engines", path]);
+    let mut c = server.session();
+    let base = ks("", "");
+    for (rank, p) in publishers.iter_mut().enumerate() {
+        let name = ["e", "e/dp1"][rank];
+        let w = eventually(&format!("{name} announced"), || c.worker_id(name));
+        let prompt = rank as u32 + 1;
+        p.publish(vec![rel.blocks(prompt, 0, 2, 100 * u64::from(prompt))]);
+        let what = format!("{name}: ingested");
+        expect(&mut c, &base, &chain(&base, prompt, 2), &[(w, 2)], &what);
+    }
+    let hup = || {
+        // SAFETY: a plain kill(2) on the server this test started.
+        assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGHUP) }, 0);
+    };
+    write(format!("f tcp://127.0.0.1:{} model=m\n", free_port()));
+    hup();
+    let f = eventually("f announced", || c.worker_id("f"));
+    eventually("e's ranks retired", || {
+        (c.worker_id("e").is_none() && c.worker_id("e/dp1").is_none()).then_some(())
+    });
+    expect(&mut c, &base, &chain(&base, 1, 2), &[], "retired: no hits");
+    write("f tcp://127.0.0.1:1 model=m\ng tcp://h:1\n".into());
+    hup();
+    await_metric(&server, "kvix_fleet_file_errors_total", 1);
+    assert_eq!(
+        c.worker_id("f"),
+        Some(f),
+        "a file that does not read changes nothing"
+    );
+    assert_eq!(c.worker_id("g"), None);
+    assert_eq!(server.metric("kvix_fleet_file_applies_total"), 2);
+    let out = bare_command(&["--engines", path]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("engines.txt:2: g: model=... is required"),
+        "{said}"
+    );
+    for p in publishers {
+        p.stop();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// vLLM stores a recomputed last block again under the same hash, in a second physical
 /// block, and removes each copy on its own (Stored h, Stored h, Removed h): the block is
 /// held until its last copy goes.

@@ -11,6 +11,7 @@
 
 pub mod bound;
 mod context;
+pub mod fleet;
 
 use kvix_events::{payload, stream, translate};
 pub mod pool;
@@ -167,22 +168,42 @@ pub struct Ingest {
     leading: Mutex<std::collections::HashMap<WorkerId, u64>>,
     /// Streams with a rewind scheduled ([`Ingest::rewind_due`]).
     rewinding: Mutex<std::collections::HashSet<WorkerId>>,
+    /// Active workers with a source, by name (the fleet file retires by name).
+    names: fleet::Names,
+    /// `--engines`: started once the server has restored ([`Ingest::resume`]).
+    fleet: Mutex<Option<fleet::Applier>>,
+    fleet_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    fleet_stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Ingest {
     /// Starts `threads` ingest threads for `executors` executors, binding `bind`'s
-    /// sockets for engines that connect.
+    /// sockets for engines that connect; `engines` is the fleet file and `--block-size`.
     pub fn start(
         threads: usize,
         executors: usize,
         max_sources: usize,
         allow: Option<Vec<ipnet::IpNet>>,
         bind: Option<bound::BindSpec>,
+        engines: Option<(std::path::PathBuf, u32)>,
     ) -> std::io::Result<Ingest> {
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..executors).map(|_| mpsc::channel(INBOX)).unzip();
         METRICS.threads.store(threads.max(1) as u64, Relaxed);
+        let names = fleet::Names::default();
+        let fleet_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let fleet = engines.map(|(path, block)| fleet::Applier {
+            path,
+            block,
+            inbox: senders[0].clone(),
+            names: names.clone(),
+            stop: fleet_stop.clone(),
+        });
         Ok(Ingest {
+            names,
+            fleet: Mutex::new(fleet),
+            fleet_thread: Mutex::new(None),
+            fleet_stop,
             bound_ranks: bind.as_ref().map_or(0, |b| b.endpoints.len()),
             pool: Pool::start(threads, max_sources, senders, bind)?,
             inboxes: Mutex::new(receivers.into_iter().map(Some).collect()),
@@ -241,6 +262,10 @@ impl Ingest {
         source: Option<EventSource>,
         fresh: bool,
     ) {
+        self.names
+            .lock()
+            .expect("not poisoned")
+            .insert(name.to_string(), worker);
         let mut sources = self.sources.lock().expect("not poisoned");
         // Restoring, or a replica (the lease decides who subscribes): record only.
         if self.paused.load(Relaxed) || self.leased.load(Relaxed) {
@@ -316,8 +341,24 @@ impl Ingest {
         for &w in sources.keys() {
             lasts.insert(w, last(w));
         }
+        let mut names = self.names.lock().expect("not poisoned");
+        for &w in sources.keys() {
+            names.insert(name(w), w);
+        }
+        drop(names);
         self.paused.store(false, Relaxed);
         self.pool.discover();
+        if let Some(applier) = self.fleet.lock().expect("not poisoned").take() {
+            match std::thread::Builder::new()
+                .name("kvix-fleet".into())
+                .spawn(move || applier.run())
+            {
+                Ok(t) => *self.fleet_thread.lock().expect("not poisoned") = Some(t),
+                Err(e) => tracing::error!(
+                    "--engines: the thread that applies the file did not start: {e}"
+                ),
+            }
+        }
     }
 
     /// Replicas: streams start only under a lease.
@@ -417,6 +458,10 @@ impl Ingest {
 
     /// The worker was retired.
     pub fn retired(&self, worker: WorkerId) {
+        self.names
+            .lock()
+            .expect("not poisoned")
+            .retain(|_, w| *w != worker);
         if self
             .sources
             .lock()
@@ -436,6 +481,10 @@ impl Ingest {
 
     /// Stops the ingest threads.
     pub fn stop(&self) {
+        self.fleet_stop.store(true, Relaxed);
+        if let Some(t) = self.fleet_thread.lock().expect("not poisoned").take() {
+            let _ = t.join();
+        }
         self.pool.stop();
     }
 }
@@ -461,6 +510,9 @@ pub struct Metrics {
     pub refused: AtomicU64,
     pub dropped_full: AtomicU64,
     pub unknown_topics: AtomicU64,
+    pub fleet_applies: AtomicU64,
+    pub fleet_errors: AtomicU64,
+    pub fleet_workers: AtomicU64,
     pub engines_announced: AtomicU64,
     pub engines_gone: AtomicU64,
     pub discovery_refused: AtomicU64,
@@ -499,6 +551,9 @@ pub static METRICS: Metrics = Metrics {
     refused: ZERO,
     dropped_full: ZERO,
     unknown_topics: ZERO,
+    fleet_applies: ZERO,
+    fleet_errors: ZERO,
+    fleet_workers: ZERO,
     engines_announced: ZERO,
     engines_gone: ZERO,
     discovery_refused: ZERO,
@@ -549,7 +604,7 @@ impl Metrics {
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut String) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 29] = [
+    let plain: [(&str, &str, &str, &AtomicU64); 32] = [
         ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
         ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
@@ -569,6 +624,9 @@ pub fn render(out: &mut String) {
         ("kvix_ingest_engines_refused_total", "Announces of engines first heard of on --events-bind that were refused (the log names why: --max-sources, --source-allow, a name taken).", "counter", &m.discovery_refused),
         ("kvix_ingest_engines_gone_total", "Bound workers retired because their engine had no connection for --events-grace.", "counter", &m.engines_gone),
         ("kvix_ingest_unknown_topics_total", "Messages on --events-bind whose topic does not have the --events-topic form (dropped).", "counter", &m.unknown_topics),
+        ("kvix_fleet_file_applies_total", "Times the --engines file was applied (at start and at each SIGHUP).", "counter", &m.fleet_applies),
+        ("kvix_fleet_file_errors_total", "Times the --engines file did not read (nothing changed; the log names the line).", "counter", &m.fleet_errors),
+        ("kvix_fleet_file_workers", "Workers the --engines file declares, as last applied.", "gauge", &m.fleet_workers),
         ("kvix_ingest_orphaned_total", "Deliveries for workers retired or re-announced while on their way.", "counter", &m.orphaned),
         ("kvix_ingest_fenced_total", "Deliveries dropped because they were read under an ingest lease another replica has taken since.", "counter", &m.fenced),
         ("kvix_ingest_out_of_step_total", "Deliveries dropped because they do not continue the last batch applied from their stream (one before them was refused, or they were applied already).", "counter", &m.out_of_step),
