@@ -379,6 +379,59 @@ fn engines_that_connect_are_announced_by_their_topic_and_scored_exactly() {
     assert_eq!(server.metric("kvix_ingest_engines_refused_total"), 0);
 }
 
+/// A server killed and restarted from its snapshot serves its bound engines again: the
+/// worker keeps its id, the engine's PUB connects again by itself, and what it published
+/// while the server was down comes back from its replay.
+#[test]
+fn a_restarted_server_resumes_its_bound_engines_from_its_snapshot() {
+    if available("a_restarted_server_resumes_its_bound_engines").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.9.2");
+    let events = free_ports(2);
+    let bind = format!("tcp://127.0.0.1:{events}");
+    let dir = std::env::temp_dir().join(format!("kvix-bound-snap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let snap = dir.join("index.snapshot");
+    let replay_port = (events + 1).to_string();
+    let args = [
+        "--cores",
+        "2",
+        "--events-bind",
+        &bind,
+        "--events-replay-port",
+        &replay_port,
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "--snapshot-every",
+        "1",
+    ];
+    let replay = format!("tcp://127.0.0.1:{replay_port}");
+    let mut p = Publisher::try_start_topic(rel.0, &bind, Some(&replay), 0, "kv@127.0.0.1@m")
+        .expect("the replay port is free");
+    let server = Server::start(&args);
+    let mut c = server.session();
+    let base = ks("", "");
+    let p1 = chain(&base, 1, 8);
+    let w = heartbeat_until_announced(&mut c, &mut p, "127.0.0.1");
+    p.publish(vec![rel.blocks(1, 0, 4, 1)]);
+    expect(&mut c, &base, &p1, &[(w, 4)], "before the restart");
+    // A snapshot started after the blocks were in: two more written.
+    let written = server.metric("kvix_snapshots_written_total");
+    await_metric(&server, "kvix_snapshots_written_total", written + 2);
+    server.kill();
+    p.publish(vec![rel.blocks(1, 4, 6, 1)]);
+    let server = Server::start(&args);
+    let mut c = server.session();
+    expect(&mut c, &base, &p1, &[(w, 6)], "caught up from the replay");
+    p.publish(vec![rel.blocks(1, 6, 8, 1)]);
+    expect(&mut c, &base, &p1, &[(w, 8)], "live again");
+    assert_eq!(server.metric("kvix_ingest_engines_announced_total"), 0);
+    p.stop();
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A bound source (`bound://RANK/TOPIC`, what a discovered engine is announced with)
 /// never takes over a worker announced otherwise, and names a rank the server binds.
 #[test]
