@@ -34,6 +34,16 @@ pub const SCHEME: &str = "bound://";
 /// message asks again (it was refused, or lost while the server stopped).
 const ANNOUNCE_AGAIN: Duration = Duration::from_secs(10);
 
+/// Messages held for streams whose announce is on its way, handed to each once it is
+/// subscribed (an engine without replay would lose them): at most this many per stream,
+/// and this many payload bytes in all.
+const EARLY_PER_STREAM: usize = 1024;
+const EARLY_BYTES: usize = 64 << 20;
+
+/// A message's seq and payload, or the frame count of one that is not
+/// `[topic, seq, payload]`.
+pub type Frame = Result<(u64, Vec<u8>), usize>;
+
 /// `--events-topic`: literal text around `{host}` and `{model}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicTemplate {
@@ -215,7 +225,7 @@ pub struct BoundMessage {
     pub rank: usize,
     pub peer: Option<IpAddr>,
     pub topic: String,
-    pub frame: Result<(u64, Vec<u8>), usize>,
+    pub frame: Frame,
 }
 
 /// A connection opened or closed on rank `rank`'s socket, from `peer`.
@@ -241,6 +251,9 @@ pub struct Bound {
     open: HashMap<(usize, IpAddr), usize>,
     /// Announces sent for streams not yet subscribed, and when.
     announced: HashMap<(usize, String), Instant>,
+    /// What those streams sent meanwhile, and its payload bytes in all.
+    early: HashMap<(usize, String), std::collections::VecDeque<Frame>>,
+    early_bytes: usize,
 }
 
 impl Bound {
@@ -272,6 +285,8 @@ impl Bound {
             peers: HashMap::new(),
             open: HashMap::new(),
             announced: HashMap::new(),
+            early: HashMap::new(),
+            early_bytes: 0,
         })
     }
 
@@ -370,9 +385,30 @@ impl Bound {
         }
     }
 
-    /// The stream is subscribed: no announce is pending for it.
-    pub fn subscribed(&mut self, rank: usize, topic: &str) {
-        self.announced.remove(&(rank, topic.to_string()));
+    /// Holds a message of a stream whose announce is on its way; false (dropped) past
+    /// the limits.
+    pub fn hold_early(&mut self, rank: usize, topic: &str, frame: Frame) -> bool {
+        let bytes = frame.as_ref().map_or(0, |(_, p)| p.len());
+        let held = self.early.entry((rank, topic.to_string())).or_default();
+        if held.len() >= EARLY_PER_STREAM || self.early_bytes + bytes > EARLY_BYTES {
+            return false;
+        }
+        held.push_back(frame);
+        self.early_bytes += bytes;
+        true
+    }
+
+    /// The stream is subscribed: no announce is pending for it; what it sent meanwhile.
+    pub fn subscribed(&mut self, rank: usize, topic: &str) -> std::collections::VecDeque<Frame> {
+        let key = (rank, topic.to_string());
+        self.announced.remove(&key);
+        let held = self.early.remove(&key).unwrap_or_default();
+        let bytes: usize = held
+            .iter()
+            .map(|f| f.as_ref().map_or(0, |(_, p)| p.len()))
+            .sum();
+        self.early_bytes -= bytes;
+        held
     }
 }
 

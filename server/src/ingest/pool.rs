@@ -401,14 +401,20 @@ impl IngestThread {
                             continue;
                         }
                         match bound.spec.discover(key.0, &key.1) {
+                            Some(d) => {
+                                if bound.announce_due(key.0, &key.1) {
+                                    announces.push(d);
+                                }
+                                if !bound.hold_early(key.0, &key.1, m.frame) {
+                                    tracing::debug!(topic = %key.1, "ingest: a message before its stream was subscribed dropped (held messages full)");
+                                }
+                            }
                             None => {
                                 let n = METRICS.unknown_topics.fetch_add(1, Relaxed) + 1;
                                 if n.is_power_of_two() {
                                     tracing::warn!(topic = %key.1, "ingest: a message on --events-bind whose topic does not have the --events-topic form was dropped ({n} so far)");
                                 }
                             }
-                            Some(d) if bound.announce_due(key.0, &key.1) => announces.push(d),
-                            Some(_) => {}
                         }
                     }
                 }
@@ -582,7 +588,7 @@ impl IngestThread {
             tracing::error!(worker = %spec.name, endpoint = %spec.source.endpoint, "ingest: cannot subscribe: no --events-bind socket for that rank");
             return;
         };
-        bound.subscribed(rank, &topic);
+        let early = bound.subscribed(rank, &topic);
         let peer = bound.spec.peer_of(&topic);
         let connected = peer.is_some_and(|p| bound.connected(rank, p));
         tracing::info!(worker = %spec.name, endpoint = %spec.source.endpoint, replay = %spec.source.replay, connected, "ingest: serving a bound stream");
@@ -591,7 +597,7 @@ impl IngestThread {
             rank,
             topic,
             peer,
-            inbox: VecDeque::new(),
+            inbox: early,
             connected: false,
             link: None,
             down_since: Some(Instant::now()),
