@@ -220,6 +220,7 @@ fn an_executor_that_cannot_restore_stops_the_process_with_the_reason() {
                     keyspaces: vec![],
                     lanes: vec![vec![], vec![]],
                 },
+                lost: false,
             },
         )],
         wal_from: 0,

@@ -1005,6 +1005,69 @@ fn an_idle_engine_that_joins_late_is_caught_up_from_its_replay() {
             &format!("{name}: caught up"),
         );
         assert!(server.metric("kvix_ingest_replayed_total") >= 3);
+        assert_eq!(
+            server.metric("kvix_ingest_workers_history_lost"),
+            0,
+            "{name}: the buffer reached back to the first batch"
+        );
+        publisher.stop();
+    }
+}
+
+/// A late join onto an engine whose replay buffer (4 batches here, `buffer_steps`) no
+/// longer reaches its first batch, as after an outage longer than the buffer: the
+/// worker's history is lost, counted in `kvix_ingest_workers_history_lost` (the engine
+/// holds blocks the index does not report) while what the buffer had is ingested, and
+/// the engine's clear makes it whole again.
+#[test]
+fn a_stream_past_its_replay_buffer_has_lost_its_history_until_the_engine_clears() {
+    if available("history_lost").is_none() {
+        return;
+    }
+    for name in RELEASES {
+        let rel = Rel(name);
+        let ports = Ports::choose(1);
+        let mut publisher = Publisher::try_start_args(
+            name,
+            &format!("tcp://*:{}", ports.publish),
+            Some(&ports.replay(0)),
+            0,
+            "kv",
+            &["--buffer", "4"],
+        )
+        .expect("free ports");
+        let server = Server::start(&["--cores", "2"]);
+        for p in 0..8 {
+            publisher.publish(vec![rel.blocks(p, 0, 1, 100 * u64::from(p + 1))]);
+        }
+        let mut c = server.session();
+        let w = c
+            .announce_source("late", full(), ports.source(0, ""))
+            .unwrap()
+            .worker;
+        let base = ks("", "");
+        expect(&mut c, &base, &chain(&base, 7, 1), &[(w, 1)], name);
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 0, 1),
+            &[],
+            &format!("{name}: past the buffer"),
+        );
+        await_metric(&server, "kvix_ingest_workers_history_lost", 1);
+        publisher.publish(vec![cleared(), rel.blocks(9, 0, 1, 1000)]);
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 9, 1),
+            &[(w, 1)],
+            &format!("{name}: cleared"),
+        );
+        assert_eq!(
+            server.metric("kvix_ingest_workers_history_lost"),
+            0,
+            "{name}"
+        );
         publisher.stop();
     }
 }

@@ -9,8 +9,11 @@ use kvix_engine::{Core, Ks, Update};
 use kvix_wire::{ChunkKind, Event, Lane, WorkerId};
 use rkyv::{Archive, Deserialize, Serialize};
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use super::METRICS;
 use crate::durable::write::Write;
+use kvix_events::payload::EngineEvent;
 use kvix_events::stream::LastBatch;
 use kvix_events::translate::{Counts, Group, Translator, TranslatorImage};
 
@@ -23,6 +26,8 @@ pub struct IngestStateImage {
     pub salt: String,
     pub last: Option<LastBatch>,
     pub translator: TranslatorImage,
+    /// See [`IngestState::lost`].
+    pub lost: bool,
 }
 
 struct IngestState {
@@ -31,6 +36,12 @@ struct IngestState {
     salt: String,
     last: Option<LastBatch>,
     translator: Translator,
+    /// The worker's history is lost: batches of its engine's current process went by
+    /// unapplied (a gap past the replay buffer, a late join onto a buffer that no longer
+    /// reaches its first batch, a gap without replay, a batch that did not decode), so
+    /// the engine may hold blocks this index will not report until it evicts and
+    /// stores them again. A clear, or a process replayed from its first batch, ends it.
+    lost: bool,
 }
 
 /// The ingest state of the workers homed on one executor.
@@ -47,7 +58,9 @@ impl IngestStates {
 
     /// Forgets a worker (retired, or announced again with another roster or source).
     pub fn forget(&mut self, worker: WorkerId) {
-        self.by_worker.remove(&worker);
+        if self.by_worker.remove(&worker).is_some_and(|h| h.lost) {
+            METRICS.history_lost.fetch_sub(1, Relaxed);
+        }
     }
 
     pub fn export(&self) -> Vec<(WorkerId, IngestStateImage)> {
@@ -63,6 +76,7 @@ impl IngestStates {
                         salt: h.salt.clone(),
                         last: h.last,
                         translator: h.translator.export(),
+                        lost: h.lost,
                     },
                 )
             })
@@ -83,7 +97,10 @@ impl IngestStates {
         if !translator.import(&image.translator) {
             return false;
         }
-        self.by_worker.insert(
+        if image.lost {
+            METRICS.history_lost.fetch_add(1, Relaxed);
+        }
+        let replaced = self.by_worker.insert(
             worker,
             IngestState {
                 epoch: image.epoch,
@@ -91,8 +108,12 @@ impl IngestStates {
                 salt: image.salt.clone(),
                 last: image.last,
                 translator,
+                lost: image.lost,
             },
         );
+        if replaced.is_some_and(|h| h.lost) {
+            METRICS.history_lost.fetch_sub(1, Relaxed);
+        }
         true
     }
 }
@@ -184,6 +205,7 @@ fn apply(
         return Err(Dropped::OutOfStep);
     }
     h.epoch = epoch;
+    note_history(h, worker, reset, after, last, batch.as_ref());
     let mut unprobed = 0;
     if reset {
         h.translator.reset();
@@ -254,6 +276,51 @@ fn drop_stores(groups: &mut [Group], worker: WorkerId, held: u64, max: u64) {
     }
 }
 
+/// Whether the worker still holds all its engine published: a delivery that does not
+/// follow its stream's last batch (or, one that clears, that does not start the process's
+/// stream) loses the history, a clear in the batch makes it whole again.
+fn note_history(
+    h: &mut IngestState,
+    worker: WorkerId,
+    reset: bool,
+    after: Option<LastBatch>,
+    last: Option<LastBatch>,
+    batch: Option<&kvix_events::payload::Batch>,
+) {
+    let follows = match (after, last) {
+        // A clear alone: what the engine holds now is unknown.
+        (_, None) => false,
+        (_, Some(l)) if reset => l.seq == 0,
+        (Some(a), Some(l)) => l.seq == a.seq + 1,
+        (None, Some(l)) => l.seq == 0,
+    };
+    let cleared = batch.is_some_and(|b| b.events.iter().any(|e| matches!(e, EngineEvent::Cleared)));
+    let lost = if cleared {
+        false
+    } else {
+        (h.lost && !reset) || !follows || batch.is_none()
+    };
+    if lost == h.lost {
+        return;
+    }
+    h.lost = lost;
+    if lost {
+        METRICS.history_lost.fetch_add(1, Relaxed);
+        tracing::warn!(
+            worker,
+            seq = last.map(|l| l.seq),
+            after = after.map(|a| a.seq),
+            "ingest: the worker's history is lost (batches of its engine went by unapplied): \
+             the engine may hold blocks this index does not report until it clears, \
+             restarts or stores them again; size the engine's replay buffer for the outages \
+             to ride out"
+        );
+    } else {
+        METRICS.history_lost.fetch_sub(1, Relaxed);
+        tracing::info!(worker, "ingest: the worker's history is whole again");
+    }
+}
+
 fn lanes_of(core: &Core, worker: WorkerId) -> Option<Vec<Lane>> {
     let entry = core.roster().get(worker)?;
     (entry.feed == kvix_wire::Feed::Events).then(|| entry.lanes.clone())
@@ -275,13 +342,15 @@ fn state_of<'a>(
         salt: salt.to_string(),
         last: None,
         translator: Translator::new(block, model, salt, lanes),
+        lost: false,
     };
     let h = states.by_worker.entry(worker).or_insert_with(fresh);
     if h.model != model || h.salt != salt {
-        let (epoch, last) = (h.epoch, h.last);
+        let (epoch, last, lost) = (h.epoch, h.last, h.lost);
         *h = IngestState {
             epoch,
             last,
+            lost,
             ..fresh()
         };
     }

@@ -177,9 +177,22 @@ impl Publisher {
         rank: u32,
         topic: &str,
     ) -> Option<Publisher> {
+        Publisher::try_start_args(release, endpoint, replay, rank, topic, &[])
+    }
+
+    /// As `try_start_topic`, with more of scripts/engines.py's flags (`--buffer N`).
+    pub fn try_start_args(
+        release: &'static str,
+        endpoint: &str,
+        replay: Option<&str>,
+        rank: u32,
+        topic: &str,
+        more: &[&str],
+    ) -> Option<Publisher> {
         let mut cmd = Command::new("python3");
         cmd.arg(script())
             .args(["publish", release, "--endpoint", endpoint, "--topic", topic])
+            .args(more)
             .args(["--rank", &rank.to_string()]);
         if let Some(r) = replay {
             cmd.args(["--replay", r]);
