@@ -564,6 +564,32 @@ pub fn chain_of(keyspace: &Keyspace, base: u32, n: usize) -> Vec<u64> {
     chain::token_chain(keyspace.seed(16), 16, &tokens)
 }
 
+/// Installs a Debian package with apt-get (running as root); why not, when it cannot.
+#[allow(dead_code)]
+pub fn apt_install(package: &str) -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root, so apt-get cannot install it".into());
+    }
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .output()
+            .map_err(|e| format!("apt-get: {e}"))
+            .and_then(|o| {
+                o.status
+                    .success()
+                    .then_some(())
+                    .ok_or_else(|| String::from_utf8_lossy(&o.stderr).trim().to_string())
+            })
+    };
+    eprintln!("{package} is missing: installing it with apt-get");
+    apt(&["update", "-qq"])?;
+    apt(&["install", "-y", "-qq", "--no-install-recommends", package])
+}
+
 /// A real part a test needs is missing: the test fails saying how to get it, unless
 /// the tester opted out of that part by name (`KVIX_TEST_SKIP=tmpfs,...`), when it
 /// returns (the caller skips, and says so).

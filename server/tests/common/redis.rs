@@ -30,27 +30,7 @@ fn install() -> Result<(), String> {
     static TRIED: OnceLock<Result<(), String>> = OnceLock::new();
     TRIED
         .get_or_init(|| {
-            // SAFETY: geteuid has no preconditions.
-            if unsafe { libc::geteuid() } != 0 {
-                return Err("not root, so apt-get cannot install it".into());
-            }
-            let apt = |args: &[&str]| {
-                Command::new("apt-get")
-                    .args(args)
-                    .env("DEBIAN_FRONTEND", "noninteractive")
-                    .stdout(Stdio::null())
-                    .output()
-                    .map_err(|e| format!("apt-get: {e}"))
-                    .and_then(|o| {
-                        o.status
-                            .success()
-                            .then_some(())
-                            .ok_or_else(|| String::from_utf8_lossy(&o.stderr).trim().to_string())
-                    })
-            };
-            eprintln!("redis-server is missing: installing it with apt-get");
-            apt(&["update", "-qq"])?;
-            apt(&["install", "-y", "-qq", "redis-server"])?;
+            super::apt_install("redis-server")?;
             installed()
                 .then_some(())
                 .ok_or_else(|| "installed, but redis-server does not run".into())

@@ -1,0 +1,162 @@
+//! The deployment kit against the server it deploys: every metric the Grafana dashboard
+//! (`deploy/grafana/kvix-dashboard.json`) and the Prometheus rules
+//! (`deploy/prometheus/kvix-alerts.yml`) name is served by a live server (one with the
+//! write-ahead log, `--events-bind` and a fleet file, and a replica on a real
+//! redis-server for the `kvix_log_*` family); the rules pass `promtool check rules` and
+//! are docs/operations.md's Alerts table, alert for alert.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::redis::{self, Redis};
+use common::*;
+
+fn repo_file(path: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo_file(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every `kvix_…` identifier in `text`.
+fn metrics_named(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("kvix_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        out.insert(name);
+    }
+    out
+}
+
+/// The series names a scrape serves: each family, with `_sum` and `_count` for summaries
+/// and histograms (and `_bucket` for histograms).
+fn served(scrape: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in scrape.lines() {
+        let mut words = line.split_whitespace();
+        if (words.next(), words.next()) != (Some("#"), Some("TYPE")) {
+            continue;
+        }
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        out.insert(name.to_string());
+        if kind == "summary" || kind == "histogram" {
+            out.insert(format!("{name}_sum"));
+            out.insert(format!("{name}_count"));
+        }
+        if kind == "histogram" {
+            out.insert(format!("{name}_bucket"));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_metric_the_dashboard_and_the_alert_rules_use_is_served() {
+    if redis::available("every_metric_the_dashboard").is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kvix-deploy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fleet = dir.join("engines.txt");
+    std::fs::write(&fleet, "# no engines\n").unwrap();
+    let snapshot = dir.join("index.snapshot");
+    let bind = format!("tcp://127.0.0.1:{}", free_port());
+    let single = Server::start(&[
+        "--cores",
+        "1",
+        "--snapshot",
+        snapshot.to_str().unwrap(),
+        "--wal",
+        "--events-bind",
+        &bind,
+        "--engines",
+        fleet.to_str().unwrap(),
+    ]);
+    let log = Redis::start("deploy");
+    let replica = Server::start(&["--cores", "1", "--log", &log.url("kvix")]);
+    let mut names = served(&single.scrape());
+    names.extend(served(&replica.scrape()));
+    assert!(names.contains("kvix_log_caught_up"), "{names:?}");
+    for path in [
+        "deploy/grafana/kvix-dashboard.json",
+        "deploy/prometheus/kvix-alerts.yml",
+    ] {
+        let used = metrics_named(&read(path));
+        assert!(used.len() >= 10, "{path}: {used:?}");
+        let missing: Vec<&String> = used.difference(&names).collect();
+        assert!(
+            missing.is_empty(),
+            "{path} uses {missing:?}, which no server serves"
+        );
+    }
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/kvix-dashboard.json")).unwrap();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels
+        .iter()
+        .all(|p| p["targets"].as_array().is_some_and(|t| !t.is_empty())));
+    drop((single, replica));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The Alerts table's first column, from docs/operations.md.
+fn documented_alerts() -> BTreeSet<String> {
+    let doc = read("docs/operations.md");
+    let table = doc
+        .split("\n## Alerts\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/operations.md has an Alerts section");
+    table
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| alert |"))
+        .filter_map(|l| l.split('|').nth(1))
+        .map(|name| name.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_are_the_documented_alerts() {
+    let rules = repo_file("deploy/prometheus/kvix-alerts.yml");
+    let promtool = || {
+        Command::new("promtool")
+            .arg("check")
+            .arg("rules")
+            .arg(&rules)
+            .output()
+    };
+    let out = match promtool() {
+        Ok(out) => out,
+        Err(_) => match apt_install("prometheus") {
+            Ok(()) => promtool().expect("promtool runs once installed"),
+            Err(why) => {
+                let how = format!("promtool is missing ({why}); `apt-get install prometheus`");
+                missing_part("promtool", &how);
+                return;
+            }
+        },
+    };
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool check rules: {said}");
+    let summaries: BTreeSet<String> = read("deploy/prometheus/kvix-alerts.yml")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("summary: "))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(summaries, documented_alerts());
+}
