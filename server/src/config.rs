@@ -17,6 +17,12 @@ use crate::ingest::bound::{rank_endpoint, BindSpec};
 #[derive(Parser, Debug, Clone)]
 #[command(name = "kvix-server", version)]
 pub struct Config {
+    /// A TOML file of flags, keyed by long name without the dashes (`max-blocks = 1000`,
+    /// `wal = true`, `source-allow = ["10.0.0.0/8"]`); the command line and the
+    /// environment variables named here win over it.
+    #[arg(long, env = "KVIX_CONFIG")]
+    pub config: Option<PathBuf>,
+
     /// TCP address for the kvix protocol.
     #[arg(long, default_value = "127.0.0.1:7420", env = "KVIX_LISTEN")]
     pub listen: SocketAddr,

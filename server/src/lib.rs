@@ -9,9 +9,11 @@
 
 pub mod admit;
 pub mod auth;
+pub mod check;
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod config_file;
 pub mod conn;
 pub mod durable;
 pub mod executor;

@@ -3,6 +3,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 
+/// `kvix-server [FLAGS]` serves; `kvix-server check [FLAGS]` checks what a start with
+/// those flags needs, and exits.
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -12,13 +14,29 @@ fn main() -> ExitCode {
         .with_target(false)
         .with_writer(std::io::stderr)
         .init();
-    let mut config = kvix_server::Config::parse();
-    let outcome = config
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let check = args.get(1).is_some_and(|a| a == "check");
+    if check {
+        args.remove(1);
+    }
+    let args = match kvix_server::config_file::expand(args) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("kvix-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut config = kvix_server::Config::parse_from(args);
+    let valid = config
         .load_auth_token_file()
         .and_then(|()| config.validate())
         .map_err(anyhow::Error::msg)
-        .context("invalid flags")
-        .and_then(|()| kvix_server::run(config).context("kvix-server stopped"));
+        .context("invalid flags");
+    let outcome = match (valid, check) {
+        (Err(e), _) => Err(e),
+        (Ok(()), true) => return checked(&config),
+        (Ok(()), false) => kvix_server::run(config).context("kvix-server stopped"),
+    };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -26,5 +44,25 @@ fn main() -> ExitCode {
             eprintln!("kvix-server: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Prints each check of `kvix-server check`; failure if any failed.
+fn checked(config: &kvix_server::Config) -> ExitCode {
+    println!("ok    flags");
+    let mut failed = false;
+    for c in kvix_server::check::run(config) {
+        match c.result {
+            Ok(found) => println!("ok    {}: {found}", c.what),
+            Err(why) => {
+                failed = true;
+                println!("FAIL  {}: {why}", c.what);
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }

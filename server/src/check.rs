@@ -1,0 +1,132 @@
+//! `kvix-server check [FLAGS]`: what a start with these flags would need, checked
+//! without serving: the flags themselves, the ports free, the open-files limit, the
+//! snapshot readable and its directory writable, the fleet file, the replicas' Redis
+//! reachable. One line per check; the process exits non-zero if any failed.
+
+use std::net::ToSocketAddrs;
+
+use crate::config::Config;
+use crate::durable::{replica, snapshot};
+use crate::{ingest, rlimit};
+
+/// One check's outcome: what was checked, and what was found or why it fails.
+pub struct Checked {
+    pub what: String,
+    pub result: Result<String, String>,
+}
+
+/// Every check for `config` (flags already parsed and validated).
+pub fn run(config: &Config) -> Vec<Checked> {
+    let mut out = Vec::new();
+    let mut check =
+        |what: String, result: Result<String, String>| out.push(Checked { what, result });
+    check(
+        format!("--listen {}", config.listen),
+        port_free(&config.listen.to_string()),
+    );
+    if !config.metrics.is_empty() {
+        check(
+            format!("--metrics {}", config.metrics),
+            port_free(&config.metrics),
+        );
+    }
+    if !config.unix.is_empty() {
+        check(format!("--unix {}", config.unix), unix_free(&config.unix));
+    }
+    if let Some(bind) = config
+        .events_bind
+        .as_deref()
+        .and_then(|b| b.strip_prefix("tcp://"))
+    {
+        let addr = bind.replacen('*', "0.0.0.0", 1);
+        check(format!("--events-bind {bind}"), port_free(&addr));
+    }
+    let wanted = rlimit::wanted(
+        config.executors(),
+        config.max_connections,
+        config.max_sources,
+    );
+    check(
+        "open files (ulimit -n)".into(),
+        match rlimit::raise_open_files() {
+            Ok((_, after)) if after >= wanted => Ok(format!("{after}, {wanted} wanted")),
+            Ok((_, after)) => Err(format!(
+                "{after}: the configured connections and sources may need {wanted} (raise the hard limit, or lower --max-connections / --max-sources)"
+            )),
+            Err(e) => Err(e.to_string()),
+        },
+    );
+    if let Some(path) = &config.snapshot {
+        check(
+            format!("--snapshot {}", path.display()),
+            snapshot::check_writable(path)
+                .map_err(|e| e.to_string())
+                .and_then(|()| match snapshot::load(path, config.block_size) {
+                    Ok(Some(_)) => Ok("readable, its directory writable".into()),
+                    Ok(None) => Ok("absent (a start begins empty), its directory writable".into()),
+                    Err(e) => Err(format!("{e:#}")),
+                }),
+        );
+    }
+    if let Some(path) = &config.engines {
+        check(
+            format!("--engines {}", path.display()),
+            std::fs::read_to_string(path)
+                .map_err(|e| e.to_string())
+                .and_then(|text| {
+                    ingest::fleet::parse(&path.display().to_string(), &text, config.block_size)
+                        .map(|d| format!("{} workers declared", d.len()))
+                        .map_err(|e| e.to_string())
+                }),
+        );
+    }
+    if let Some(log) = &config.log {
+        check(
+            format!("--log {}", log.server),
+            replica::Link::open(&log.server)
+                .and_then(|link| link.connect())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .map(|pong| format!("answers ({pong})"))
+                .map_err(|e| e.to_string()),
+        );
+    }
+    out
+}
+
+/// Whether a TCP address can be bound now (nothing else serves it).
+fn port_free(addr: &str) -> Result<String, String> {
+    let addr = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("does not resolve: {e}"))?
+        .next()
+        .ok_or("resolves to nothing")?;
+    let probe = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    probe.set_reuse_address(true).map_err(|e| e.to_string())?;
+    match probe.bind(&addr.into()) {
+        Ok(()) => Ok("free".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            Err("in use by another process (is another kvix-server running?)".into())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Whether a Unix socket path is free: absent, or a stale socket of a dead server.
+fn unix_free(path: &str) -> Result<String, String> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Err(_) => Ok("free".into()),
+        Ok(meta) if !meta.file_type().is_socket() => {
+            Err("exists and is not a socket (a start refuses to replace it)".into())
+        }
+        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
+            Err("another server is listening on it".into())
+        }
+        Ok(_) => Ok("a stale socket (a start replaces it)".into()),
+    }
+}
