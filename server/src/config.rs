@@ -40,7 +40,8 @@ pub struct Config {
     #[arg(long, default_value_t = 0)]
     pub cores: usize,
 
-    /// Pin executor i to CPU i (mod the CPUs online).
+    /// Pin each executor to its own CPU among those the process may run on (cpuset,
+    /// taskset).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub pin: bool,
 

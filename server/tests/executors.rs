@@ -173,3 +173,56 @@ fn a_long_placement_is_applied_in_slices() {
         }]
     );
 }
+
+/// The CPUs each thread of process `pid` may run on, by thread name.
+fn thread_cpus(pid: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let comm = comm.trim();
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let allowed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        out.push((comm.to_string(), allowed));
+    }
+    out.sort();
+    out
+}
+
+/// Executors are pinned to CPUs the process may run on (a container's cpuset, an
+/// operator's `taskset`): with `taskset -c 1`, executor 0 on CPU 1. It was pinned to
+/// CPU 0, escaping taskset (and refused outright by a cgroup cpuset).
+#[test]
+fn executors_are_pinned_within_the_cpus_the_process_may_use() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        missing_part("two CPUs", "run on a machine with at least two CPUs");
+        return;
+    }
+    let mut cmd = std::process::Command::new("taskset");
+    cmd.args(["-c", "1", env!("CARGO_BIN_EXE_kvix-server")])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--unix",
+            "",
+            "--metrics",
+            "",
+            "--cores",
+            "1",
+        ]);
+    let server = Server::spawn(cmd);
+    let threads = thread_cpus(server.pid());
+    assert!(
+        threads.iter().any(|(name, _)| name.starts_with("kvix-0")),
+        "{threads:?}"
+    );
+    assert!(threads.iter().all(|(_, cpus)| cpus == "1"), "{threads:?}");
+}
