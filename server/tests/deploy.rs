@@ -160,3 +160,107 @@ fn the_alert_rules_pass_promtool_and_are_the_documented_alerts() {
         .collect();
     assert_eq!(summaries, documented_alerts());
 }
+
+/// The ConfigMap's `kvix.toml` (the block under `kvix.toml: |`).
+fn configmap_toml(manifest: &str) -> String {
+    let mut lines = manifest.lines().skip_while(|l| l.trim() != "kvix.toml: |");
+    lines.next().expect("the ConfigMap has kvix.toml");
+    lines
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| format!("{}\n", &l[4..]))
+        .collect()
+}
+
+/// Runs kubernetes-validate (installing it with pip where it can); None when the tester
+/// opted out of it.
+fn kubernetes_validate(files: &[PathBuf]) -> Option<std::process::Output> {
+    let run = || {
+        Command::new("kubernetes-validate")
+            .arg("--strict")
+            .args(files)
+            .output()
+    };
+    if let Ok(out) = run() {
+        return Some(out);
+    }
+    let pip = Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet", "kubernetes-validate"])
+        .output();
+    match (pip, run()) {
+        (_, Ok(out)) => Some(out),
+        (pip, Err(e)) => {
+            let why = match pip {
+                Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                Err(p) => p.to_string(),
+            };
+            missing_part(
+                "kubernetes-validate",
+                &format!("kubernetes-validate is missing ({e}; pip said: {why}); `pip install kubernetes-validate`"),
+            );
+            None
+        }
+    }
+}
+
+/// The Kubernetes manifests pass the API schemas (strict: no unknown field), and the
+/// config they mount starts: its kvix.toml, pointed at a real redis-server and free
+/// ports, passes `kvix-server check`. The image builds the binary as CI does.
+#[test]
+fn the_kubernetes_manifests_validate_and_their_config_checks() {
+    let files: Vec<PathBuf> = ["kvix.yaml", "redis.yaml", "servicemonitor.yaml"]
+        .iter()
+        .map(|f| repo_file(&format!("deploy/kubernetes/{f}")))
+        .collect();
+    let Some(out) = kubernetes_validate(&files) else {
+        return;
+    };
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "kubernetes-validate: {said}");
+    assert_eq!(said.matches("passed for resource").count(), 6, "{said}");
+
+    let manifest = read("deploy/kubernetes/kvix.yaml");
+    assert!(manifest
+        .contains(r#"args: ["--config", "/etc/kvix/kvix.toml", "--cores", "$(KVIX_CORES)"]"#));
+    assert!(manifest.contains("mountPath: /etc/kvix"));
+    if redis::available("the_kubernetes_manifests_validate").is_none() {
+        return;
+    }
+    let log = Redis::start("manifest");
+    let toml = configmap_toml(&manifest);
+    assert!(
+        toml.contains("log = \"redis://kvix-redis:6379/kvix\""),
+        "{toml}"
+    );
+    let toml = toml
+        .replace("redis://kvix-redis:6379/kvix", &log.url("kvix"))
+        .replace("0.0.0.0:7420", &format!("127.0.0.1:{}", free_port()))
+        .replace("0.0.0.0:7421", &format!("127.0.0.1:{}", free_port()));
+    let dir = std::env::temp_dir().join(format!("kvix-manifest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("kvix.toml");
+    std::fs::write(&conf, toml).unwrap();
+    let check = Command::new(env!("CARGO_BIN_EXE_kvix-server"))
+        .args(["check", "--config", conf.to_str().unwrap(), "--cores", "1"])
+        .env_remove("KVIX_LISTEN")
+        .env_remove("KVIX_METRICS")
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let build = "cargo build --release --locked -p kvix-server";
+    assert!(read("deploy/Dockerfile").contains(&format!("RUN {build}")));
+    assert!(
+        read(".ci/run").contains(build),
+        ".ci/run builds as the image does"
+    );
+}
