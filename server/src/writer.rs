@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use glommio::channels::local_channel::LocalReceiver;
 use kvix_engine::{AnnounceOutcome, Cursor, Ks, Update, WorkerEntry};
-use kvix_wire::{AlignedVec, Applied, ApplyStatus, EventBatch, Placement, WorkerId};
+use kvix_wire::{AlignedVec, Applied, ApplyStatus, Event, EventBatch, Placement, WorkerId};
 
 use crate::durable::snapshot::Part;
 use crate::durable::write::{Outcome, Write};
@@ -62,13 +62,13 @@ pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcom
         // the last batch the log holds).
         ingest @ Write::Ingest { worker, .. } => {
             let bounds = (ex.config().block_size, ex.config().max_blocks);
-            let delivered = ex
+            let translated = ex
                 .ingest_states()
-                .apply(&mut ex.core(), bounds, ingest, &mut u);
-            match delivered {
-                Ok(d) => {
-                    ExecutorMetrics::add(&ex.metrics().unprobed_removals, d.unprobed);
-                    ex.ingest().note_last(worker, d.last);
+                .translate(&mut ex.core(), bounds, ingest, &mut u);
+            match translated {
+                Ok(t) => {
+                    feed_ingest(&ex, worker, &t.groups, &mut u).await;
+                    ex.ingest().note_last(worker, t.last);
                     Ok(Outcome::Done)
                 }
                 Err(Dropped::OutOfStep) => Err(Failure::OutOfStep { worker }),
@@ -212,6 +212,39 @@ async fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Outc
         seq,
         status: report.status,
     }))
+}
+
+/// The feed step of an engine delivery's translated events, in slices (a long prompt's
+/// prefill stores thousands of blocks at once). The feed refusing them is a bug: counted
+/// and logged, the delivery's other groups still fed.
+async fn feed_ingest(ex: &Executor, worker: WorkerId, groups: &[(Ks, Vec<Event>)], u: &mut Update) {
+    use crate::ingest::METRICS;
+    for (ks, events) in groups {
+        let started = ex.core().start_ingest(worker, *ks, events, SLICE_BLOCKS);
+        let fed = match started {
+            Ok(mut job) => loop {
+                let done = ex.core().events_some(worker, *ks, events, &mut job, u);
+                match done {
+                    Ok(true) => break Ok(job.report),
+                    Ok(false) => slice_done(ex).await,
+                    Err(e) => break Err(e),
+                }
+            },
+            Err(e) => Err(e),
+        };
+        match fed {
+            Ok(report) => {
+                METRICS.block_events(report.block_events);
+                ExecutorMetrics::add(&ex.metrics().unprobed_removals, report.unprobed);
+            }
+            Err(e) => {
+                METRICS
+                    .refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(worker, "ingest: the feed refused a translated batch: {e}");
+            }
+        }
+    }
 }
 
 /// The feed step of a placement, in slices (a chain may hold millions of blocks).

@@ -572,6 +572,44 @@ fn a_fleet_file_declares_the_engines_and_sighup_applies_its_changes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A long prompt's prefill (8,192 blocks in one engine store) is fed at the worker's
+/// home in slices, as a client's batch is, besides being applied in slices on every
+/// executor: queries run between them. The home's feed step ran whole before.
+#[test]
+fn a_long_engine_store_is_fed_and_applied_in_slices() {
+    if available("a_long_engine_store").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let Rig {
+        server,
+        mut publisher,
+        mut c,
+        w,
+        ..
+    } = Rig::new(rel, "w", full());
+    const N: u32 = 8_192;
+    let base = ks("", "");
+    let before = server.metric("kvix_write_slices_total");
+    publisher.publish(vec![rel.blocks(1, 0, N, 1)]);
+    expect(
+        &mut c,
+        &base,
+        &chain(&base, 1, N),
+        &[(w, N)],
+        "the long store",
+    );
+    let slices = server.metric("kvix_write_slices_total") - before;
+    // The home's feed step and both executors' apply, each cut every 512 blocks (a
+    // yield between two slices: 15 per pass; 30 in all when the feed step ran whole).
+    let at_least = 3 * u64::from(N / 512 - 1);
+    assert!(
+        slices >= at_least,
+        "{slices} slices, expected at least {at_least}"
+    );
+    publisher.stop();
+}
+
 /// vLLM stores a recomputed last block again under the same hash, in a second physical
 /// block, and removes each copy on its own (Stored h, Stored h, Removed h): the block is
 /// held until its last copy goes.

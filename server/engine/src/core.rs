@@ -162,6 +162,20 @@ impl Core {
         ))
     }
 
+    /// Home: events of `worker` in `ks` that come without a sequence number (the
+    /// ingest), checked whole, as a feed step in slices of about `budget` blocks that
+    /// [`Core::events_some`] applies. What [`Core::ingest`] does at once.
+    pub fn start_ingest<E: EventView>(
+        &mut self,
+        worker: WorkerId,
+        ks: Ks,
+        events: &[E],
+        budget: u64,
+    ) -> Result<EventsJob, EngineError> {
+        let (_, feed) = self.checked(worker, ks, 0, events)?;
+        Ok(feed.start_unsequenced(budget))
+    }
+
     /// The event feed of `worker` once batch `seq` passed its checks whole, its seq
     /// included.
     fn sequenced<E: EventView>(

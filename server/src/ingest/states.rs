@@ -118,13 +118,13 @@ impl IngestStates {
     }
 }
 
-/// What applying a delivery did.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct IngestReport {
-    /// The stream's last batch now (where a new lease holder resumes).
+/// A delivery checked and translated: the kvix events its worker's feed is to take,
+/// each run under its keyspace, in order.
+#[derive(Debug, Default)]
+pub struct Translated {
+    pub groups: Vec<(Ks, Vec<Event>)>,
+    /// The stream's last batch once they are applied (where a new lease holder resumes).
     pub last: Option<LastBatch>,
-    /// Removals of blocks no index copy held (see `kvix_unprobed_removals_total`).
-    pub unprobed: u64,
 }
 
 /// Why a delivery was not applied.
@@ -141,28 +141,30 @@ pub enum Dropped {
 }
 
 impl IngestStates {
-    /// Applies one delivery (a [`Write::Ingest`]) of a worker homed here to `core`, the
-    /// home's engine, appending the block operations to `u`; while the index holds
-    /// `max_blocks` (0: no bound) its stores are dropped. Every copy decides alike from
-    /// the delivery and the state alone, so replicas and a replayed log agree.
-    pub fn apply(
+    /// Takes one delivery (a [`Write::Ingest`]) of a worker homed here: checked against
+    /// the stream's state, the worker cleared in `core` (appending to `u`) where it
+    /// asks, its engine events translated into the kvix events the caller feeds to
+    /// `core` (in slices: [`crate::writer`]); while the index holds `max_blocks` (0: no
+    /// bound) its stores are dropped. Every copy decides alike from the delivery and
+    /// the state alone, so replicas and a replayed log agree.
+    pub fn translate(
         &mut self,
         core: &mut Core,
         (block, max_blocks): (u32, u64),
         delivery: Write,
         u: &mut Update,
-    ) -> Result<IngestReport, Dropped> {
-        apply(self, core, (block, max_blocks), delivery, u)
+    ) -> Result<Translated, Dropped> {
+        translate(self, core, (block, max_blocks), delivery, u)
     }
 }
 
-fn apply(
+fn translate(
     states: &mut IngestStates,
     core: &mut Core,
     (block, max_blocks): (u32, u64),
     delivery: Write,
     u: &mut Update,
-) -> Result<IngestReport, Dropped> {
+) -> Result<Translated, Dropped> {
     let Write::Ingest {
         worker,
         epoch,
@@ -175,7 +177,7 @@ fn apply(
         batch,
     } = delivery
     else {
-        unreachable!("IngestStates::apply is given ingest deliveries");
+        unreachable!("IngestStates::translate is given ingest deliveries");
     };
     // Read back from a log, the batch is decoded again from the engine's message.
     let batch = batch.or_else(|| {
@@ -206,7 +208,10 @@ fn apply(
     }
     h.epoch = epoch;
     note_history(h, worker, reset, after, last, batch.as_ref());
-    let mut unprobed = 0;
+    let mut translated = Translated {
+        groups: Vec::new(),
+        last,
+    };
     if reset {
         h.translator.reset();
         let ks = Ks {
@@ -227,28 +232,23 @@ fn apply(
         if max_blocks > 0 && held >= max_blocks {
             drop_stores(&mut groups, worker, held, max_blocks);
         }
-        for g in &groups {
-            let ks = Ks {
-                seed: h.translator.seed(g.ks),
-                kind: ChunkKind::Tokens,
-            };
-            match core.ingest(worker, ks, &g.events, u) {
-                Ok(report) => {
-                    METRICS.block_events(report.block_events);
-                    unprobed += report.unprobed;
-                }
-                Err(e) => {
-                    METRICS
-                        .refused
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::warn!(worker, "ingest: the feed refused a translated batch: {e}");
-                }
-            }
-        }
+        translated.groups = groups
+            .into_iter()
+            .filter(|g| !g.events.is_empty())
+            .map(|g| {
+                let ks = Ks {
+                    seed: h.translator.seed(g.ks),
+                    kind: ChunkKind::Tokens,
+                };
+                (ks, g.events)
+            })
+            .collect();
         METRICS.record(&counts);
     }
+    // Its events are fed in the same write-queue job: no other write of this worker,
+    // and no snapshot, comes between.
     h.last = last;
-    Ok(IngestReport { last, unprobed })
+    Ok(translated)
 }
 
 /// Takes the stores out of `groups`, counted and logged at 1, 2, 4, ... drops.

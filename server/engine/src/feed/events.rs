@@ -431,6 +431,17 @@ impl EventFeed {
         job.at >= events.len()
     }
 
+    /// Starts events whose order their producer already checked (the engine-event
+    /// ingest) as a job applied by [`EventFeed::apply_some`] in slices of `budget` blocks.
+    pub fn start_unsequenced(&self, budget: u64) -> EventsJob {
+        EventsJob {
+            report: ApplyReport::new(ApplyStatus::Applied),
+            at: 0,
+            off: 0,
+            budget: budget.max(1),
+        }
+    }
+
     /// Applies events whose order their producer already checked (the engine-event
     /// ingest, which sequences its streams itself), reporting `status`.
     pub fn apply_unsequenced<E: EventView>(
