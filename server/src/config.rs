@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::ingest::bound::{rank_endpoint, BindSpec};
+use crate::ingest::fleet::parse_lanes;
 
 /// kvix-server: the shared prefix-cache index, one pinned executor per core.
 ///
@@ -168,10 +169,12 @@ pub struct Config {
     #[arg(long)]
     pub events_replay_port: Option<u16>,
 
-    /// Tokens per KV block of the engines on --events-bind (one full-attention lane;
-    /// default --block-size).
+    /// The lanes engines on --events-bind are announced with, KIND[:PARAM]@TOKENS
+    /// comma-separated, one per KV cache group (e.g.
+    /// full_attention@16,sliding_window:4096@16); default one full-attention lane of
+    /// --block-size tokens.
     #[arg(long)]
-    pub events_block_tokens: Option<u32>,
+    pub events_lanes: Option<String>,
 
     /// Seconds an engine on --events-bind may have no connection before its worker is
     /// retired (what it held would be false hits).
@@ -304,11 +307,20 @@ impl Config {
         if self.events_ranks == 0 || self.events_ranks > 256 {
             return Err("--events-ranks must be between 1 and 256".into());
         }
-        let block_tokens = self.events_block_tokens.unwrap_or(self.block_size);
-        if block_tokens == 0 || !block_tokens.is_multiple_of(self.block_size) {
+        let lanes = match &self.events_lanes {
+            Some(text) => parse_lanes(text).map_err(|e| format!("--events-lanes: {e}"))?,
+            None => vec![kvix_wire::Lane::full(self.block_size)],
+        };
+        if lanes.len() > 16 {
+            return Err("--events-lanes: at most 16 lanes".into());
+        }
+        if let Some(l) = lanes
+            .iter()
+            .find(|l| !l.block_tokens.is_multiple_of(self.block_size))
+        {
             return Err(format!(
-                "--events-block-tokens {block_tokens} must be a multiple of --block-size {}",
-                self.block_size
+                "--events-lanes: a lane of {} tokens is not a multiple of --block-size {}",
+                l.block_tokens, self.block_size
             ));
         }
         let endpoints = (0..self.events_ranks)
@@ -318,7 +330,7 @@ impl Config {
             endpoints,
             topic: self.events_topic.parse()?,
             replay_port: self.events_replay_port,
-            block_tokens,
+            lanes,
             grace: Duration::from_secs(self.events_grace),
         }))
     }
@@ -392,10 +404,14 @@ mod tests {
                 &[
                     "--events-bind",
                     "tcp://*:5557",
-                    "--events-block-tokens",
-                    "24",
+                    "--events-lanes",
+                    "full_attention@24",
                 ],
-                "--events-block-tokens",
+                "--events-lanes",
+            ),
+            (
+                &["--events-bind", "tcp://*:5557", "--events-lanes", "warp@16"],
+                "--events-lanes",
             ),
             (
                 &[

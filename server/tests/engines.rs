@@ -775,6 +775,59 @@ fn vllm_034_hybrid_groups_and_spec_kinds_score_jointly() {
     publisher.stop();
 }
 
+/// A hybrid engine that connects (--events-bind) is announced with --events-lanes, its
+/// groups scored jointly as an announced one's are.
+#[test]
+fn a_hybrid_engine_that_connects_gets_the_configured_lanes() {
+    if available("a_hybrid_engine_that_connects").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let bind = format!("tcp://127.0.0.1:{}", free_port());
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--events-bind",
+        &bind,
+        "--events-lanes",
+        "full_attention@16,sliding_window:32@16",
+    ]);
+    let mut c = server.session();
+    let mut p = Publisher::try_start_topic(rel.0, &bind, None, 0, "kv@127.0.0.1@m").unwrap();
+    let w = heartbeat_until_announced(&mut c, &mut p, "127.0.0.1");
+    let group = |mut e: Value, g: u32| {
+        e["group_idx"] = json!(g);
+        if g == 1 {
+            e["kv_cache_spec_kind"] = json!("sliding_window");
+            e["kv_cache_spec_sliding_window"] = json!(32);
+        }
+        e
+    };
+    let base = ks("", "");
+    let chain8 = chain(&base, 1, 8);
+    p.publish(vec![
+        group(rel.blocks(1, 0, 8, 1), 0),
+        group(rel.blocks(1, 0, 8, 101), 1),
+    ]);
+    expect(
+        &mut c,
+        &base,
+        &chain8,
+        &[(w, 8)],
+        "both groups hold everything",
+    );
+    let mut rm = rel.removed(&[108]);
+    rm["group_idx"] = json!(1);
+    p.publish(vec![rm]);
+    expect(&mut c, &base, &chain8, &[(w, 7)], "the window at 8 is gone");
+    let skipped = server.scrape();
+    assert!(
+        skipped.contains("kvix_ingest_skipped_events_total{reason=\"lane_mismatch\"} 0"),
+        "{skipped}"
+    );
+    p.stop();
+}
+
 #[test]
 fn bytes_hashes_extra_keys_and_salts_are_part_of_block_identity() {
     if available("bytes_hashes_extra_keys_and_salts").is_none() {

@@ -7,7 +7,7 @@
 //!
 //! The first message of a (rank, topic) no worker has yet announces its worker through
 //! the one write route, as a client's announce would: named by the topic's host (with
-//! `/dp<r>` past rank 0), its source `bound://<rank>/<topic>`, its replay endpoint the
+//! `/dp<r>` past rank 0), with `--events-lanes`, its source `bound://<rank>/<topic>`, its replay endpoint the
 //! host at `--events-replay-port` (+ rank). What it published before its worker was
 //! subscribed comes back from that replay (a stream without one starts at the next
 //! message). A bound worker whose engine has had no connection for `--events-grace` is
@@ -165,9 +165,8 @@ pub struct BindSpec {
     pub endpoints: Vec<String>,
     pub topic: TopicTemplate,
     pub replay_port: Option<u16>,
-    /// The lane a discovered engine is announced with: full attention, blocks of this
-    /// many tokens.
-    pub block_tokens: u32,
+    /// The lanes a discovered engine is announced with.
+    pub lanes: Vec<kvix_wire::Lane>,
     pub grace: Duration,
 }
 
@@ -494,7 +493,7 @@ mod tests {
             endpoints: vec!["tcp://*:5557".into(), "tcp://*:5558".into()],
             topic: "kv@{host}@{model}".parse().unwrap(),
             replay_port: Some(5600),
-            block_tokens: 16,
+            lanes: vec![kvix_wire::Lane::full(16)],
             grace: Duration::from_secs(60),
         };
         let d = spec.discover(1, "kv@10.0.0.5@m").unwrap();

@@ -133,7 +133,7 @@ pub fn parse(path: &str, text: &str, block: u32) -> Result<BTreeMap<String, Decl
 }
 
 /// `KIND[:PARAM]@TOKENS,...`
-fn parse_lanes(text: &str) -> Result<Vec<Lane>, String> {
+pub fn parse_lanes(text: &str) -> Result<Vec<Lane>, String> {
     text.split(',')
         .map(|lane| {
             let (kind, tokens) = lane

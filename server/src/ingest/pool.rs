@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::channel::mpsc;
 use futures::SinkExt;
-use kvix_wire::{Feed, Lane, WorkerId};
+use kvix_wire::{Feed, WorkerId};
 
 use super::bound::{self, BindSpec, Bound};
 use super::context::{Context, SOCKETS_PER_SOURCE};
@@ -420,7 +420,7 @@ impl IngestThread {
                 }
             }
         }
-        let lanes = vec![Lane::full(bound.spec.block_tokens)];
+        let lanes = bound.spec.lanes.clone();
         for d in announces {
             tracing::info!(worker = %d.name, endpoint = %d.source.endpoint, replay = %d.source.replay, "ingest: an engine connected for the first time; announcing it");
             METRICS.engines_announced.fetch_add(1, Relaxed);
