@@ -510,6 +510,7 @@ pub struct Metrics {
     pub refused: AtomicU64,
     pub dropped_full: AtomicU64,
     pub unknown_topics: AtomicU64,
+    pub inbox_dropped: AtomicU64,
     pub history_lost: AtomicU64,
     pub fleet_applies: AtomicU64,
     pub fleet_errors: AtomicU64,
@@ -552,6 +553,7 @@ pub static METRICS: Metrics = Metrics {
     refused: ZERO,
     dropped_full: ZERO,
     unknown_topics: ZERO,
+    inbox_dropped: ZERO,
     history_lost: ZERO,
     fleet_applies: ZERO,
     fleet_errors: ZERO,
@@ -606,7 +608,7 @@ impl Metrics {
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut String) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 33] = [
+    let plain: [(&str, &str, &str, &AtomicU64); 34] = [
         ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
         ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
@@ -626,6 +628,7 @@ pub fn render(out: &mut String) {
         ("kvix_ingest_engines_refused_total", "Announces of engines first heard of on --events-bind that were refused (the log names why: --max-sources, --source-allow, a name taken).", "counter", &m.discovery_refused),
         ("kvix_ingest_engines_gone_total", "Bound workers retired because their engine had no connection for --events-grace.", "counter", &m.engines_gone),
         ("kvix_ingest_unknown_topics_total", "Messages on --events-bind whose topic does not have the --events-topic form (dropped).", "counter", &m.unknown_topics),
+        ("kvix_ingest_inbox_dropped_total", "Messages on --events-bind dropped because their stream already held 100,000 unread (waiting for a long replay): its replay fills the gap.", "counter", &m.inbox_dropped),
         ("kvix_ingest_workers_history_lost", "Engine-fed workers whose history is lost: batches of their engine's process went by unapplied (a gap past the replay buffer, a late join past it, a gap without replay), so they may hold blocks the index does not report until the engine clears or restarts (the log names each).", "gauge", &m.history_lost),
         ("kvix_fleet_file_applies_total", "Times the --engines file was applied (at start and at each SIGHUP).", "counter", &m.fleet_applies),
         ("kvix_fleet_file_errors_total", "Times the --engines file did not read (nothing changed; the log names the line).", "counter", &m.fleet_errors),

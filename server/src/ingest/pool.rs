@@ -28,6 +28,8 @@ use kvix_events::stream::{Ask, Delivery, LastBatch, Stream, Tally};
 const POLL_MS: i64 = 50;
 /// Messages taken from one subscription before the others get their turn.
 const BURST: usize = 256;
+/// Messages a bound stream's inbox holds (a subscription's own queue: its rcvhwm).
+const BOUND_INBOX: usize = 100_000;
 
 /// One source to subscribe.
 pub struct StreamSpec {
@@ -394,7 +396,14 @@ impl IngestThread {
                         }
                         // A message comes over a connection: the engine is there.
                         set_link(b, true, now);
-                        b.inbox.push_back(m.frame);
+                        // As libzmq's queue of a subscription of its own would, past
+                        // its bound (a stream waiting for a long replay): the stream
+                        // meets a gap, which its replay fills.
+                        if b.inbox.len() < BOUND_INBOX {
+                            b.inbox.push_back(m.frame);
+                        } else {
+                            METRICS.inbox_dropped.fetch_add(1, Relaxed);
+                        }
                     }
                     None => {
                         if !self.discovering.load(Relaxed) {
