@@ -164,7 +164,8 @@ fn is_write(msg: &MessageRef<'_>) -> bool {
     )
 }
 
-/// The write a message asks for, as the logs keep it; `body` is its frame body.
+/// The write a message asks for, as the logs keep it; `body` is the frame body `msg`
+/// was validated from (the write keeps it as validated).
 fn write_of(msg: &MessageRef<'_>, body: &[u8]) -> Result<Write, Failure> {
     Ok(match msg {
         MessageRef::Announce(a) => {
@@ -180,12 +181,14 @@ fn write_of(msg: &MessageRef<'_>, body: &[u8]) -> Result<Write, Failure> {
         MessageRef::Retire(r) => Write::Retire {
             worker: r.worker.to_native(),
         },
+        // `body` is the frame body `msg` was read (and validated) from.
         MessageRef::EventBatch(_) => Write::Events {
-            body: WriteBody::from(body),
+            body: WriteBody::validated(body, kvix_wire::Kind::EventBatch),
         },
-        _ => Write::Place {
-            body: WriteBody::from(body),
+        MessageRef::Placement(_) => Write::Place {
+            body: WriteBody::validated(body, kvix_wire::Kind::Placement),
         },
+        _ => return Err(Failure::Bug("write_of is given writes")),
     })
 }
 

@@ -85,7 +85,7 @@ fn to_log(
 /// the rest on the worker's home) before this returns.
 fn to_executor(
     ex: &Rc<Executor>,
-    write: Write,
+    mut write: Write,
     checked: bool,
 ) -> LocalFuture<Result<Outcome, Failure>> {
     match (write.home_worker(), &write) {

@@ -15,10 +15,10 @@ use std::time::Instant;
 
 use glommio::channels::local_channel::LocalReceiver;
 use kvix_engine::{AnnounceOutcome, Cursor, Ks, Update, WorkerEntry};
-use kvix_wire::{AlignedVec, Applied, ApplyStatus, Event, EventBatch, Placement, WorkerId};
+use kvix_wire::{Applied, ApplyStatus, Event, EventBatch, Placement, WorkerId};
 
 use crate::durable::snapshot::Part;
-use crate::durable::write::{Outcome, Write};
+use crate::durable::write::{Body, Outcome, Write};
 use crate::executor::{answer, Acks, Executor, Queued, Tally, Written};
 use crate::failure::Failure;
 use crate::ingest::states::Dropped;
@@ -160,11 +160,13 @@ pub async fn export(ex: Rc<Executor>) -> Written<Result<Part, Failure>> {
 }
 
 /// The feed step of an event batch: checks it whole and turns it into `u`, in slices.
-async fn events(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<Outcome, Failure> {
-    let b = kvix_wire::codec::access::<EventBatch>(body).map_err(|source| Failure::Invalid {
-        what: "an event batch",
-        source,
-    })?;
+async fn events(ex: &Executor, body: &Body, u: &mut Update) -> Result<Outcome, Failure> {
+    let b = body
+        .access::<EventBatch>()
+        .map_err(|source| Failure::Invalid {
+            what: "an event batch",
+            source,
+        })?;
     let m = ex.metrics();
     ExecutorMetrics::add(&m.batches, 1);
     let (worker, seq) = (b.worker.to_native(), b.seq.to_native());
@@ -248,11 +250,13 @@ async fn feed_ingest(ex: &Executor, worker: WorkerId, groups: &[(Ks, Vec<Event>)
 }
 
 /// The feed step of a placement, in slices (a chain may hold millions of blocks).
-async fn place(ex: &Executor, body: &AlignedVec, u: &mut Update) -> Result<(), Failure> {
-    let p = kvix_wire::codec::access::<Placement>(body).map_err(|source| Failure::Invalid {
-        what: "a placement",
-        source,
-    })?;
+async fn place(ex: &Executor, body: &Body, u: &mut Update) -> Result<(), Failure> {
+    let p = body
+        .access::<Placement>()
+        .map_err(|source| Failure::Invalid {
+            what: "a placement",
+            source,
+        })?;
     ExecutorMetrics::add(&ex.metrics().placements, 1);
     let ks = Ks {
         seed: p.keyspace.seed(ex.config().block_size),

@@ -64,13 +64,14 @@ impl Write {
 
     /// The worker whose home executor orders this write; None for announces and
     /// retires, which executor 0 orders (it numbers workers). An event batch's or
-    /// placement's body is read, and so validated, for it.
-    pub fn home_worker(&self) -> Result<Option<WorkerId>, kvix_wire::FrameError> {
-        use kvix_wire::{codec, EventBatch, Placement};
+    /// placement's body is read for it, validated unless that was done already (by the
+    /// protocol handler, or an earlier reader on its way), and remembered as such.
+    pub fn home_worker(&mut self) -> Result<Option<WorkerId>, kvix_wire::FrameError> {
+        use kvix_wire::{EventBatch, Placement};
         Ok(match self {
             Write::Announce { .. } | Write::Retire { .. } => None,
-            Write::Events { body } => Some(codec::access::<EventBatch>(body)?.worker.to_native()),
-            Write::Place { body } => Some(codec::access::<Placement>(body)?.worker.to_native()),
+            Write::Events { body } => Some(body.check::<EventBatch>()?.worker.to_native()),
+            Write::Place { body } => Some(body.check::<Placement>()?.worker.to_native()),
             Write::Ingest { worker, .. } => Some(*worker),
         })
     }
@@ -85,27 +86,68 @@ pub enum Outcome {
 }
 
 /// A frame body, kept aligned so the frame reads in place (rkyv), stored as its bytes.
+/// It remembers the message kind it was validated as (by the frame reader, or the first
+/// [`Body::check`] on its way), so that a body read on the route and again in the write
+/// queue is validated once: a client's event batch was validated three times.
 #[derive(Clone, Debug, Default)]
-pub struct Body(pub AlignedVec);
+pub struct Body {
+    bytes: AlignedVec,
+    /// Validated as this kind's archived message (not stored: a log is read afresh).
+    checked: Option<kvix_wire::Kind>,
+}
 
 impl From<&[u8]> for Body {
     fn from(bytes: &[u8]) -> Self {
         let mut v = AlignedVec::with_capacity(bytes.len());
         v.extend_from_slice(bytes);
-        Body(v)
+        Body {
+            bytes: v,
+            checked: None,
+        }
     }
 }
 
-impl std::ops::Deref for Body {
-    type Target = AlignedVec;
-    fn deref(&self) -> &AlignedVec {
-        &self.0
+impl Body {
+    /// Bytes the frame reader validated as a `kind` message.
+    pub fn validated(bytes: &[u8], kind: kvix_wire::Kind) -> Self {
+        Body {
+            checked: Some(kind),
+            ..Body::from(bytes)
+        }
+    }
+
+    /// The archived `M` the body holds, validated unless it was as `M` already.
+    pub fn access<M: kvix_wire::Body>(&self) -> Result<&M::Archived, kvix_wire::FrameError> {
+        if self.checked == Some(M::KIND) {
+            // SAFETY: these bytes, which never change, were validated as an `M` (by
+            // `codec::access::<M>` in `check`, or by the frame reader for `validated`),
+            // and an AlignedVec keeps them aligned.
+            return Ok(unsafe { rkyv::access_unchecked::<M::Archived>(&self.bytes) });
+        }
+        kvix_wire::codec::access::<M>(&self.bytes)
+    }
+
+    /// [`Body::access`], remembering the body as validated.
+    pub fn check<M: kvix_wire::Body>(&mut self) -> Result<&M::Archived, kvix_wire::FrameError> {
+        if self.checked != Some(M::KIND) {
+            kvix_wire::codec::access::<M>(&self.bytes)?;
+            self.checked = Some(M::KIND);
+        }
+        self.access::<M>()
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
     }
 }
 
 impl PartialEq for Body {
     fn eq(&self, other: &Self) -> bool {
-        self.0[..] == other.0[..]
+        self.bytes[..] == other.bytes[..]
     }
 }
 
@@ -115,18 +157,69 @@ impl Archive for Body {
     type Resolver = VecResolver;
 
     fn resolve(&self, resolver: VecResolver, out: Place<ArchivedVec<u8>>) {
-        ArchivedVec::resolve_from_len(self.0.len(), resolver, out)
+        ArchivedVec::resolve_from_len(self.bytes.len(), resolver, out)
     }
 }
 
 impl<S: Fallible + Allocator + Writer + ?Sized> Serialize<S> for Body {
     fn serialize(&self, s: &mut S) -> Result<VecResolver, S::Error> {
-        ArchivedVec::<u8>::serialize_from_slice(&self.0[..], s)
+        ArchivedVec::<u8>::serialize_from_slice(&self.bytes[..], s)
     }
 }
 
 impl<D: Fallible + ?Sized> Deserialize<Body, D> for ArchivedVec<u8> {
     fn deserialize(&self, _: &mut D) -> Result<Body, D::Error> {
         Ok(Body::from(self.as_slice()))
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+    use kvix_wire::{codec, EventBatch, Keyspace, Kind, Placement};
+
+    fn event_batch_body() -> Vec<u8> {
+        let batch = EventBatch {
+            worker: 3,
+            seq: 1,
+            keyspace: Keyspace::tokens("m"),
+            events: vec![],
+        };
+        let frame = codec::encode(&batch, 1, 0).unwrap();
+        codec::split_frame(&frame, u32::MAX)
+            .unwrap()
+            .unwrap()
+            .body
+            .to_vec()
+    }
+
+    #[test]
+    fn a_body_is_validated_once_as_its_kind_and_never_trusted_as_another() {
+        let bytes = event_batch_body();
+        let mut body = Body::from(&bytes[..]);
+        assert_eq!(body.checked, None);
+        assert_eq!(body.check::<EventBatch>().unwrap().worker.to_native(), 3);
+        assert_eq!(body.checked, Some(Kind::EventBatch));
+        assert_eq!(body.access::<EventBatch>().unwrap().seq.to_native(), 1);
+        // Checked as an event batch says nothing of it as a placement: validated again.
+        let _ = body.access::<Placement>();
+        assert_eq!(body.checked, Some(Kind::EventBatch));
+        // What a log holds is read afresh: the mark is not stored.
+        let mut write = Write::Events {
+            body: Body::validated(&bytes, Kind::EventBatch),
+        };
+        let stored = rkyv::to_bytes::<rkyv::rancor::Error>(&write).unwrap();
+        let mut back = rkyv::from_bytes::<Write, rkyv::rancor::Error>(&stored).unwrap();
+        let Write::Events { body: read } = &back else {
+            panic!("an event batch")
+        };
+        assert_eq!(read.checked, None);
+        assert_eq!(back.home_worker().unwrap(), Some(3));
+        assert_eq!(write.home_worker().unwrap(), Some(3));
+        // Damaged bytes are refused, not trusted.
+        let mut damaged = Write::Events {
+            body: Body::from(&bytes[..bytes.len() / 2]),
+        };
+        assert!(damaged.home_worker().is_err());
     }
 }

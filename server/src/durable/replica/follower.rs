@@ -247,7 +247,7 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
 fn dispatch(r: &Replica, inboxes: &mut [mpsc::Sender<LogJob>], bytes: &[u8], origin: &str) -> bool {
     let mut aligned = kvix_wire::AlignedVec::with_capacity(bytes.len());
     aligned.extend_from_slice(bytes);
-    let Ok(record) = rkyv::from_bytes::<Write, rkyv::rancor::Error>(&aligned) else {
+    let Ok(mut record) = rkyv::from_bytes::<Write, rkyv::rancor::Error>(&aligned) else {
         return false;
     };
     let waiter = origin
