@@ -27,6 +27,21 @@ fn server(args: &[&str]) -> Command {
     cmd
 }
 
+/// `kvix-server check` of a server on port 0 with no metrics or Unix socket, and `more`.
+fn check_quiet(more: &[&str]) -> Output {
+    let mut args = vec![
+        "check",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics",
+        "",
+        "--unix",
+        "",
+    ];
+    args.extend_from_slice(more);
+    server(&args).output().unwrap()
+}
+
 fn said(out: &Output) -> String {
     format!(
         "{}{}",
@@ -58,17 +73,7 @@ fn a_config_file_configures_a_server() {
 fn check_passes_a_start_that_would_work_and_names_what_would_not() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
-    let ok = server(&[
-        "check",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics",
-        "",
-        "--unix",
-        "",
-    ])
-    .output()
-    .unwrap();
+    let ok = check_quiet(&[]);
     assert!(ok.status.success(), "{}", said(&ok));
     assert!(
         said(&ok).contains("ok    --listen 127.0.0.1:0: free"),
@@ -133,21 +138,7 @@ fn check_reaches_the_replicas_redis_or_says_it_cannot() {
         return;
     }
     let r = Redis::start("check");
-    let args = |url: &str| {
-        server(&[
-            "check",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "",
-            "--unix",
-            "",
-            "--log",
-            url,
-        ])
-        .output()
-        .unwrap()
-    };
+    let args = |url: &str| check_quiet(&["--log", url]);
     let up = args(&r.url("kvix"));
     assert!(up.status.success(), "{}", said(&up));
     assert!(said(&up).contains("answers (PONG)"), "{}", said(&up));
