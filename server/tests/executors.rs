@@ -219,10 +219,14 @@ fn executors_are_pinned_within_the_cpus_the_process_may_use() {
             "1",
         ]);
     let server = Server::spawn(cmd);
-    let threads = thread_cpus(server.pid());
-    assert!(
-        threads.iter().any(|(name, _)| name.starts_with("kvix-0")),
-        "{threads:?}"
-    );
+    // The address is printed before the executors start: one answering has pinned itself.
+    server.session();
+    let threads = eventually("the executor's thread", || {
+        let threads = thread_cpus(server.pid());
+        threads
+            .iter()
+            .any(|(name, _)| name.starts_with("kvix-0"))
+            .then_some(threads)
+    });
     assert!(threads.iter().all(|(_, cpus)| cpus == "1"), "{threads:?}");
 }
