@@ -140,25 +140,51 @@ fn restore(
 
 /// Writes replayed before the replay waits for them to be applied everywhere.
 const REPLAY_WINDOW: usize = 4096;
+/// Writes of one home's that go to it as one job, their feed steps in one update.
+const REPLAY_BATCH: usize = 256;
 
-/// Applies the log's records in their order. Each write is queued on its worker's home
-/// before [`route::route_write`] returns, so writes of one worker keep their order without
-/// waiting on each other: only announces and retires (which number workers and change
-/// every executor's roster) wait for everything before them and are awaited themselves.
+/// Applies the log's records in their order. Records of workers homed on one executor
+/// go to it in batches ([`writer::home_writes`]: one update, one publish per batch), in
+/// their order, so writes of one worker keep their order without waiting on each other;
+/// only announces and retires (which number workers and change every executor's
+/// roster) wait for everything before them and are awaited themselves.
 async fn replay(ex: &Rc<Executor>, records: Vec<write::Write>) {
-    let mut pending = Vec::with_capacity(REPLAY_WINDOW);
-    for r in records {
-        let roster = r.changes_roster();
-        if roster || pending.len() >= REPLAY_WINDOW {
+    let mut batches: Vec<Vec<write::Write>> = (0..ex.executors()).map(|_| Vec::new()).collect();
+    let mut pending = Vec::new();
+    let mut queued = 0;
+    let send = |home: usize, batch: Vec<write::Write>, pending: &mut Vec<_>| {
+        pending.push(ex.queue_on(home, move |on| writer::home_writes(on, batch)));
+    };
+    for mut r in records {
+        if r.changes_roster() || queued >= REPLAY_WINDOW {
+            for (home, batch) in batches.iter_mut().enumerate() {
+                if !batch.is_empty() {
+                    send(home, std::mem::take(batch), &mut pending);
+                }
+            }
             for p in pending.drain(..) {
                 let _ = p.await;
             }
+            queued = 0;
         }
-        let done = route::route_write(ex, r, route::Origin::Logged);
-        if roster {
-            let _ = done.await;
-        } else {
-            pending.push(done);
+        if r.changes_roster() {
+            let _ = route::route_write(ex, r, route::Origin::Logged).await;
+            continue;
+        }
+        // A record that does not read was refused when it was first taken too.
+        let Ok(Some(worker)) = r.home_worker() else {
+            continue;
+        };
+        let home = ex.home_of(worker);
+        batches[home].push(r);
+        queued += 1;
+        if batches[home].len() >= REPLAY_BATCH {
+            send(home, std::mem::take(&mut batches[home]), &mut pending);
+        }
+    }
+    for (home, batch) in batches.into_iter().enumerate() {
+        if !batch.is_empty() {
+            send(home, batch, &mut pending);
         }
     }
     for p in pending {

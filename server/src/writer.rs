@@ -46,15 +46,49 @@ pub async fn run(ex: Rc<Executor>, queue: LocalReceiver<Queued>) {
 /// into an update by the feed step, published.
 pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcome, Failure>> {
     let started = Instant::now();
-    let logged = ex.log(&write).await;
     let mut u = Update::new();
-    let result = match write {
+    let result = feed_step(&ex, write, &mut u).await;
+    let written = match result {
+        Ok(outcome) => Written {
+            result: Ok(outcome),
+            acks: publish(&ex, u).await,
+        },
+        Err(f) => Written::now(Err(f)),
+    };
+    ex.metrics().applied(started.elapsed());
+    written
+}
+
+/// Writes of workers homed here read back from the write-ahead log, in its order: each
+/// one's feed step appends to one update, published once (a record at a time was an
+/// update, a publish and an apply on every executor each). A write refused is left out
+/// (as it was the first time), counted in the result.
+pub async fn home_writes(ex: Rc<Executor>, writes: Vec<Write>) -> Written<Result<u64, Failure>> {
+    let mut u = Update::new();
+    let mut refused = 0;
+    for write in writes {
+        let mark = u.ops.mark();
+        if feed_step(&ex, write, &mut u).await.is_err() {
+            u.ops.truncate(mark);
+            refused += 1;
+        }
+    }
+    Written {
+        result: Ok(refused),
+        acks: publish(&ex, u).await,
+    }
+}
+
+/// One write's feed step: logged, then turned into block operations appended to `u`.
+async fn feed_step(ex: &Rc<Executor>, write: Write, u: &mut Update) -> Result<Outcome, Failure> {
+    let logged = ex.log(&write).await;
+    match write {
         Write::Events { body } => match logged {
-            Ok(()) => events(&ex, &body, &mut u).await,
+            Ok(()) => events(ex, &body, u).await,
             Err(f) => Err(f),
         },
         Write::Place { body } => match logged {
-            Ok(()) => place(&ex, &body, &mut u).await.map(|()| Outcome::Done),
+            Ok(()) => place(ex, &body, u).await.map(|()| Outcome::Done),
             Err(f) => Err(f),
         },
         // The engine's buffer is the source of truth: a log that refuses is counted and
@@ -64,10 +98,10 @@ pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcom
             let bounds = (ex.config().block_size, ex.config().max_blocks);
             let translated = ex
                 .ingest_states()
-                .translate(&mut ex.core(), bounds, ingest, &mut u);
+                .translate(&mut ex.core(), bounds, ingest, u);
             match translated {
                 Ok(t) => {
-                    feed_ingest(&ex, worker, &t.groups, &mut u).await;
+                    feed_ingest(ex, worker, &t.groups, u).await;
                     ex.ingest().note_last(worker, t.last);
                     Ok(Outcome::Done)
                 }
@@ -78,16 +112,7 @@ pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcom
         Write::Announce { .. } | Write::Retire { .. } => Err(Failure::Bug(
             "announces and retires are numbered by executor 0",
         )),
-    };
-    let written = match result {
-        Ok(outcome) => Written {
-            result: Ok(outcome),
-            acks: publish(&ex, u).await,
-        },
-        Err(f) => Written::now(Err(f)),
-    };
-    ex.metrics().applied(started.elapsed());
-    written
+    }
 }
 
 /// A (re-)registered worker homed here: its feed starts afresh (what it held is dropped

@@ -274,6 +274,60 @@ fn with_the_write_ahead_log_a_kill_9_loses_no_acknowledged_write() {
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 
+/// A long log, replayed in batches per home (256 records to a job, one update each):
+/// 24 workers on both executors, 1,200 batches that store and remove, a worker retired
+/// and another announced in the middle. After kill -9 every answer is what it was.
+#[test]
+fn a_long_write_ahead_log_replays_to_the_same_answers() {
+    let path = snapshot_path("wal-long");
+    let args = wal_args(&path, "0");
+    let ks = Keyspace::tokens("m");
+    let server = Server::start(&args);
+    let mut c = server.session();
+    let mut workers: Vec<WorkerId> = (0..24).map(|i| c.events_worker(&format!("w{i}"))).collect();
+    let chains: Vec<Vec<u64>> = (0..24u32).map(|i| chain_of(&ks, i * 10_000, 60)).collect();
+    let mut seqs = [0u64; 24];
+    for round in 0..50u32 {
+        for (i, &w) in workers.iter().enumerate() {
+            let b = (round as usize) % 60;
+            let batch = if round % 7 == 6 {
+                EventBatch {
+                    worker: w,
+                    seq: seqs[i],
+                    keyspace: ks.clone(),
+                    events: vec![Event::Removed {
+                        lane: 0,
+                        hashes: vec![chains[i][b - 1]],
+                    }],
+                }
+            } else {
+                stored_at(w, seqs[i], &ks, b as u32, &chains[i][b..b + 1])
+            };
+            seqs[i] += 1;
+            assert_eq!(c.ask(&batch).kind, Kind::Applied, "w{i} round {round}");
+        }
+        if round == 20 {
+            assert_eq!(c.ask(&Retire { worker: workers[5] }).kind, Kind::Ack);
+            workers[5] = c.events_worker("w5-again");
+            seqs[5] = 0;
+        }
+    }
+    let before: Vec<_> = chains.iter().map(|ch| c.query(&ks, ch).scores).collect();
+    assert!(
+        before.iter().filter(|s| !s.is_empty()).count() >= 20,
+        "{before:?}"
+    );
+    server.kill();
+
+    let server = Server::start(&args);
+    let mut c = server.session();
+    let after: Vec<_> = chains.iter().map(|ch| c.query(&ks, ch).scores).collect();
+    assert_eq!(after, before);
+    assert!(server.metric("kvix_wal_replayed_records") >= 1_200);
+    drop(server);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
 /// A disk that fills up mid-record: the refused write (the client gets an error) is cut
 /// back before the error is sent, so once space returns the writes acknowledged after it
 /// survive a kill -9. Before, the partial record stayed in the file: the restart then

@@ -58,6 +58,17 @@ impl OpBatch {
         &self.hashes[at as usize..(at + len) as usize]
     }
 
+    /// Where the batch ends now, to cut it back to with [`OpBatch::truncate`].
+    pub fn mark(&self) -> (usize, usize) {
+        (self.ops.len(), self.hashes.len())
+    }
+
+    /// Drops what was appended since `mark`.
+    pub fn truncate(&mut self, (ops, hashes): (usize, usize)) {
+        self.ops.truncate(ops);
+        self.hashes.truncate(hashes);
+    }
+
     /// Blocks the operations name: the cost of applying them.
     pub fn blocks(&self) -> u64 {
         self.ops.iter().map(|op| op.len() as u64).sum()
