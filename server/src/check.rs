@@ -7,7 +7,7 @@ use std::net::ToSocketAddrs;
 
 use crate::config::Config;
 use crate::durable::{replica, snapshot};
-use crate::{ingest, rlimit};
+use crate::{ingest, listener, rlimit};
 
 /// One check's outcome: what was checked, and what was found or why it fails.
 pub struct Checked {
@@ -100,14 +100,7 @@ fn port_free(addr: &str) -> Result<String, String> {
         .map_err(|e| format!("does not resolve: {e}"))?
         .next()
         .ok_or("resolves to nothing")?;
-    let probe = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )
-    .map_err(|e| e.to_string())?;
-    probe.set_reuse_address(true).map_err(|e| e.to_string())?;
-    match probe.bind(&addr.into()) {
+    match listener::probe_bind(addr) {
         Ok(()) => Ok("free".into()),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
             Err("in use by another process (is another kvix-server running?)".into())
@@ -118,15 +111,9 @@ fn port_free(addr: &str) -> Result<String, String> {
 
 /// Whether a Unix socket path is free: absent, or a stale socket of a dead server.
 fn unix_free(path: &str) -> Result<String, String> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::symlink_metadata(path) {
-        Err(_) => Ok("free".into()),
-        Ok(meta) if !meta.file_type().is_socket() => {
-            Err("exists and is not a socket (a start refuses to replace it)".into())
-        }
-        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
-            Err("another server is listening on it".into())
-        }
-        Ok(_) => Ok("a stale socket (a start replaces it)".into()),
+    match listener::stale_unix_socket(path) {
+        Ok(false) => Ok("free".into()),
+        Ok(true) => Ok("a stale socket (a start replaces it)".into()),
+        Err(e) => Err(format!("{e} (a start refuses it)")),
     }
 }

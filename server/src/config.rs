@@ -324,7 +324,7 @@ impl Config {
             ));
         }
         let endpoints = (0..self.events_ranks)
-            .map(|r| rank_endpoint(base, r))
+            .map(|r| rank_endpoint(base, r).map_err(|e| format!("--events-bind {e}")))
             .collect::<Result<_, _>>()?;
         Ok(Some(BindSpec {
             endpoints,

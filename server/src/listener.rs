@@ -59,12 +59,7 @@ const PORT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 pub fn ensure_unserved(addr: SocketAddr) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     loop {
-        let probe = Socket::new(Domain::for_address(addr), Type::STREAM, None)
-            .context("creating a TCP socket")?;
-        probe
-            .set_reuse_address(true)
-            .context("setting SO_REUSEADDR")?;
-        match probe.bind(&addr.into()) {
+        match probe_bind(addr) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
                 if started.elapsed() >= PORT_WAIT {
@@ -79,6 +74,15 @@ pub fn ensure_unserved(addr: SocketAddr) -> anyhow::Result<()> {
             Err(e) => return Err(e).with_context(|| format!("binding {addr}")),
         }
     }
+}
+
+/// Whether `addr` can be bound now: a plain bind with SO_REUSEADDR (a closed
+/// connection's TIME_WAIT does not count), its error kind `AddrInUse` where another
+/// process serves it.
+pub fn probe_bind(addr: SocketAddr) -> std::io::Result<()> {
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    probe.set_reuse_address(true)?;
+    probe.bind(&addr.into())
 }
 
 /// The metrics endpoint's listening socket. SO_REUSEADDR (which glommio's own bind
@@ -105,17 +109,26 @@ pub fn metrics_socket(addr: &str) -> anyhow::Result<RawFd> {
 /// Makes `path` free for a new Unix socket: removes a stale socket file left by a dead
 /// server, but never a live server's socket or a file that is not a socket.
 pub fn free_unix_path(path: &str) -> anyhow::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        anyhow::ensure!(
-            meta.file_type().is_socket(),
-            "{path} exists and is not a socket; refusing to replace it"
-        );
-        anyhow::ensure!(
-            std::os::unix::net::UnixStream::connect(path).is_err(),
-            "another server is listening on {path}"
-        );
+    if stale_unix_socket(path)? {
         std::fs::remove_file(path).with_context(|| format!("removing stale socket {path}"))?;
     }
     Ok(())
+}
+
+/// Whether `path` holds a dead server's socket (false: nothing there); an error when it
+/// holds something a start must not replace (a file that is not a socket, a live server's).
+pub fn stale_unix_socket(path: &str) -> anyhow::Result<bool> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(false);
+    };
+    anyhow::ensure!(
+        meta.file_type().is_socket(),
+        "{path} exists and is not a socket; refusing to replace it"
+    );
+    anyhow::ensure!(
+        std::os::unix::net::UnixStream::connect(path).is_err(),
+        "another server is listening on {path}"
+    );
+    Ok(true)
 }

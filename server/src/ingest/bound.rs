@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use kvix_wire::EventSource;
 
 use super::context::{Context, Kind};
+pub use super::socket::Frame;
 use super::socket::MAX_FRAME;
 
 /// The source endpoint form of a bound stream.
@@ -39,10 +40,6 @@ const ANNOUNCE_AGAIN: Duration = Duration::from_secs(10);
 /// and this many payload bytes in all.
 const EARLY_PER_STREAM: usize = 1024;
 const EARLY_BYTES: usize = 64 << 20;
-
-/// A message's seq and payload, or the frame count of one that is not
-/// `[topic, seq, payload]`.
-pub type Frame = Result<(u64, Vec<u8>), usize>;
 
 /// `--events-topic`: literal text around `{host}` and `{model}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +126,7 @@ impl TopicTemplate {
 
 /// Rank `rank`'s endpoint of an engine configured with `base`, as vLLM and SGLang offset
 /// it (`offset_endpoint_port`): the tcp port plus the rank, `_dp<rank>` after an ipc path.
+/// The error names `base` (the caller says where it came from).
 pub fn rank_endpoint(base: &str, rank: usize) -> Result<String, String> {
     if rank == 0 {
         return Ok(base.to_string());
@@ -136,14 +134,12 @@ pub fn rank_endpoint(base: &str, rank: usize) -> Result<String, String> {
     if base.starts_with("ipc://") {
         return Ok(format!("{base}_dp{rank}"));
     }
-    let bad = || format!("--events-bind {base:?}: expected tcp://HOST:PORT or ipc://PATH");
+    let bad = || format!("{base:?}: expected tcp://HOST:PORT or ipc://PATH");
     let (addr, port) = base.rsplit_once(':').ok_or_else(bad)?;
     let port: usize = port.parse().map_err(|_| bad())?;
     match u16::try_from(port + rank) {
         Ok(p) if port > 0 => Ok(format!("{addr}:{p}")),
-        _ => Err(format!(
-            "--events-bind {base:?}: rank {rank}'s port is past 65535"
-        )),
+        _ => Err(format!("{base:?}: rank {rank}'s port is past 65535")),
     }
 }
 

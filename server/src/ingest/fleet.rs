@@ -104,9 +104,8 @@ pub fn parse(path: &str, text: &str, block: u32) -> Result<BTreeMap<String, Decl
                 0 => name.to_string(),
                 r => format!("{name}/dp{r}"),
             };
-            let offset = |ep: &str| {
-                rank_endpoint(ep, rank).map_err(|e| err(e.replace("--events-bind", "endpoint")))
-            };
+            let offset =
+                |ep: &str| rank_endpoint(ep, rank).map_err(|e| err(format!("endpoint {e}")));
             let declared = Declared {
                 lanes: lanes.clone(),
                 source: EventSource {

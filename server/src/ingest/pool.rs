@@ -17,7 +17,7 @@ use futures::channel::mpsc;
 use futures::SinkExt;
 use kvix_wire::{Feed, WorkerId};
 
-use super::bound::{self, BindSpec, Bound};
+use super::bound::{self, BindSpec, Bound, Frame};
 use super::context::{Context, SOCKETS_PER_SOURCE};
 use super::socket::{Backoff, Link, ReplayCall, Subscription};
 use super::{SourceSpec, METRICS};
@@ -207,12 +207,11 @@ struct BoundStream {
     topic: String,
     /// The address its engine connects from (its topic's host, else its messages').
     peer: Option<IpAddr>,
-    inbox: VecDeque<Result<(u64, Vec<u8>), usize>>,
-    /// Whether its engine is connected, as the bound sockets last told.
-    connected: bool,
+    inbox: VecDeque<Frame>,
     /// A connection change not yet handed to the stream.
     link: Option<Link>,
-    /// Since when its engine has had no connection.
+    /// Since when its engine has had no connection, as the bound sockets last told
+    /// (None: connected).
     down_since: Option<Instant>,
     /// When its retire was sent (the engine gone past the grace period).
     retire_sent: Option<Instant>,
@@ -232,6 +231,21 @@ struct Live {
 }
 
 impl Live {
+    /// A stream of `spec` reading from `input`, counted as a source.
+    fn new(spec: StreamSpec, input: Input) -> Live {
+        METRICS.sources.fetch_add(1, Relaxed);
+        let stream = Stream::new(spec.last, !spec.source.replay.is_empty());
+        Live {
+            spec,
+            input,
+            stream,
+            up: false,
+            backoff: Backoff::default(),
+            replay: None,
+            queued: None,
+        }
+    }
+
     /// The next connection change of its publisher, if one is waiting.
     fn next_link(&mut self) -> Option<Link> {
         match &mut self.input {
@@ -241,7 +255,7 @@ impl Live {
     }
 
     /// The next live message, if one is waiting.
-    fn next_message(&mut self) -> Option<Result<(u64, Vec<u8>), usize>> {
+    fn next_message(&mut self) -> Option<Frame> {
         match &mut self.input {
             Input::Own(sub) => sub.next(),
             Input::Bound(b) => b.inbox.pop_front(),
@@ -569,17 +583,7 @@ impl IngestThread {
         match Subscription::open(&self.replays.ctx, &spec.source.endpoint) {
             Ok(subscription) => {
                 tracing::info!(worker = %spec.name, endpoint = %spec.source.endpoint, replay = %spec.source.replay, "ingest: subscribing");
-                METRICS.sources.fetch_add(1, Relaxed);
-                let stream = Stream::new(spec.last, !spec.source.replay.is_empty());
-                self.streams.push(Live {
-                    spec,
-                    input: Input::Own(subscription),
-                    stream,
-                    up: false,
-                    backoff: Backoff::default(),
-                    replay: None,
-                    queued: None,
-                });
+                self.streams.push(Live::new(spec, Input::Own(subscription)));
             }
             Err(e) => {
                 METRICS.connect_failures.fetch_add(1, Relaxed);
@@ -601,31 +605,18 @@ impl IngestThread {
         let peer = bound.spec.peer_of(&topic);
         let connected = peer.is_some_and(|p| bound.connected(rank, p));
         tracing::info!(worker = %spec.name, endpoint = %spec.source.endpoint, replay = %spec.source.replay, connected, "ingest: serving a bound stream");
-        METRICS.sources.fetch_add(1, Relaxed);
-        let mut b = BoundStream {
+        let b = BoundStream {
             rank,
             topic,
             peer,
             inbox: early,
-            connected: false,
-            link: None,
-            down_since: Some(Instant::now()),
+            // It catches up now (the engine spoke a moment ago, or the server
+            // restarted): what came before its worker was subscribed is in the replay.
+            link: Some(Link::Up),
+            down_since: (!connected).then(Instant::now),
             retire_sent: None,
         };
-        set_link(&mut b, connected, Instant::now());
-        // It catches up now (the engine spoke a moment ago, or the server restarted):
-        // what came before its worker was subscribed is in the engine's replay.
-        b.link = Some(Link::Up);
-        let stream = Stream::new(spec.last, !spec.source.replay.is_empty());
-        self.streams.push(Live {
-            spec,
-            input: Input::Bound(b),
-            stream,
-            up: false,
-            backoff: Backoff::default(),
-            replay: None,
-            queued: None,
-        });
+        self.streams.push(Live::new(spec, Input::Bound(b)));
         self.index_bound();
     }
 
@@ -664,7 +655,7 @@ impl IngestThread {
                     // A bound stream is told to catch up when it starts, connected or not.
                     let connected = match &s.input {
                         Input::Own(_) => true,
-                        Input::Bound(b) => b.connected,
+                        Input::Bound(b) => b.down_since.is_none(),
                     };
                     if connected && !s.up {
                         METRICS.connected.fetch_add(1, Relaxed);
@@ -736,10 +727,9 @@ impl IngestThread {
 
 /// Notes whether a bound stream's engine is connected; a change is handed to the stream.
 fn set_link(b: &mut BoundStream, up: bool, now: Instant) {
-    if up == b.connected {
+    if up == b.down_since.is_none() {
         return;
     }
-    b.connected = up;
     if up {
         b.down_since = None;
         b.retire_sent = None;

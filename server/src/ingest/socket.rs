@@ -39,6 +39,10 @@ pub enum Link {
     Down,
 }
 
+/// A message's seq and payload, or the frame count of one that is not
+/// `[topic, seq, payload]`.
+pub type Frame = Result<(u64, Vec<u8>), usize>;
+
 /// A subscription to one publisher.
 pub struct Subscription {
     pub sub: zmq::Socket,
@@ -74,7 +78,7 @@ impl Subscription {
 
     /// The next live message, if one is waiting: (seq, payload), or Err for a message
     /// that is not `[topic, seq, payload]`.
-    pub fn next(&self) -> Option<Result<(u64, Vec<u8>), usize>> {
+    pub fn next(&self) -> Option<Frame> {
         let frames = self.sub.recv_multipart(zmq::DONTWAIT).ok()?;
         Some(seq_and_payload(frames))
     }
@@ -93,7 +97,7 @@ impl Subscription {
 }
 
 /// seq and payload of a live or replayed message: the last two frames.
-pub(super) fn seq_and_payload(mut frames: Vec<Vec<u8>>) -> Result<(u64, Vec<u8>), usize> {
+pub(super) fn seq_and_payload(mut frames: Vec<Vec<u8>>) -> Frame {
     let n = frames.len();
     if n < 2 || frames[n - 2].len() != 8 {
         return Err(n);
