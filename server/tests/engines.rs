@@ -1910,3 +1910,64 @@ fn a_publisher_whose_port_is_taken_says_so_so_that_ports_are_chosen_again() {
         assert!(on_replay.is_none(), "{name}: bound a taken replay port");
     }
 }
+
+/// The mock engines of `kvix-bench fleet` publish what vLLM 0.34 publishes, byte for
+/// byte: the same batch through the real `ZmqEventPublisher` and through
+/// `kvix_events::encode::vllm_batch` (with the real one's timestamp and rank).
+#[test]
+fn the_mock_engines_encoding_is_vllm_0_34s_byte_for_byte() {
+    use kvix_events::payload::{Batch, EngineEvent, Medium, Removed, Stored};
+    if available("the_mock_engines_encoding").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let (ports, mut engine) = Ports::start_one(rel.0);
+    let ctx = zmq::Context::new();
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"").unwrap();
+    sub.set_rcvtimeo(200).unwrap();
+    sub.connect(&ports.endpoint(0)).unwrap();
+    let tokens = toks(3, 0, 2);
+    let big = 0xF000_0000_0000_0000u64;
+    let events = vec![
+        json!({"type": "BlockStored", "block_hashes": [big | 7, 300], "parent_block_hash": null,
+               "token_ids": tokens, "block_size": 16, "lora_id": null, "medium": "GPU",
+               "lora_name": null}),
+        json!({"type": "BlockStored", "block_hashes": [5], "parent_block_hash": 300,
+               "token_ids": toks(3, 2, 3), "block_size": 16, "lora_id": null, "medium": "CPU",
+               "lora_name": null, "group_idx": 1, "kv_cache_spec_kind": "sliding_window",
+               "kv_cache_spec_sliding_window": 4096}),
+        json!({"type": "BlockRemoved", "block_hashes": [300, 1u64 << 40], "medium": "GPU"}),
+        cleared(),
+    ];
+    // A subscriber joins a PUB late: publish until one batch arrives.
+    let frames = (0..100)
+        .find_map(|_| {
+            engine.publish(events.clone());
+            sub.recv_multipart(0).ok()
+        })
+        .expect("the real publisher's batch arrives");
+    let real = &frames[2];
+    let decoded = kvix_events::payload::decode(real).unwrap();
+    let mut window = Stored::plain(vec![5], Some(300), toks(3, 2, 3), 16);
+    window.medium = Medium::Cpu;
+    window.group_idx = 1;
+    window.spec_kind = Some("sliding_window".into());
+    window.sliding_window = Some(4096);
+    let ours = Batch {
+        ts: decoded.ts,
+        events: vec![
+            EngineEvent::Stored(Stored::plain(vec![big | 7, 300], None, tokens, 16)),
+            EngineEvent::Stored(window),
+            EngineEvent::Removed(Removed {
+                block_hashes: vec![300, 1 << 40],
+                medium: Medium::Gpu,
+                group_idx: 0,
+            }),
+            EngineEvent::Cleared,
+        ],
+        dp_rank: decoded.dp_rank,
+    };
+    assert_eq!(kvix_events::encode::vllm_batch(&ours), real.as_slice());
+    engine.stop();
+}

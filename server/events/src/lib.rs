@@ -5,8 +5,10 @@
 //! encodings, read in one pass) into typed engine events; [`stream`]
 //! orders one source's messages (duplicates, gaps, replays, a new engine process);
 //! [`translate`] turns engine events into kvix events (rehashing token blocks into kvix
-//! keyspaces, pages and salts; `pending` holds an unfinished lane block's tokens).
+//! keyspaces, pages and salts; `pending` holds an unfinished lane block's tokens);
+//! [`encode`] writes a batch as vLLM does, for mock engines.
 
+pub mod encode;
 mod msgpack;
 pub mod payload;
 mod pending;
