@@ -8,10 +8,12 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+use kvix_bench::fleet::{self, Chaos, FleetConfig, Leg};
 use kvix_bench::replay::{self, InProcess, Remote, ReplayConfig, ReplayResult};
 use kvix_bench::sim::{self, LegResult, LoadView, Regime, SimConfig};
 use kvix_bench::table::{f, Table};
 use kvix_bench::trace;
+use kvix_bench::workload::Workload;
 use kvix_bench::{latency, load, net, redis, soak, stats, writes};
 
 #[derive(Parser, Debug)]
@@ -46,6 +48,15 @@ enum Cmd {
     /// pick (overlap_blocks - alpha * queue_len, ties by load). The hit ratio is what the
     /// chosen worker actually still holds. Deterministic for a --seed.
     Sim(SimArgs),
+    /// The routing claim end to end: mock engines (LRU caches, slots, a prefill/decode
+    /// time model, vLLM 0.34 KV events over ZMQ with replay) and gateways (each its own
+    /// kvix-client) around a real kvix-server, in real time.
+    ///
+    /// Legs on the same workload: events (kvix fed by the engines' events), placements
+    /// (kvix fed by the gateways' placements), local (each gateway its own index of its
+    /// own placements), round-robin, oracle (every engine's cache read at routing time).
+    /// Hits are measured on the engines. Starts a kvix-server per kvix leg (--server).
+    Fleet(FleetArgs),
     /// Replay the Mooncake trace: route each request via the index, publish the
     /// placement, report query latency percentiles and index hit depth.
     ///
@@ -72,8 +83,6 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct SimArgs {
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
     /// Gateway counts to simulate, one leg each per regime.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     gateways: Vec<u32>,
@@ -88,41 +97,50 @@ struct SimArgs {
     /// Session arrivals per simulated second.
     #[arg(long, default_value_t = 600.0)]
     session_rate: f64,
-    /// Turns per session (turn t+1 extends turn t's prompt and output).
-    #[arg(long, default_value_t = 2)]
-    turns: u32,
-    /// Tokens of the system prefix all sessions share.
-    #[arg(long, default_value_t = 2048)]
-    system_tokens: u32,
-    /// Mean tokens of the first user message.
-    #[arg(long, default_value_t = 1024)]
-    user_tokens: u32,
-    /// Mean tokens of each follow-up user message.
-    #[arg(long, default_value_t = 128)]
-    followup_tokens: u32,
-    /// Mean output tokens per turn.
-    #[arg(long, default_value_t = 256)]
-    output_tokens: u32,
-    /// Mean think time between turns, ms (simulated clock).
-    #[arg(long, default_value_t = 2000.0)]
-    think_ms: f64,
-    /// Each worker's prefix cache capacity, in blocks.
-    #[arg(long, default_value_t = 4096)]
-    capacity_blocks: u32,
-    #[arg(long, default_value_t = 16)]
-    block_tokens: u32,
-    /// Load penalty: blocks of overlap one queued request is worth.
-    #[arg(long, default_value_t = 4.0)]
-    alpha: f64,
+    #[command(flatten)]
+    workload: Workload,
     /// Queue lengths a gateway sees: its own in-flight counts, or the fleet's.
     #[arg(long, value_enum, default_value_t = LoadView::Gateway)]
     load_view: LoadView,
-    /// Simulated prefill µs per uncached prompt token.
-    #[arg(long, default_value_t = 50.0)]
-    prefill_us_per_token: f64,
-    /// Simulated decode ms per output token.
-    #[arg(long, default_value_t = 10.0)]
-    decode_ms_per_token: f64,
+}
+
+#[derive(Args, Debug)]
+struct FleetArgs {
+    /// Legs to run, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "oracle,events,placements,local,round-robin"
+    )]
+    legs: Vec<Leg>,
+    /// Mock engines (each its own loopback address, 127.1.x.y).
+    #[arg(long, default_value_t = 120)]
+    engines: u32,
+    #[arg(long, default_value_t = 8)]
+    gateways: u32,
+    /// Session arrivals per second.
+    #[arg(long, default_value_t = 30.0)]
+    session_rate: f64,
+    /// Seconds of arrivals per leg (each leg then runs until its sessions end).
+    #[arg(long, default_value_t = 30.0)]
+    seconds: f64,
+    /// Requests an engine runs at once; more wait in its queue.
+    #[arg(long, default_value_t = 16)]
+    slots: u32,
+    /// The gateways' query deadline, ms.
+    #[arg(long, default_value_t = 2.0)]
+    deadline_ms: f64,
+    /// The kvix-server binary. Default: the one beside this kvix-bench.
+    #[arg(long)]
+    server: Option<PathBuf>,
+    /// The server's --cores.
+    #[arg(long, default_value_t = 1)]
+    server_cores: u32,
+    /// A fault halfway through the arrivals of every leg.
+    #[arg(long, value_enum)]
+    chaos: Option<Chaos>,
+    #[command(flatten)]
+    workload: Workload,
 }
 
 #[derive(Args, Debug)]
@@ -384,24 +402,13 @@ struct SimReport {
 
 fn cmd_sim(a: SimArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
     let base = SimConfig {
-        seed: a.seed,
         workers: a.workers,
         gateways: a.gateways.first().copied().unwrap_or(1),
         sessions: a.sessions,
         session_rate: a.session_rate,
-        turns: a.turns,
-        system_tokens: a.system_tokens,
-        user_tokens: a.user_tokens,
-        followup_tokens: a.followup_tokens,
-        output_tokens: a.output_tokens,
-        think_ms: a.think_ms,
-        capacity_blocks: a.capacity_blocks,
-        block_tokens: a.block_tokens,
-        alpha: a.alpha,
-        prefill_us_per_token: a.prefill_us_per_token,
-        decode_ms_per_token: a.decode_ms_per_token,
         load_view: a.load_view,
         regime: a.regimes.first().copied().unwrap_or(Regime::Shared),
+        workload: a.workload,
     };
     let mut legs = Vec::new();
     for &regime in &a.regimes {
@@ -449,12 +456,110 @@ fn cmd_sim(a: SimArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
             "sim: {} workers, {} sessions x {} turns, seed {}, capacity {} blocks, alpha {}, load view {:?}\n{}",
             r.config.workers,
             r.config.sessions,
-            r.config.turns,
-            r.config.seed,
-            r.config.capacity_blocks,
-            r.config.alpha,
+            r.config.workload.turns,
+            r.config.workload.seed,
+            r.config.workload.capacity_blocks,
+            r.config.workload.alpha,
             r.config.load_view,
             t.render()
+        )
+    })
+}
+
+#[derive(Serialize)]
+struct FleetReport {
+    command: &'static str,
+    config: FleetConfig,
+    legs: Vec<fleet::LegResult>,
+}
+
+fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
+    let server = match a.server {
+        Some(p) => p,
+        None => std::env::current_exe()?
+            .parent()
+            .context("kvix-bench's directory")?
+            .join("kvix-server"),
+    };
+    let config = FleetConfig {
+        engines: a.engines,
+        gateways: a.gateways,
+        session_rate: a.session_rate,
+        seconds: a.seconds,
+        slots: a.slots,
+        deadline_ms: a.deadline_ms,
+        server,
+        server_cores: a.server_cores,
+        chaos: a.chaos,
+        workload: a.workload,
+    };
+    let legs = runtime(2)?.block_on(fleet::run(&config, &a.legs))?;
+    let report = FleetReport {
+        command: "fleet",
+        config,
+        legs,
+    };
+    emit(json, &report, |r| {
+        let opt = |v: Option<f64>, d: usize| v.map_or("-".into(), |v| f(v, d));
+        let mut t = Table::new(&[
+            "leg",
+            "follow-up hit",
+            "vs oracle",
+            "same worker",
+            "degraded",
+            "load CoV",
+            "error p50/p95 tok",
+            "false hits",
+            "audit",
+            "lookup p50/p99 us",
+            "e2e p50/p99 ms",
+            "server cores",
+            "server MiB",
+            "requests",
+        ]);
+        for l in &r.legs {
+            t.row(vec![
+                l.leg.to_string(),
+                f(l.followup_hit, 3),
+                opt(l.vs_oracle, 3),
+                f(l.same_worker, 3),
+                f(l.degraded, 4),
+                f(l.load_cov, 3),
+                match (l.error_p50_tokens, l.error_p95_tokens) {
+                    (Some(a), Some(b)) => format!("{a}/{b}"),
+                    _ => "-".into(),
+                },
+                l.false_hits.to_string(),
+                l.audit_mismatches.map_or("-".into(), |m| m.to_string()),
+                format!("{}/{}", f(l.lookup_p50_us, 0), f(l.lookup_p99_us, 0)),
+                format!("{}/{}", f(l.e2e_p50_ms, 0), f(l.e2e_p99_ms, 0)),
+                opt(l.server_cores, 2),
+                opt(l.server_rss_mib, 0),
+                l.requests.to_string(),
+            ]);
+        }
+        let cold: Vec<String> = r
+            .legs
+            .iter()
+            .filter_map(|l| Some(format!("{} {}", l.leg, f(l.cold_gateway_followup_hit?, 3))))
+            .collect();
+        format!(
+            "fleet: {} engines, {} gateways, {} sessions/s for {} s, {} turns, seed {}, capacity {} blocks, {} slots, chaos {:?}\n{}{}",
+            r.config.engines,
+            r.config.gateways,
+            r.config.session_rate,
+            r.config.seconds,
+            r.config.workload.turns,
+            r.config.workload.seed,
+            r.config.workload.capacity_blocks,
+            r.config.slots,
+            r.config.chaos,
+            t.render(),
+            if cold.is_empty() {
+                String::new()
+            } else {
+                format!("restarted gateway's follow-up hit after its restart: {}\n", cold.join(", "))
+            }
         )
     })
 }
@@ -859,6 +964,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let done = match cli.cmd {
         Cmd::Sim(a) => cmd_sim(a, cli.json, cli.quiet),
+        Cmd::Fleet(a) => cmd_fleet(a, cli.json),
         Cmd::Trace(a) => cmd_trace(a, cli.json, cli.quiet),
         Cmd::Latency(a) => cmd_latency(a, cli.json, cli.quiet),
         Cmd::Load(a) => cmd_load(a, cli.json, cli.quiet),

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::lru::LruCache;
 use crate::rng::Rng;
 use crate::stats::cov;
+use crate::workload::Workload;
 use kvix_client::pick::Picker;
 
 /// Where a gateway's prefix knowledge comes from.
@@ -58,57 +59,27 @@ pub enum LoadView {
 /// One simulation leg's parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SimConfig {
-    pub seed: u64,
     pub workers: u32,
     pub gateways: u32,
     pub sessions: u32,
     /// Session arrivals per simulated second (Poisson).
     pub session_rate: f64,
-    pub turns: u32,
-    /// Tokens of the system prefix every session shares.
-    pub system_tokens: u32,
-    /// Mean tokens of turn 1's user message (uniform in [mean/2, 3·mean/2]).
-    pub user_tokens: u32,
-    /// Mean tokens of each later turn's user message.
-    pub followup_tokens: u32,
-    /// Mean output tokens per turn.
-    pub output_tokens: u32,
-    /// Mean think time between a reply and the next turn (exponential), ms.
-    pub think_ms: f64,
-    /// Each worker's prefix cache, in blocks.
-    pub capacity_blocks: u32,
-    pub block_tokens: u32,
-    /// Load penalty in blocks per queued request.
-    pub alpha: f64,
-    /// Simulated prefill cost per uncached prompt token, µs.
-    pub prefill_us_per_token: f64,
-    /// Simulated decode cost per output token, ms.
-    pub decode_ms_per_token: f64,
     pub load_view: LoadView,
     pub regime: Regime,
+    #[serde(flatten)]
+    pub workload: Workload,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
-            seed: 1,
             workers: 240,
             gateways: 8,
             sessions: 20_000,
             session_rate: 600.0,
-            turns: 2,
-            system_tokens: 2048,
-            user_tokens: 1024,
-            followup_tokens: 128,
-            output_tokens: 256,
-            think_ms: 2000.0,
-            capacity_blocks: 4096,
-            block_tokens: 16,
-            alpha: 4.0,
-            prefill_us_per_token: 50.0,
-            decode_ms_per_token: 10.0,
             load_view: LoadView::Gateway,
             regime: Regime::Shared,
+            workload: Workload::default(),
         }
     }
 }
@@ -153,7 +124,8 @@ struct Session {
     prev_worker: Option<u32>,
 }
 
-fn tokens(rng: &mut Rng, n: u32, out: &mut Vec<u32>) {
+/// Appends `n` random token ids.
+pub(crate) fn tokens(rng: &mut Rng, n: u32, out: &mut Vec<u32>) {
     out.extend((0..n).map(|_| (rng.next_u64() >> 40) as u32 | 1 << 24));
 }
 
@@ -163,24 +135,27 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
         cfg.workers > 0 && cfg.gateways > 0,
         "need workers and gateways"
     );
-    anyhow::ensure!(cfg.block_tokens > 0, "block_tokens must be positive");
     anyhow::ensure!(
-        cfg.turns > 0 && cfg.session_rate > 0.0,
+        cfg.workload.block_tokens > 0,
+        "block_tokens must be positive"
+    );
+    anyhow::ensure!(
+        cfg.workload.turns > 0 && cfg.session_rate > 0.0,
         "need turns and a rate"
     );
     let started = Instant::now();
     let w_n = cfg.workers as usize;
     let g_n = cfg.gateways as usize;
     let keyspace = Keyspace::tokens("kvix-sim");
-    let ks = Ks::of(&keyspace, cfg.block_tokens);
+    let ks = Ks::of(&keyspace, cfg.workload.block_tokens);
     let lanes = [Lane {
         kind: LaneKind::FullAttention,
-        block_tokens: cfg.block_tokens,
+        block_tokens: cfg.workload.block_tokens,
     }];
     let feed = match cfg.regime {
         Regime::Shared => Feed::Events,
         Regime::Local => Feed::Placements {
-            capacity_blocks: cfg.capacity_blocks as u64,
+            capacity_blocks: cfg.workload.capacity_blocks as u64,
             ttl_ms: 0,
         },
     };
@@ -192,7 +167,7 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
     let mut ids: Vec<WorkerId> = Vec::with_capacity(w_n);
     let mut index_of = Vec::new();
     for e in 0..n_engines {
-        let mut engine = Engine::new(cfg.block_tokens);
+        let mut engine = Engine::new(cfg.workload.block_tokens);
         for w in 0..w_n {
             let (id, _) = engine
                 .announce(&format!("worker-{w}"), &lanes, feed)
@@ -211,7 +186,7 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
     }
 
     let mut caches: Vec<LruCache> = (0..w_n)
-        .map(|_| LruCache::new(cfg.capacity_blocks as usize))
+        .map(|_| LruCache::new(cfg.workload.capacity_blocks as usize))
         .collect();
     let mut seqs = vec![0u64; w_n];
     let mut inflight = vec![0u32; w_n];
@@ -225,8 +200,8 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
 
     let mut system = Vec::new();
     tokens(
-        &mut Rng::derive(cfg.seed, u64::MAX, 0),
-        cfg.system_tokens,
+        &mut Rng::derive(cfg.workload.seed, u64::MAX, 0),
+        cfg.workload.system_tokens,
         &mut system,
     );
 
@@ -245,7 +220,7 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
     // prefix, and every index knows it (events for the shared index, a past placement on
     // every worker for each local one). Without this the first holders of the prefix
     // attract all turn-1 traffic and the rest of the fleet stays cold.
-    let system_chain = token_chain(ks.seed, cfg.block_tokens, &system);
+    let system_chain = token_chain(ks.seed, cfg.workload.block_tokens, &system);
     for w in 0..w_n {
         let admitted = caches[w].admit(&system_chain);
         match cfg.regime {
@@ -266,7 +241,7 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
 
     let mut heap = BinaryHeap::new();
     let mut seq_no = 0u64;
-    let mut arrivals = Rng::derive(cfg.seed, u64::MAX, 1);
+    let mut arrivals = Rng::derive(cfg.workload.seed, u64::MAX, 1);
     let mut t = 0f64;
     for s in 0..cfg.sessions {
         t += arrivals.exp(1e6 / cfg.session_rate);
@@ -285,7 +260,7 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
     let (mut t1_hit, mut t1_blocks) = (0u64, 0u64);
     let (mut requests, mut block_events) = (0u64, 0u64);
     let mut now = 0u64;
-    let total = cfg.sessions as u64 * cfg.turns as u64;
+    let total = cfg.sessions as u64 * cfg.workload.turns as u64;
     progress.set_length(total);
 
     while let Some(Reverse((at, _, ev))) = heap.pop() {
@@ -293,18 +268,18 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
         match ev {
             Ev::Arrive { session, turn } => {
                 let s = session as usize;
-                let mut rng = Rng::derive(cfg.seed, session as u64, turn as u64);
+                let mut rng = Rng::derive(cfg.workload.seed, session as u64, turn as u64);
                 let sess = &mut sessions[s];
                 if turn == 1 {
                     sess.tokens.extend_from_slice(&system);
-                    let n = rng.around(cfg.user_tokens);
+                    let n = rng.around(cfg.workload.user_tokens);
                     tokens(&mut rng, n, &mut sess.tokens);
                 } else {
-                    let n = rng.around(cfg.followup_tokens);
+                    let n = rng.around(cfg.workload.followup_tokens);
                     tokens(&mut rng, n, &mut sess.tokens);
                 }
                 let g = rng.below(cfg.gateways as u64) as usize;
-                let chain = token_chain(ks.seed, cfg.block_tokens, &sess.tokens);
+                let chain = token_chain(ks.seed, cfg.workload.block_tokens, &sess.tokens);
                 let engine = match cfg.regime {
                     Regime::Shared => &mut engines[0],
                     Regime::Local => &mut engines[g],
@@ -319,7 +294,7 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
                     .iter()
                     .filter_map(|&(id, b)| index_of.get(id as usize).map(|&w| (w as u32, b)));
                 let tie = rng.next_u64();
-                let w = picker.pick(scores, load, cfg.alpha, tie).index;
+                let w = picker.pick(scores, load, cfg.workload.alpha, tie).index;
                 let reused = caches[w].reusable(&chain) as u64;
                 if turn >= 2 {
                     fu_hit += reused;
@@ -354,11 +329,12 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
                 sess.turn = turn;
                 sess.prev_worker = Some(w as u32);
                 let prompt_tokens = sess.tokens.len() as u64;
-                let uncached = prompt_tokens.saturating_sub(reused * cfg.block_tokens as u64);
-                let out = Rng::derive(cfg.seed, session as u64, 1_000_000 + turn as u64)
-                    .around(cfg.output_tokens);
-                let service_us = uncached as f64 * cfg.prefill_us_per_token
-                    + out as f64 * cfg.decode_ms_per_token * 1000.0;
+                let uncached =
+                    prompt_tokens.saturating_sub(reused * cfg.workload.block_tokens as u64);
+                let out = Rng::derive(cfg.workload.seed, session as u64, 1_000_000 + turn as u64)
+                    .around(cfg.workload.output_tokens);
+                let service_us = uncached as f64 * cfg.workload.prefill_us_per_token
+                    + out as f64 * cfg.workload.decode_ms_per_token * 1000.0;
                 heap.push(Reverse((
                     now + service_us as u64 + 1,
                     seq_no,
@@ -372,11 +348,12 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
                 let turn = sessions[s].turn;
                 let w = sessions[s].worker as usize;
                 let g = sessions[s].gateway as usize;
-                let mut rng = Rng::derive(cfg.seed, session as u64, 1_000_000 + turn as u64);
-                let n = rng.around(cfg.output_tokens);
+                let mut rng =
+                    Rng::derive(cfg.workload.seed, session as u64, 1_000_000 + turn as u64);
+                let n = rng.around(cfg.workload.output_tokens);
                 tokens(&mut rng, n, &mut sessions[s].tokens);
                 // The worker decoded: it stores the output's whole blocks too.
-                let chain = token_chain(ks.seed, cfg.block_tokens, &sessions[s].tokens);
+                let chain = token_chain(ks.seed, cfg.workload.block_tokens, &sessions[s].tokens);
                 let admitted = caches[w].admit(&chain);
                 block_events += admitted.block_events();
                 if cfg.regime == Regime::Shared {
@@ -386,8 +363,8 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
                 last_change[w] = now;
                 inflight[w] -= 1;
                 gw_inflight[g][w] -= 1;
-                if turn < cfg.turns {
-                    let think = rng.exp(cfg.think_ms * 1000.0) as u64;
+                if turn < cfg.workload.turns {
+                    let think = rng.exp(cfg.workload.think_ms * 1000.0) as u64;
                     heap.push(Reverse((
                         now + think + 1,
                         seq_no,

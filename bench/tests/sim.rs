@@ -3,20 +3,24 @@
 
 use indicatif::ProgressBar;
 use kvix_bench::sim::{run, LegResult, Regime, SimConfig};
+use kvix_bench::workload::Workload;
 
 fn small(regime: Regime, gateways: u32, seed: u64) -> SimConfig {
     SimConfig {
-        seed,
         workers: 8,
         gateways,
         sessions: 300,
         session_rate: 20.0,
-        system_tokens: 256,
-        user_tokens: 256,
-        followup_tokens: 32,
-        output_tokens: 64,
-        capacity_blocks: 1024,
         regime,
+        workload: Workload {
+            seed,
+            system_tokens: 256,
+            user_tokens: 256,
+            followup_tokens: 32,
+            output_tokens: 64,
+            capacity_blocks: 1024,
+            ..Workload::default()
+        },
         ..SimConfig::default()
     }
 }

@@ -1,0 +1,320 @@
+//! A mock inference engine: a prefix cache of a set block capacity (LRU), request slots
+//! (continuous batching: beyond them requests queue, first come first served), a time
+//! model (prefill per uncached prompt token, decode per output token) and, as a vLLM 0.34
+//! engine started with `--kv-events-config '{"publisher": "zmq", "endpoint":
+//! "tcp://kvix:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv@<host>@<model>"}'`
+//! does, its KV events on a PUB socket connected to kvix, with a replay ROUTER
+//! (`kvix_events::encode` writes the batches byte for byte as vLLM does).
+//!
+//! What it reports for each request is the truth the fleet's figures use: the blocks of
+//! the prompt it actually held when the request's prefill started.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kvix_events::encode::vllm_batch;
+use kvix_events::payload::{Batch, EngineEvent, Medium, Removed, Stored};
+use kvix_wire::chain::token_chain;
+use tokio::sync::Semaphore;
+
+use crate::lru::{Admitted, LruCache};
+use crate::rng::mix;
+
+/// Batches an engine keeps for replay (vLLM's `buffer_steps` default).
+const REPLAY_BUFFER: usize = 10_000;
+/// The replay's end marker, as vLLM sends it: seq -1.
+const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
+
+/// How long a request takes on an engine.
+#[derive(Debug, Clone, Copy)]
+pub struct TimeModel {
+    pub prefill_us_per_token: f64,
+    pub decode_ms_per_token: f64,
+}
+
+impl TimeModel {
+    fn work(&self, uncached_tokens: usize, output_tokens: usize) -> Duration {
+        Duration::from_secs_f64(
+            uncached_tokens as f64 * self.prefill_us_per_token * 1e-6
+                + output_tokens as f64 * self.decode_ms_per_token * 1e-3,
+        )
+    }
+}
+
+/// Where an engine publishes its KV events.
+#[derive(Debug, Clone)]
+pub struct EventsTo {
+    /// kvix's `--events-bind` endpoint, which the engine's PUB connects to.
+    pub kvix: String,
+    /// The port of the replay ROUTER the engine binds at its own host.
+    pub replay_port: u16,
+    /// The model named in the topic `kv@<host>@<model>`.
+    pub model: String,
+}
+
+/// One engine's KV event publisher: PUB connected to kvix, replay ROUTER bound at the
+/// engine's host, and the last batches for replay.
+struct Publisher {
+    socket: zmq::Socket,
+    replay: zmq::Socket,
+    topic: Vec<u8>,
+    next_seq: u64,
+    buffer: VecDeque<(u64, Vec<u8>)>,
+}
+
+impl Publisher {
+    fn start(ctx: &zmq::Context, host: &str, to: &EventsTo) -> anyhow::Result<Publisher> {
+        let socket = ctx.socket(zmq::PUB)?;
+        socket.set_linger(0)?;
+        socket.set_sndhwm(100_000)?;
+        socket.connect(&to.kvix)?;
+        let replay = ctx.socket(zmq::ROUTER)?;
+        replay.set_linger(0)?;
+        // A whole buffer and its end marker fit the send queue (vLLM 0.34 does this; its
+        // older releases kept libzmq's 1,000 and lost replies).
+        replay.set_sndhwm(REPLAY_BUFFER as i32 + 1)?;
+        let at = format!("tcp://{host}:{}", to.replay_port);
+        replay
+            .bind(&at)
+            .map_err(|e| anyhow::anyhow!("engine {host}: replay bind {at}: {e}"))?;
+        Ok(Publisher {
+            socket,
+            replay,
+            topic: format!("kv@{host}@{}", to.model).into_bytes(),
+            next_seq: 0,
+            buffer: VecDeque::new(),
+        })
+    }
+
+    fn publish(&mut self, events: Vec<EngineEvent>) {
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let payload = vllm_batch(&Batch {
+            ts,
+            events,
+            dp_rank: 0,
+        });
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        // A PUB never blocks: past its high-water mark it drops, as the engine's does;
+        // replay fills the hole.
+        let _ = self.socket.send_multipart(
+            [&self.topic[..], &seq.to_be_bytes()[..], &payload[..]],
+            zmq::DONTWAIT,
+        );
+        if self.buffer.len() == REPLAY_BUFFER {
+            self.buffer.pop_front();
+        }
+        self.buffer.push_back((seq, payload));
+    }
+
+    /// Answers the replay requests waiting: `[id, "", start]` gets every buffered batch
+    /// from `start` on, then the end marker.
+    fn serve_replay(&mut self) {
+        while let Ok(req) = self.replay.recv_multipart(zmq::DONTWAIT) {
+            let [id, _, start] = &req[..] else { continue };
+            let Ok(start) = <[u8; 8]>::try_from(&start[..]).map(u64::from_be_bytes) else {
+                continue;
+            };
+            for (seq, payload) in self.buffer.iter().filter(|(s, _)| *s >= start) {
+                let frames = [
+                    &id[..],
+                    b"",
+                    &self.topic[..],
+                    &seq.to_be_bytes()[..],
+                    &payload[..],
+                ];
+                let _ = self.replay.send_multipart(frames, zmq::DONTWAIT);
+            }
+            let _ = self
+                .replay
+                .send_multipart([&id[..], b"", b"", &END_SEQ[..], b""], zmq::DONTWAIT);
+        }
+    }
+}
+
+struct State {
+    cache: LruCache,
+    events: Option<Publisher>,
+    published: u64,
+}
+
+/// What serving one request came to.
+#[derive(Debug, Clone, Copy)]
+pub struct Served {
+    /// Prompt blocks the engine held when the prefill started.
+    pub reused_blocks: u32,
+    /// Arrival to completion.
+    pub e2e: Duration,
+}
+
+/// One mock engine; its name is the host its replay endpoint is bound at, and the name
+/// of its worker in kvix.
+pub struct Engine {
+    pub name: String,
+    capacity_blocks: usize,
+    block_tokens: u32,
+    seed: u64,
+    model: TimeModel,
+    slots: Semaphore,
+    state: Mutex<State>,
+}
+
+impl Engine {
+    /// An engine at loopback address `host` (127.x.y.z: every engine has its own, as
+    /// every pod has its own IP) whose chains are hashed with `seed`; with `events`, it
+    /// publishes them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        ctx: &zmq::Context,
+        host: String,
+        capacity_blocks: usize,
+        block_tokens: u32,
+        seed: u64,
+        slots: usize,
+        model: TimeModel,
+        events: Option<&EventsTo>,
+    ) -> anyhow::Result<Engine> {
+        let events = events
+            .map(|to| Publisher::start(ctx, &host, to))
+            .transpose()?;
+        Ok(Engine {
+            name: host,
+            capacity_blocks,
+            block_tokens,
+            seed,
+            model,
+            slots: Semaphore::new(slots),
+            state: Mutex::new(State {
+                cache: LruCache::new(capacity_blocks),
+                events,
+                published: 0,
+            }),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The blocks of `chain` this engine holds now (what an oracle reads).
+    pub fn reusable(&self, chain: &[u64]) -> u32 {
+        self.state().cache.reusable(chain) as u32
+    }
+
+    /// Admits `chain` (of `tokens`) and publishes what that stored and evicted.
+    pub fn admit(&self, chain: &[u64], tokens: &[u32]) -> u32 {
+        let mut st = self.state();
+        let reused = st.cache.reusable(chain) as u32;
+        let admitted = st.cache.admit(chain);
+        let events = self.events(&admitted, chain, tokens);
+        if let (Some(p), false) = (st.events.as_mut(), events.is_empty()) {
+            p.publish(events);
+            st.published += 1;
+        }
+        reused
+    }
+
+    /// The engine's events for one admission: a store per new run (engine hashes, the
+    /// parent's, the run's tokens), one removal for what was evicted.
+    fn events(&self, admitted: &Admitted, chain: &[u64], tokens: &[u32]) -> Vec<EngineEvent> {
+        let bt = self.block_tokens as usize;
+        let mut events: Vec<EngineEvent> = admitted
+            .stored
+            .iter()
+            .map(|&(start, len)| {
+                let (s, e) = (start as usize, (start + len) as usize);
+                EngineEvent::Stored(Stored::plain(
+                    chain[s..e].iter().map(|&h| engine_hash(h)).collect(),
+                    s.checked_sub(1).map(|p| engine_hash(chain[p])),
+                    tokens[s * bt..e * bt].to_vec(),
+                    self.block_tokens,
+                ))
+            })
+            .collect();
+        if !admitted.evicted.is_empty() {
+            events.push(EngineEvent::Removed(Removed {
+                block_hashes: admitted.evicted.iter().map(|&h| engine_hash(h)).collect(),
+                medium: Medium::Gpu,
+                group_idx: 0,
+            }));
+        }
+        events
+    }
+
+    /// Serves one request that arrived at `arrival`: waits for a slot, prefills (what
+    /// the cache lacks of the prompt), decodes `output`, and keeps the prompt and the
+    /// output's whole blocks cached.
+    pub async fn serve(
+        &self,
+        prompt: &[u32],
+        chain: &[u64],
+        output: &[u32],
+        arrival: Instant,
+    ) -> Served {
+        let _slot = self.slots.acquire().await.expect("slots are never closed");
+        let reused = self.admit(chain, prompt);
+        let uncached = prompt
+            .len()
+            .saturating_sub(reused as usize * self.block_tokens as usize);
+        tokio::time::sleep(self.model.work(uncached, output.len())).await;
+        let mut all = prompt.to_vec();
+        all.extend_from_slice(output);
+        self.admit(&token_chain(self.seed, self.block_tokens, &all), &all);
+        Served {
+            reused_blocks: reused,
+            e2e: arrival.elapsed(),
+        }
+    }
+
+    /// An empty batch, as an engine's first message may be lost before its PUB has
+    /// connected: kvix announces the worker at the first one it sees and replays the rest.
+    pub fn heartbeat(&self) {
+        if let Some(p) = self.state().events.as_mut() {
+            p.publish(Vec::new());
+        }
+    }
+
+    /// Answers replay requests waiting on this engine's ROUTER.
+    pub fn serve_replay(&self) {
+        if let Some(p) = self.state().events.as_mut() {
+            p.serve_replay();
+        }
+    }
+
+    /// The engine process restarts: its cache is empty, its sequence starts again at 0
+    /// on new sockets, its replay buffer is gone. Requests wait meanwhile, as for a
+    /// process that is starting.
+    pub fn restart(&self, ctx: &zmq::Context, to: Option<&EventsTo>) -> anyhow::Result<()> {
+        let mut st = self.state();
+        st.cache = LruCache::new(self.capacity_blocks);
+        if let Some(to) = to {
+            st.events = None; // closes the old sockets
+                              // libzmq releases the old replay port in its I/O thread, a moment later.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            st.events = Some(loop {
+                match Publisher::start(ctx, &self.name, to) {
+                    Ok(p) => break p,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => return Err(e),
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Batches published so far.
+    pub fn published(&self) -> u64 {
+        self.state().published
+    }
+}
+
+/// The engine's own hash of a block: unrelated to kvix's keys, as a real engine's are;
+/// kvix rehashes the tokens.
+fn engine_hash(key: u64) -> u64 {
+    mix(key ^ 0x5EED_0FE9_61E5)
+}

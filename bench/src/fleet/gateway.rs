@@ -1,0 +1,226 @@
+//! A gateway of the mock fleet: where its prefix knowledge comes from is the leg; the
+//! choice itself is the same everywhere (`kvix_client::pick::Picker`: reuse against the
+//! gateway's own count of its requests in flight per engine).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvix_client::pick::Picker;
+use kvix_client::{Client, QueryOptions, QueryOutcome};
+use kvix_engine::{Engine as Index, Ks};
+use kvix_wire::{Feed, Keyspace, Lane, WorkerId};
+
+use super::engine::Engine;
+use super::Leg;
+
+/// A gateway's own index (the `local` leg): fed only by its own placements.
+struct LocalIndex {
+    index: Index,
+    ks: Ks,
+    /// Engine index → its id in `index`, and back.
+    ids: Vec<WorkerId>,
+    engine_of: HashMap<WorkerId, usize>,
+}
+
+/// Where the gateway's knowledge comes from.
+enum Knowledge {
+    /// kvix (shared), by its own connection; with placements published when the leg is
+    /// `placements`.
+    Kvix {
+        client: Client,
+        placements: bool,
+    },
+    Local(Box<Mutex<LocalIndex>>),
+    /// Every engine's cache, read directly, with no lag.
+    Oracle,
+    RoundRobin(AtomicUsize),
+}
+
+/// What routing one request came to.
+#[derive(Debug, Clone, Copy)]
+pub struct Routed {
+    pub engine: usize,
+    /// Reusable blocks the gateway expected on that engine (None: round robin has no
+    /// expectation).
+    pub predicted: Option<u32>,
+    pub lookup: Duration,
+    /// The index did not answer in time (or was not reachable): routed by load alone.
+    pub degraded: bool,
+}
+
+pub struct Gateway {
+    knowledge: Knowledge,
+    keyspace: Keyspace,
+    engines: Arc<Vec<Engine>>,
+    engine_of_name: Arc<HashMap<Arc<str>, usize>>,
+    inflight: Vec<AtomicU32>,
+    picker: Mutex<Picker>,
+    alpha: f64,
+}
+
+impl Gateway {
+    /// Gateway `g` of a fleet for `leg`; `client` is its own connection to kvix for the
+    /// legs that ask kvix. Its own index (`local`) starts knowing `held_everywhere` on
+    /// every engine, as from its past placements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        g: usize,
+        leg: Leg,
+        client: Option<Client>,
+        keyspace: Keyspace,
+        block_tokens: u32,
+        capacity_blocks: u64,
+        engines: Arc<Vec<Engine>>,
+        alpha: f64,
+        held_everywhere: &[u64],
+    ) -> anyhow::Result<Gateway> {
+        let n = engines.len();
+        let knowledge = match leg {
+            Leg::Events | Leg::Placements => Knowledge::Kvix {
+                client: client.ok_or_else(|| anyhow::anyhow!("the {leg:?} leg asks kvix"))?,
+                placements: leg == Leg::Placements,
+            },
+            Leg::Local => {
+                let mut index = Index::new(block_tokens);
+                let feed = Feed::Placements {
+                    capacity_blocks,
+                    ttl_ms: 0,
+                };
+                let mut ids = Vec::with_capacity(n);
+                for e in engines.iter() {
+                    let (id, _) = index
+                        .announce(&e.name, &[Lane::full(block_tokens)], feed)
+                        .map_err(|e| anyhow::anyhow!("announce: {e}"))?;
+                    ids.push(id);
+                    index
+                        .place(id, Ks::of(&keyspace, block_tokens), held_everywhere, 0)
+                        .map_err(|e| anyhow::anyhow!("place: {e}"))?;
+                }
+                let engine_of = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+                Knowledge::Local(Box::new(Mutex::new(LocalIndex {
+                    ks: Ks::of(&keyspace, block_tokens),
+                    index,
+                    ids,
+                    engine_of,
+                })))
+            }
+            Leg::Oracle => Knowledge::Oracle,
+            Leg::RoundRobin => Knowledge::RoundRobin(AtomicUsize::new(g)),
+        };
+        let engine_of_name = Arc::new(
+            engines
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (Arc::<str>::from(e.name.as_str()), i))
+                .collect(),
+        );
+        Ok(Gateway {
+            knowledge,
+            keyspace,
+            inflight: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            picker: Mutex::new(Picker::new(n)),
+            engines,
+            engine_of_name,
+            alpha,
+        })
+    }
+
+    /// Chooses the engine for a prompt of `chain` and records the choice where this
+    /// leg's knowledge comes from (a placement); `tie` orders equal engines.
+    pub async fn route(&self, chain: &[u64], tie: u64) -> Routed {
+        let started = Instant::now();
+        let (scores, degraded): (Vec<(WorkerId, u32)>, bool) = match &self.knowledge {
+            Knowledge::Kvix { client, .. } => {
+                let outcome = client
+                    .query_chain(&self.keyspace, chain, &QueryOptions::default())
+                    .await;
+                let degraded = !matches!(outcome, QueryOutcome::Scores(_) | QueryOutcome::Empty);
+                let scores = match outcome {
+                    QueryOutcome::Scores(s) => s
+                        .iter()
+                        .filter_map(|s| {
+                            let i = self.engine_of_name.get(s.name.as_deref()?)?;
+                            Some((*i as WorkerId, s.blocks))
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                (scores, degraded)
+            }
+            Knowledge::Local(local) => {
+                let mut l = local.lock().unwrap_or_else(|e| e.into_inner());
+                let ks = l.ks;
+                let answer = l.index.query(ks, chain, None, 0, false);
+                let scores = answer
+                    .scores
+                    .iter()
+                    .filter_map(|&(id, b)| Some((*l.engine_of.get(&id)? as WorkerId, b)))
+                    .collect();
+                (scores, false)
+            }
+            Knowledge::Oracle => {
+                let scores = self
+                    .engines
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| (i as WorkerId, e.reusable(chain)))
+                    .filter(|&(_, b)| b > 0)
+                    .collect();
+                (scores, false)
+            }
+            Knowledge::RoundRobin(next) => {
+                let engine = next.fetch_add(1, Ordering::Relaxed) % self.engines.len();
+                return Routed {
+                    engine,
+                    predicted: None,
+                    lookup: started.elapsed(),
+                    degraded: false,
+                };
+            }
+        };
+        let lookup = started.elapsed();
+        let load: Vec<u32> = self
+            .inflight
+            .iter()
+            .map(|l| l.load(Ordering::Relaxed))
+            .collect();
+        let picked = self
+            .picker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pick(scores, &load, self.alpha, tie);
+        match &self.knowledge {
+            Knowledge::Kvix {
+                client,
+                placements: true,
+            } => {
+                let name = self.engines[picked.index].name.as_str();
+                client.publish_placement(name, &self.keyspace, chain.to_vec());
+            }
+            Knowledge::Local(local) => {
+                let mut l = local.lock().unwrap_or_else(|e| e.into_inner());
+                let (id, ks) = (l.ids[picked.index], l.ks);
+                let now_ms = 0; // no TTL: the capacity bound is what evicts
+                let _ = l.index.place(id, ks, chain, now_ms);
+            }
+            _ => {}
+        }
+        Routed {
+            engine: picked.index,
+            predicted: Some(picked.blocks),
+            lookup,
+            degraded,
+        }
+    }
+
+    /// A request of this gateway's went to / came back from `engine`.
+    pub fn started(&self, engine: usize) {
+        self.inflight[engine].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn finished(&self, engine: usize) {
+        self.inflight[engine].fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,618 @@
+//! `fleet`: the routing claim end to end, on the wire. Mock engines ([`engine`]: LRU
+//! prefix caches, request slots, a prefill/decode time model, vLLM 0.34 KV events over
+//! real ZMQ with a replay endpoint) serve multi-turn sessions sprayed at random across
+//! gateways ([`gateway`]), each its own kvix-client making the client's load-aware pick,
+//! against a real kvix-server ([`server`]) started for the leg. Time is real: requests
+//! wait for slots, prefill and decode take their modelled time, events take the wire.
+//!
+//! Legs, on the same workload (sessions, contents, gateway choices and think times are
+//! drawn per session from the seed): `events` (kvix fed by the engines' events),
+//! `placements` (kvix fed by the gateways' placements), `local` (each gateway's own
+//! index of its own placements, the incumbent), `round-robin`, and `oracle` (every
+//! engine's cache read directly at routing time, no lag: the ceiling).
+//!
+//! Every figure is measured on the engines: a request's reused blocks are those its
+//! engine held when its prefill started, whatever the gateway expected.
+
+pub mod engine;
+pub mod gateway;
+pub mod server;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use kvix_client::{Addr, Client, ClientConfig, QueryOptions, QueryOutcome};
+use kvix_wire::chain::token_chain;
+use kvix_wire::{Feed, Keyspace, Lane};
+use serde::{Deserialize, Serialize};
+
+use crate::rng::Rng;
+use crate::sim::tokens;
+use crate::stats::cov;
+use crate::workload::Workload;
+use engine::{Engine, EventsTo, TimeModel};
+use gateway::Gateway;
+use server::{free_port, Server};
+
+/// Where the gateways' prefix knowledge comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Leg {
+    /// kvix, fed by the engines' KV events.
+    Events,
+    /// kvix, fed by the gateways' placements.
+    Placements,
+    /// Each gateway's own index of its own placements.
+    Local,
+    RoundRobin,
+    /// Every engine's cache, read at routing time.
+    Oracle,
+}
+
+/// As the command line names it.
+impl std::fmt::Display for Leg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = clap::ValueEnum::to_possible_value(self).expect("no leg is skipped");
+        f.write_str(v.get_name())
+    }
+}
+
+/// A fault injected halfway through the arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Chaos {
+    /// Gateway 0 restarts cold: a new connection, an empty own index, no load counts.
+    GatewayRestart,
+    /// Engine 0 restarts: its cache empties, its event sequence starts again at 0 on new
+    /// sockets, its replay buffer is gone.
+    EngineRestart,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FleetConfig {
+    pub engines: u32,
+    pub gateways: u32,
+    /// Session arrivals per second (Poisson), for `seconds`.
+    pub session_rate: f64,
+    pub seconds: f64,
+    /// Requests an engine runs at once; more queue.
+    pub slots: u32,
+    /// The gateways' query deadline.
+    pub deadline_ms: f64,
+    /// The kvix-server binary the kvix legs start.
+    pub server: PathBuf,
+    /// Its `--cores`.
+    pub server_cores: u32,
+    pub chaos: Option<Chaos>,
+    #[serde(flatten)]
+    pub workload: Workload,
+}
+
+/// What one leg measured.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LegResult {
+    pub leg: Leg,
+    pub requests: u64,
+    pub followups: u64,
+    /// Σ reused blocks / Σ prompt blocks over turn ≥ 2 requests, on the engines.
+    pub followup_hit: f64,
+    /// `followup_hit` over the oracle leg's in the same run.
+    pub vs_oracle: Option<f64>,
+    pub first_turn_hit: f64,
+    /// Share of follow-ups sent to the engine of the session's previous turn.
+    pub same_worker: f64,
+    /// Share of requests routed without the index (query past the deadline, no
+    /// connection, refused).
+    pub degraded: f64,
+    /// CoV of requests served per engine.
+    pub load_cov: f64,
+    /// |expected − actual| reused tokens per request (None: round robin expects nothing).
+    pub error_p50_tokens: Option<u64>,
+    pub error_p95_tokens: Option<u64>,
+    /// Requests whose engine held less than the gateway expected (a false hit: stale
+    /// knowledge, or an eviction between the choice and the prefill).
+    pub false_hits: u64,
+    pub lookup_p50_us: f64,
+    pub lookup_p99_us: f64,
+    /// Arrival to completion, from the engines' time model and queues.
+    pub e2e_p50_ms: f64,
+    pub e2e_p99_ms: f64,
+    /// The kvix-server's cores busy (average) and peak resident memory.
+    pub server_cores: Option<f64>,
+    pub server_rss_mib: Option<f64>,
+    /// Event batches the engines published.
+    pub event_batches: u64,
+    /// kvix legs: (session, engine) pairs where, once the leg is over and the last
+    /// events or placements are in, kvix's score for the session's whole conversation
+    /// differs from what the engine holds (10 s allowed for them to arrive).
+    pub audit_mismatches: Option<u64>,
+    /// With `gateway-restart`: the follow-up hit of the restarted gateway's requests
+    /// after its restart.
+    pub cold_gateway_followup_hit: Option<f64>,
+    pub wall_s: f64,
+}
+
+/// Running sums of one leg.
+#[derive(Default)]
+struct Acc {
+    requests: u64,
+    fu: Ratio,
+    first: Ratio,
+    cold: Ratio,
+    same: u64,
+    degraded: u64,
+    false_hits: u64,
+    served: Vec<u64>,
+    errors: Vec<u64>,
+    lookups_ns: Vec<u64>,
+    e2e_us: Vec<u64>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Ratio {
+    hit: u64,
+    of: u64,
+    n: u64,
+}
+
+impl Ratio {
+    fn add(&mut self, hit: u64, of: u64) {
+        self.hit += hit;
+        self.of += of;
+        self.n += 1;
+    }
+
+    fn value(&self) -> f64 {
+        if self.of == 0 {
+            0.0
+        } else {
+            self.hit as f64 / self.of as f64
+        }
+    }
+}
+
+fn percentile(v: &mut [u64], q: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// One leg's fleet while it runs.
+struct Fleet {
+    cfg: FleetConfig,
+    leg: Leg,
+    keyspace: Keyspace,
+    seed: u64,
+    system: Vec<u32>,
+    system_chain: Vec<u64>,
+    engines: Arc<Vec<Engine>>,
+    gateways: Vec<RwLock<Arc<Gateway>>>,
+    server: Option<Server>,
+    events_to: Option<EventsTo>,
+    ctx: zmq::Context,
+    /// Each session's whole conversation (prompt and output of its last turn), for the
+    /// audit.
+    conversations: Mutex<Vec<Vec<u64>>>,
+    /// Set when gateway 0 restarted.
+    restarted_at: Mutex<Option<Instant>>,
+    acc: Mutex<Acc>,
+}
+
+const MODEL: &str = "fleet";
+
+fn host(i: u32) -> String {
+    // Every engine its own loopback address, as every pod its own IP: the topic names
+    // the host, and kvix asks the replay port there.
+    format!("127.1.{}.{}", i / 250, i % 250 + 1)
+}
+
+impl Fleet {
+    async fn client(&self, name: String) -> anyhow::Result<Client> {
+        let server = self.server.as_ref().expect("a kvix leg has a server");
+        let mut cfg = ClientConfig::new([Addr::tcp(server.addr.clone())]);
+        cfg.name = name;
+        cfg.deadline = Duration::from_secs_f64(self.cfg.deadline_ms / 1000.0);
+        cfg.token_block = self.cfg.workload.block_tokens;
+        Ok(Client::connect(cfg).await?)
+    }
+
+    async fn gateway(&self, g: usize) -> anyhow::Result<Gateway> {
+        let client = match self.leg {
+            Leg::Events | Leg::Placements => Some(self.client(format!("gateway-{g}")).await?),
+            _ => None,
+        };
+        Gateway::new(
+            g,
+            self.leg,
+            client,
+            self.keyspace.clone(),
+            self.cfg.workload.block_tokens,
+            u64::from(self.cfg.workload.capacity_blocks),
+            self.engines.clone(),
+            self.cfg.workload.alpha,
+            &self.system_chain,
+        )
+    }
+
+    /// Until kvix scores every engine for the whole system prefix: the engines (events)
+    /// or a controller (placements) told it, and the fleet is in its steady state.
+    async fn await_system_prefix(&self, control: &Client) -> anyhow::Result<()> {
+        let want = self.system_chain.len() as u32;
+        let opts = QueryOptions {
+            deadline: Some(Duration::from_millis(200)),
+            ..Default::default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let held = match control
+                .query_chain(&self.keyspace, &self.system_chain, &opts)
+                .await
+            {
+                QueryOutcome::Scores(s) => s.iter().filter(|s| s.blocks == want).count(),
+                _ => 0,
+            };
+            if held == self.engines.len() {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "kvix scores {held} of {} engines for the system prefix after 30 s",
+                self.engines.len()
+            );
+            // An engine's first messages can be lost before its PUB has connected; an
+            // empty batch gets it announced (and its history replayed).
+            for e in self.engines.iter() {
+                e.heartbeat();
+                e.serve_replay();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn session(self: Arc<Self>, s: u32) {
+        let cfg = &self.cfg;
+        let mut prompt = self.system.clone();
+        let mut prev: Option<usize> = None;
+        for turn in 1..=cfg.workload.turns {
+            let mut rng = Rng::derive(cfg.workload.seed, u64::from(s), u64::from(turn));
+            let n = rng.around(if turn == 1 {
+                cfg.workload.user_tokens
+            } else {
+                cfg.workload.followup_tokens
+            });
+            tokens(&mut rng, n, &mut prompt);
+            let g = rng.below(u64::from(cfg.gateways)) as usize;
+            let chain = token_chain(self.seed, cfg.workload.block_tokens, &prompt);
+            let gateway = self.gateways[g]
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let arrival = Instant::now();
+            let routed = gateway.route(&chain, rng.next_u64()).await;
+            let mut out_rng =
+                Rng::derive(cfg.workload.seed, u64::from(s), 1_000_000 + u64::from(turn));
+            let mut output = Vec::new();
+            let n = out_rng.around(cfg.workload.output_tokens);
+            tokens(&mut out_rng, n, &mut output);
+            gateway.started(routed.engine);
+            let served = self.engines[routed.engine]
+                .serve(&prompt, &chain, &output, arrival)
+                .await;
+            gateway.finished(routed.engine);
+            let cold = g == 0
+                && self
+                    .restarted_at
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_some_and(|at| arrival >= at);
+            {
+                let mut acc = self.acc.lock().unwrap_or_else(|e| e.into_inner());
+                let (hit, of) = (u64::from(served.reused_blocks), chain.len() as u64);
+                acc.requests += 1;
+                acc.served[routed.engine] += 1;
+                if turn == 1 {
+                    acc.first.add(hit, of);
+                } else {
+                    acc.fu.add(hit, of);
+                    if cold {
+                        acc.cold.add(hit, of);
+                    }
+                    acc.same += u64::from(prev == Some(routed.engine));
+                }
+                acc.degraded += u64::from(routed.degraded);
+                if let Some(p) = routed.predicted {
+                    acc.false_hits += u64::from(p > served.reused_blocks);
+                    acc.errors.push(
+                        u64::from(p.abs_diff(served.reused_blocks))
+                            * u64::from(cfg.workload.block_tokens),
+                    );
+                }
+                acc.lookups_ns.push(routed.lookup.as_nanos() as u64);
+                acc.e2e_us.push(served.e2e.as_micros() as u64);
+            }
+            prev = Some(routed.engine);
+            prompt.extend_from_slice(&output);
+            if turn == cfg.workload.turns {
+                let whole = token_chain(self.seed, cfg.workload.block_tokens, &prompt);
+                self.conversations
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(whole);
+            }
+            if turn < cfg.workload.turns {
+                let think =
+                    Rng::derive(cfg.workload.seed, u64::from(s), 2_000_000 + u64::from(turn))
+                        .exp(cfg.workload.think_ms * 1000.0);
+                tokio::time::sleep(Duration::from_micros(think as u64)).await;
+            }
+        }
+    }
+
+    /// (session, engine) pairs where kvix's score of the conversation is not what the
+    /// engine holds; polled until none or 10 s.
+    async fn audit(&self, control: &Client) -> u64 {
+        let opts = QueryOptions {
+            deadline: Some(Duration::from_millis(500)),
+            ..Default::default()
+        };
+        let conversations = self
+            .conversations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut wrong = 0u64;
+            for chain in &conversations {
+                let mut said = vec![0u32; self.engines.len()];
+                if let QueryOutcome::Scores(s) =
+                    control.query_chain(&self.keyspace, chain, &opts).await
+                {
+                    for s in s {
+                        if let Some(i) = s
+                            .name
+                            .as_deref()
+                            .and_then(|n| self.engines.iter().position(|e| e.name == n))
+                        {
+                            said[i] = s.blocks;
+                        }
+                    }
+                }
+                wrong += self
+                    .engines
+                    .iter()
+                    .zip(&said)
+                    .filter(|(e, &b)| e.reusable(chain) != b)
+                    .count() as u64;
+            }
+            if wrong == 0 || Instant::now() >= deadline {
+                return wrong;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn inject(&self, chaos: Chaos) -> anyhow::Result<()> {
+        match chaos {
+            Chaos::GatewayRestart => {
+                let fresh = Arc::new(self.gateway(0).await?);
+                *self.gateways[0].write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                *self.restarted_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            }
+            Chaos::EngineRestart => self.engines[0].restart(&self.ctx, self.events_to.as_ref())?,
+        }
+        Ok(())
+    }
+}
+
+/// Runs one leg.
+pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
+    anyhow::ensure!(
+        cfg.engines > 0 && cfg.engines <= 250 * 250 && cfg.gateways > 0 && cfg.workload.turns > 0,
+        "need 1..62500 engines, gateways and turns"
+    );
+    anyhow::ensure!(
+        cfg.session_rate > 0.0 && cfg.seconds > 0.0,
+        "need a rate and a duration"
+    );
+    let started = Instant::now();
+    let keyspace = Keyspace::tokens(MODEL);
+    let seed = keyspace.seed(cfg.workload.block_tokens);
+    let ctx = zmq::Context::new();
+    let mut args: Vec<String> = vec![
+        "--cores".into(),
+        cfg.server_cores.to_string(),
+        "--block-size".into(),
+        cfg.workload.block_tokens.to_string(),
+    ];
+    let (server, events_to) = match leg {
+        Leg::Events => {
+            let (bind, replay_port) = (free_port()?, free_port()?);
+            args.extend([
+                "--events-bind".into(),
+                format!("tcp://127.0.0.1:{bind}"),
+                "--events-replay-port".into(),
+                replay_port.to_string(),
+            ]);
+            let to = EventsTo {
+                kvix: format!("tcp://127.0.0.1:{bind}"),
+                replay_port,
+                model: MODEL.into(),
+            };
+            (Some(Server::start(&cfg.server, &args)?), Some(to))
+        }
+        Leg::Placements => (Some(Server::start(&cfg.server, &args)?), None),
+        _ => (None, None),
+    };
+    let time = TimeModel {
+        prefill_us_per_token: cfg.workload.prefill_us_per_token,
+        decode_ms_per_token: cfg.workload.decode_ms_per_token,
+    };
+    let engines = (0..cfg.engines)
+        .map(|i| {
+            Engine::start(
+                &ctx,
+                host(i),
+                cfg.workload.capacity_blocks as usize,
+                cfg.workload.block_tokens,
+                seed,
+                cfg.slots as usize,
+                time,
+                events_to.as_ref(),
+            )
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut system = Vec::new();
+    tokens(
+        &mut Rng::derive(cfg.workload.seed, u64::MAX, 0),
+        cfg.workload.system_tokens,
+        &mut system,
+    );
+    let system_chain = token_chain(seed, cfg.workload.block_tokens, &system);
+    let mut fleet = Fleet {
+        cfg: cfg.clone(),
+        leg,
+        keyspace,
+        seed,
+        system,
+        system_chain,
+        engines: Arc::new(engines),
+        gateways: Vec::new(),
+        server,
+        events_to,
+        ctx,
+        conversations: Mutex::new(Vec::new()),
+        restarted_at: Mutex::new(None),
+        acc: Mutex::new(Acc {
+            served: vec![0; cfg.engines as usize],
+            ..Default::default()
+        }),
+    };
+    // Steady state of a running fleet: every engine holds the shared system prefix and
+    // every index knows it. Without this the first holders of the prefix draw all the
+    // first turns and the rest of the fleet stays cold.
+    for e in fleet.engines.iter() {
+        e.admit(&fleet.system_chain, &fleet.system);
+    }
+    let control = match fleet.server {
+        Some(_) => Some(fleet.client("fleet-controller".into()).await?),
+        None => None,
+    };
+    if let Some(control) = &control {
+        if leg == Leg::Placements {
+            let feed = Feed::Placements {
+                capacity_blocks: u64::from(cfg.workload.capacity_blocks),
+                ttl_ms: 0,
+            };
+            for e in fleet.engines.iter() {
+                control
+                    .announce(&e.name, vec![Lane::full(cfg.workload.block_tokens)], feed)
+                    .await?;
+                control.publish_placement(
+                    e.name.as_str(),
+                    &fleet.keyspace,
+                    fleet.system_chain.clone(),
+                );
+            }
+        }
+        fleet.await_system_prefix(control).await?;
+    }
+    for g in 0..cfg.gateways as usize {
+        let gw = fleet.gateway(g).await?;
+        fleet.gateways.push(RwLock::new(Arc::new(gw)));
+    }
+    let fleet = Arc::new(fleet);
+    let replay = fleet.events_to.is_some().then(|| {
+        let fleet = fleet.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                fleet.engines.iter().for_each(Engine::serve_replay);
+            }
+        })
+    });
+    let mut arrivals = Rng::derive(cfg.workload.seed, u64::MAX, 1);
+    let mut at = 0.0;
+    let mut s = 0u32;
+    let mut sessions = Vec::new();
+    let mut chaos = cfg.chaos;
+    let t0 = tokio::time::Instant::now();
+    loop {
+        at += arrivals.exp(1.0 / cfg.session_rate);
+        if at >= cfg.seconds {
+            break;
+        }
+        if chaos.is_some() && at >= cfg.seconds / 2.0 {
+            tokio::time::sleep_until(t0 + Duration::from_secs_f64(cfg.seconds / 2.0)).await;
+            fleet.inject(chaos.take().unwrap()).await?;
+        }
+        tokio::time::sleep_until(t0 + Duration::from_secs_f64(at)).await;
+        sessions.push(tokio::spawn(fleet.clone().session(s)));
+        s += 1;
+    }
+    for task in sessions {
+        task.await?;
+    }
+    let audit_mismatches = match &control {
+        Some(c) => Some(fleet.audit(c).await),
+        None => None,
+    };
+    if let Some(r) = replay {
+        r.abort();
+    }
+    let usage = fleet.server.as_ref().map(Server::usage);
+    let event_batches = fleet.engines.iter().map(Engine::published).sum();
+    let mut acc = std::mem::take(&mut *fleet.acc.lock().unwrap_or_else(|e| e.into_inner()));
+    let served: Vec<f64> = acc.served.iter().map(|&x| x as f64).collect();
+    let predicts = leg != Leg::RoundRobin;
+    Ok(LegResult {
+        leg,
+        requests: acc.requests,
+        followups: acc.fu.n,
+        followup_hit: acc.fu.value(),
+        vs_oracle: None,
+        first_turn_hit: acc.first.value(),
+        same_worker: if acc.fu.n == 0 {
+            0.0
+        } else {
+            acc.same as f64 / acc.fu.n as f64
+        },
+        degraded: acc.degraded as f64 / acc.requests.max(1) as f64,
+        load_cov: cov(&served),
+        error_p50_tokens: predicts.then(|| percentile(&mut acc.errors, 0.5)),
+        error_p95_tokens: predicts.then(|| percentile(&mut acc.errors, 0.95)),
+        false_hits: acc.false_hits,
+        lookup_p50_us: percentile(&mut acc.lookups_ns, 0.5) as f64 / 1e3,
+        lookup_p99_us: percentile(&mut acc.lookups_ns, 0.99) as f64 / 1e3,
+        e2e_p50_ms: percentile(&mut acc.e2e_us, 0.5) as f64 / 1e3,
+        e2e_p99_ms: percentile(&mut acc.e2e_us, 0.99) as f64 / 1e3,
+        server_cores: usage.map(|u| u.cores),
+        server_rss_mib: usage.map(|u| u.peak_rss_mib),
+        event_batches,
+        audit_mismatches,
+        cold_gateway_followup_hit: (cfg.chaos == Some(Chaos::GatewayRestart))
+            .then(|| acc.cold.value()),
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs `legs` in order on the same workload; each kvix leg against its own server.
+pub async fn run(cfg: &FleetConfig, legs: &[Leg]) -> anyhow::Result<Vec<LegResult>> {
+    let mut results = Vec::new();
+    for &leg in legs {
+        results.push(run_leg(cfg, leg).await?);
+    }
+    if let Some(oracle) = results
+        .iter()
+        .find(|r| r.leg == Leg::Oracle)
+        .map(|r| r.followup_hit)
+    {
+        for r in &mut results {
+            r.vs_oracle = (oracle > 0.0).then(|| r.followup_hit / oracle);
+        }
+    }
+    Ok(results)
+}

@@ -1,0 +1,123 @@
+//! The kvix-server a leg runs against: started from its binary on loopback ports, its
+//! log kept in a file (quoted when it fails to start), its CPU time and peak resident
+//! memory read from /proc.
+
+use std::fs::File;
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (free now: the caller binds it soon after).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+pub struct Server {
+    child: Child,
+    pub addr: String,
+    log: PathBuf,
+    cpu_at_start: f64,
+    started: Instant,
+}
+
+/// CPU seconds and peak resident memory of a leg's server.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    /// Average cores busy over the leg.
+    pub cores: f64,
+    pub peak_rss_mib: f64,
+}
+
+impl Server {
+    /// Starts `bin` with `args` on a free port and waits until it accepts connections.
+    pub fn start(bin: &Path, args: &[String]) -> anyhow::Result<Server> {
+        let port = free_port()?;
+        let addr = format!("127.0.0.1:{port}");
+        let log =
+            std::env::temp_dir().join(format!("kvix-fleet-{}-{port}.log", std::process::id()));
+        let out = File::create(&log)?;
+        let child = Command::new(bin)
+            .args(["--listen", &addr, "--metrics", "", "--unix", ""])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: {e} (build it: cargo build --release -p kvix-server)",
+                    bin.display()
+                )
+            })?;
+        let mut server = Server {
+            child,
+            addr,
+            log,
+            cpu_at_start: 0.0,
+            started: Instant::now(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(&server.addr).is_err() {
+            if let Some(status) = server.child.try_wait()? {
+                anyhow::bail!(
+                    "kvix-server exited ({status}) at start:\n{}",
+                    server.log_tail()
+                );
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "kvix-server did not listen within 30 s:\n{}",
+                server.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server.cpu_at_start = server.cpu_seconds().unwrap_or(0.0);
+        server.started = Instant::now();
+        Ok(server)
+    }
+
+    fn log_tail(&self) -> String {
+        let mut s = String::new();
+        let _ = File::open(&self.log).and_then(|mut f| f.read_to_string(&mut s));
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// utime + stime of the process, in seconds.
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+            + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        // USER_HZ is 100 on every Linux the kernel ABI promises it to.
+        Ok(ticks / 100.0)
+    }
+
+    /// The server's use since it started listening.
+    pub fn usage(&self) -> Usage {
+        let busy = self.cpu_seconds().unwrap_or(0.0) - self.cpu_at_start;
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let peak_kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0);
+        Usage {
+            cores: busy / self.started.elapsed().as_secs_f64().max(1e-9),
+            peak_rss_mib: peak_kib / 1024.0,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}

@@ -1,0 +1,121 @@
+//! The routing claim end to end, short: `kvix_bench::fleet` (mock engines publishing vLLM
+//! 0.34's KV events over ZMQ, gateways each on its own kvix-client) around this build's
+//! kvix-server, in real time. Hits are measured on the engines. The test checks the
+//! legs' order on one workload, that the event-fed index expected exactly what the
+//! engines held, and what a restarted gateway or engine does to that.
+
+use kvix_bench::fleet::{run, Chaos, FleetConfig, Leg, LegResult};
+use kvix_bench::workload::Workload;
+
+/// A fleet of seconds: 16 engines, 4 gateways, 100 sessions of 3 turns, caches small
+/// enough to evict.
+fn config() -> FleetConfig {
+    FleetConfig {
+        engines: 16,
+        gateways: 4,
+        session_rate: 20.0,
+        seconds: 5.0,
+        slots: 16,
+        // A debug build on a shared machine: what is checked is what the index knows,
+        // not how fast it answers (kvix-bench fleet measures that, release, 2 ms).
+        deadline_ms: 50.0,
+        server: env!("CARGO_BIN_EXE_kvix-server").into(),
+        server_cores: 1,
+        chaos: None,
+        workload: Workload {
+            seed: 7,
+            turns: 3,
+            system_tokens: 256,
+            user_tokens: 512,
+            output_tokens: 32,
+            think_ms: 300.0,
+            capacity_blocks: 512,
+            decode_ms_per_token: 2.0,
+            ..Workload::default()
+        },
+    }
+}
+
+fn legs(cfg: &FleetConfig, legs: &[Leg]) -> Vec<LegResult> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let results = rt.block_on(run(cfg, legs)).unwrap();
+    for r in &results {
+        eprintln!("{r:?}");
+    }
+    results
+}
+
+fn leg(results: &[LegResult], leg: Leg) -> &LegResult {
+    results.iter().find(|r| r.leg == leg).unwrap()
+}
+
+#[test]
+fn the_shared_index_routes_within_two_points_of_an_oracle_and_far_ahead_of_local_guesses() {
+    let r = legs(
+        &config(),
+        &[
+            Leg::Oracle,
+            Leg::Events,
+            Leg::Placements,
+            Leg::Local,
+            Leg::RoundRobin,
+        ],
+    );
+    let (oracle, events, placements, local, rr) = (
+        leg(&r, Leg::Oracle),
+        leg(&r, Leg::Events),
+        leg(&r, Leg::Placements),
+        leg(&r, Leg::Local),
+        leg(&r, Leg::RoundRobin),
+    );
+    // One workload: every leg served the same requests (~100 sessions of 3 turns).
+    assert!(oracle.requests > 200);
+    assert!(r.iter().all(|l| l.requests == oracle.requests));
+    assert!(events.followup_hit >= oracle.followup_hit - 0.02);
+    assert!(placements.followup_hit >= oracle.followup_hit - 0.05);
+    assert!(events.followup_hit > local.followup_hit + 0.1);
+    assert!(local.followup_hit > rr.followup_hit + 0.1);
+    // The events reached kvix over ZMQ, and what it said the engines held, they held.
+    assert!(events.event_batches > oracle.requests);
+    assert_eq!(events.error_p95_tokens, Some(0));
+    assert_eq!(events.audit_mismatches, Some(0));
+    assert!(events.degraded < 0.02, "{}", events.degraded);
+}
+
+#[test]
+fn a_cold_gateway_routes_at_the_fleets_rate_with_the_shared_index_and_a_restarted_engine_is_forgotten(
+) {
+    let cold = FleetConfig {
+        chaos: Some(Chaos::GatewayRestart),
+        ..config()
+    };
+    let r = legs(&cold, &[Leg::Events, Leg::Local]);
+    let (events, local) = (leg(&r, Leg::Events), leg(&r, Leg::Local));
+    let (shared_cold, local_cold) = (
+        events.cold_gateway_followup_hit.unwrap(),
+        local.cold_gateway_followup_hit.unwrap(),
+    );
+    // Its first requests already know what the fleet placed: nothing to rebuild.
+    assert!(shared_cold >= events.followup_hit - 0.05, "{shared_cold}");
+    assert!(
+        local_cold < shared_cold - 0.1,
+        "{local_cold} vs {shared_cold}"
+    );
+
+    let restart = FleetConfig {
+        chaos: Some(Chaos::EngineRestart),
+        ..config()
+    };
+    let r = legs(&restart, &[Leg::Oracle, Leg::Events]);
+    let (oracle, events) = (leg(&r, Leg::Oracle), leg(&r, Leg::Events));
+    // The new process's first batch (seq 0 again) tells kvix its cache is gone: at
+    // most the requests routed to it before that batch expected the old blocks.
+    assert!(events.false_hits <= 3, "{}", events.false_hits);
+    // And what it holds now is what kvix says, old blocks gone, new ones in.
+    assert_eq!(events.audit_mismatches, Some(0));
+    assert!(events.followup_hit >= oracle.followup_hit - 0.02);
+}
