@@ -136,6 +136,10 @@ struct FleetArgs {
     /// The server's --cores.
     #[arg(long, default_value_t = 1)]
     server_cores: u32,
+    /// kvix servers per kvix leg; more than one are replicas of one Redis log, in a
+    /// redis-server the leg starts (the placements leg: the events leg runs one).
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
     /// A fault halfway through the arrivals of every leg.
     #[arg(long, value_enum)]
     chaos: Option<Chaos>,
@@ -490,6 +494,7 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
         deadline_ms: a.deadline_ms,
         server,
         server_cores: a.server_cores,
+        replicas: a.replicas,
         chaos: a.chaos,
         workload: a.workload,
     };
@@ -511,6 +516,7 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
             "error p50/p95 tok",
             "false hits",
             "audit",
+            "replicas differ",
             "lookup p50/p99 us",
             "e2e p50/p99 ms",
             "server cores",
@@ -531,6 +537,7 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
                 },
                 l.false_hits.to_string(),
                 l.audit_mismatches.map_or("-".into(), |m| m.to_string()),
+                l.replicas_differ.map_or("-".into(), |m| m.to_string()),
                 format!("{}/{}", f(l.lookup_p50_us, 0), f(l.lookup_p99_us, 0)),
                 format!("{}/{}", f(l.e2e_p50_ms, 0), f(l.e2e_p99_ms, 0)),
                 opt(l.server_cores, 2),

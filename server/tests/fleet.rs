@@ -4,6 +4,8 @@
 //! legs' order on one workload, that the event-fed index expected exactly what the
 //! engines held, and what a restarted gateway or engine does to that.
 
+mod common;
+
 use kvix_bench::fleet::{run, Chaos, FleetConfig, Leg, LegResult};
 use kvix_bench::workload::Workload;
 
@@ -21,6 +23,7 @@ fn config() -> FleetConfig {
         deadline_ms: 50.0,
         server: env!("CARGO_BIN_EXE_kvix-server").into(),
         server_cores: 1,
+        replicas: 1,
         chaos: None,
         workload: Workload {
             seed: 7,
@@ -118,4 +121,36 @@ fn a_cold_gateway_routes_at_the_fleets_rate_with_the_shared_index_and_a_restarte
     // And what it holds now is what kvix says, old blocks gone, new ones in.
     assert_eq!(events.audit_mismatches, Some(0));
     assert!(events.followup_hit >= oracle.followup_hit - 0.02);
+}
+
+#[test]
+fn replicas_of_the_placements_converge_through_a_replica_killed_and_redis_paused() {
+    if common::redis::available("replicas_of_the_placements").is_none() {
+        return;
+    }
+    let replicas = |chaos| {
+        let cfg = FleetConfig {
+            replicas: 2,
+            chaos,
+            ..config()
+        };
+        legs(&cfg, &[Leg::Placements]).pop().unwrap()
+    };
+    let (plain, killed, paused) = (
+        replicas(None),
+        replicas(Some(Chaos::ReplicaRestart)),
+        replicas(Some(Chaos::RedisPause)),
+    );
+    for l in [&plain, &killed, &paused] {
+        assert_eq!(l.requests, plain.requests);
+        // Whatever the fault, the replicas end up answering alike.
+        assert_eq!(l.replicas_differ, Some(0), "{l:?}");
+    }
+    // Gateways go on with the other replica (queries fail open for a moment at most),
+    // and the restarted one catches up from the log.
+    assert!(killed.degraded < 0.05, "{}", killed.degraded);
+    assert!(killed.followup_hit >= plain.followup_hit - 0.05);
+    // Queries need no Redis: a paused log costs the placements made meanwhile
+    // (refused, `kvix_log_append_failures_total`), not the answers.
+    assert!(paused.degraded < 0.05, "{}", paused.degraded);
 }

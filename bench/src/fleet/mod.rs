@@ -33,7 +33,7 @@ use crate::stats::cov;
 use crate::workload::Workload;
 use engine::{Engine, EventsTo, TimeModel};
 use gateway::Gateway;
-use server::{free_port, Server};
+use server::{free_port, Redis, Server};
 
 /// Where the gateways' prefix knowledge comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -67,6 +67,10 @@ pub enum Chaos {
     /// Engine 0 restarts: its cache empties, its event sequence starts again at 0 on new
     /// sockets, its replay buffer is gone.
     EngineRestart,
+    /// Replica 0 (the gateways' primary) is killed (-9) and started again 2 s later.
+    ReplicaRestart,
+    /// The replicas' Redis is paused (SIGSTOP) for 3 s.
+    RedisPause,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -84,6 +88,9 @@ pub struct FleetConfig {
     pub server: PathBuf,
     /// Its `--cores`.
     pub server_cores: u32,
+    /// kvix servers per kvix leg: more than one are replicas of one Redis log (a
+    /// `redis-server` the leg starts), and every gateway knows them all.
+    pub replicas: u32,
     pub chaos: Option<Chaos>,
     #[serde(flatten)]
     pub workload: Workload,
@@ -118,7 +125,8 @@ pub struct LegResult {
     /// Arrival to completion, from the engines' time model and queues.
     pub e2e_p50_ms: f64,
     pub e2e_p99_ms: f64,
-    /// The kvix-server's cores busy (average) and peak resident memory.
+    /// The kvix-servers' cores busy (average, all replicas) and peak resident memory
+    /// (the largest replica's).
     pub server_cores: Option<f64>,
     pub server_rss_mib: Option<f64>,
     /// Event batches the engines published.
@@ -127,6 +135,9 @@ pub struct LegResult {
     /// events or placements are in, kvix's score for the session's whole conversation
     /// differs from what the engine holds (10 s allowed for them to arrive).
     pub audit_mismatches: Option<u64>,
+    /// With replicas: conversations whose answers differ between replicas once the leg
+    /// is over (10 s allowed to converge).
+    pub replicas_differ: Option<u64>,
     /// With `gateway-restart`: the follow-up hit of the restarted gateway's requests
     /// after its restart.
     pub cold_gateway_followup_hit: Option<f64>,
@@ -190,7 +201,8 @@ struct Fleet {
     system_chain: Vec<u64>,
     engines: Arc<Vec<Engine>>,
     gateways: Vec<RwLock<Arc<Gateway>>>,
-    server: Option<Server>,
+    servers: Mutex<Vec<Server>>,
+    redis: Option<Redis>,
     events_to: Option<EventsTo>,
     ctx: zmq::Context,
     /// Each session's whole conversation (prompt and output of its last turn), for the
@@ -210,9 +222,20 @@ fn host(i: u32) -> String {
 }
 
 impl Fleet {
-    async fn client(&self, name: String) -> anyhow::Result<Client> {
-        let server = self.server.as_ref().expect("a kvix leg has a server");
-        let mut cfg = ClientConfig::new([Addr::tcp(server.addr.clone())]);
+    fn addrs(&self) -> Vec<String> {
+        let servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+        servers.iter().map(|s| s.addr.clone()).collect()
+    }
+
+    /// A connection to every replica (or to one, `only`).
+    async fn client(&self, name: String, only: Option<usize>) -> anyhow::Result<Client> {
+        let addrs = self.addrs();
+        let addrs = match only {
+            Some(i) => vec![addrs[i].clone()],
+            None => addrs,
+        };
+        let mut cfg = ClientConfig::new(addrs.into_iter().map(Addr::tcp));
+        cfg.replicas = cfg.servers.len() > 1;
         cfg.name = name;
         cfg.deadline = Duration::from_secs_f64(self.cfg.deadline_ms / 1000.0);
         cfg.token_block = self.cfg.workload.block_tokens;
@@ -221,7 +244,7 @@ impl Fleet {
 
     async fn gateway(&self, g: usize) -> anyhow::Result<Gateway> {
         let client = match self.leg {
-            Leg::Events | Leg::Placements => Some(self.client(format!("gateway-{g}")).await?),
+            Leg::Events | Leg::Placements => Some(self.client(format!("gateway-{g}"), None).await?),
             _ => None,
         };
         Gateway::new(
@@ -351,13 +374,33 @@ impl Fleet {
         }
     }
 
-    /// (session, engine) pairs where kvix's score of the conversation is not what the
-    /// engine holds; polled until none or 10 s.
-    async fn audit(&self, control: &Client) -> u64 {
+    /// kvix's score of `chain` for every engine, as `client` answers.
+    async fn said(&self, client: &Client, chain: &[u64]) -> Vec<u32> {
         let opts = QueryOptions {
             deadline: Some(Duration::from_millis(500)),
             ..Default::default()
         };
+        let mut said = vec![0u32; self.engines.len()];
+        if let QueryOutcome::Scores(s) = client.query_chain(&self.keyspace, chain, &opts).await {
+            for s in s {
+                if let Some(i) = s
+                    .name
+                    .as_deref()
+                    .and_then(|n| self.engines.iter().position(|e| e.name == n))
+                {
+                    said[i] = s.blocks;
+                }
+            }
+        }
+        said
+    }
+
+    /// `wrong` over every conversation, summed, polled until 0 or 10 s.
+    async fn until_none<'a, F, Fut>(&'a self, wrong: F) -> u64
+    where
+        F: Fn(&'a Fleet, Vec<u64>) -> Fut,
+        Fut: std::future::Future<Output = u64>,
+    {
         let conversations = self
             .conversations
             .lock()
@@ -365,37 +408,51 @@ impl Fleet {
             .clone();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let mut wrong = 0u64;
+            let mut n = 0;
             for chain in &conversations {
-                let mut said = vec![0u32; self.engines.len()];
-                if let QueryOutcome::Scores(s) =
-                    control.query_chain(&self.keyspace, chain, &opts).await
-                {
-                    for s in s {
-                        if let Some(i) = s
-                            .name
-                            .as_deref()
-                            .and_then(|n| self.engines.iter().position(|e| e.name == n))
-                        {
-                            said[i] = s.blocks;
-                        }
-                    }
-                }
-                wrong += self
-                    .engines
-                    .iter()
-                    .zip(&said)
-                    .filter(|(e, &b)| e.reusable(chain) != b)
-                    .count() as u64;
+                n += wrong(self, chain.clone()).await;
             }
-            if wrong == 0 || Instant::now() >= deadline {
-                return wrong;
+            if n == 0 || Instant::now() >= deadline {
+                return n;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
-    async fn inject(&self, chaos: Chaos) -> anyhow::Result<()> {
+    /// (session, engine) pairs where kvix's score of the conversation is not what the
+    /// engine holds.
+    async fn audit(&self, control: &Client) -> u64 {
+        self.until_none(|fleet, chain| async move {
+            let said = fleet.said(control, &chain).await;
+            let engines = fleet.engines.iter();
+            engines
+                .zip(&said)
+                .filter(|(e, &b)| e.reusable(&chain) != b)
+                .count() as u64
+        })
+        .await
+    }
+
+    /// Conversations whose answers differ between replicas.
+    async fn replicas_differ(&self) -> anyhow::Result<u64> {
+        let mut each = Vec::new();
+        for i in 0..self.addrs().len() {
+            each.push(self.client(format!("fleet-replica-{i}"), Some(i)).await?);
+        }
+        let each = &each;
+        Ok(self
+            .until_none(|fleet, chain| async move {
+                let first = fleet.said(&each[0], &chain).await;
+                let mut differ = 0;
+                for c in &each[1..] {
+                    differ += u64::from(fleet.said(c, &chain).await != first);
+                }
+                differ
+            })
+            .await)
+    }
+
+    async fn inject(self: Arc<Self>, chaos: Chaos) -> anyhow::Result<()> {
         match chaos {
             Chaos::GatewayRestart => {
                 let fresh = Arc::new(self.gateway(0).await?);
@@ -403,6 +460,20 @@ impl Fleet {
                 *self.restarted_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
             }
             Chaos::EngineRestart => self.engines[0].restart(&self.ctx, self.events_to.as_ref())?,
+            Chaos::ReplicaRestart => {
+                let fleet = self.clone();
+                tokio::task::spawn_blocking(move || {
+                    let mut servers = fleet.servers.lock().unwrap_or_else(|e| e.into_inner());
+                    servers[0].restart(Duration::from_secs(2))
+                })
+                .await??;
+            }
+            Chaos::RedisPause => {
+                let redis = self.redis.as_ref().expect("checked at start");
+                redis.pause(true)?;
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                redis.pause(false)?;
+            }
         }
         Ok(())
     }
@@ -428,7 +499,19 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         "--block-size".into(),
         cfg.workload.block_tokens.to_string(),
     ];
-    let (server, events_to) = match leg {
+    let kvix = matches!(leg, Leg::Events | Leg::Placements);
+    let replicas = if kvix { cfg.replicas.max(1) } else { 0 };
+    let needs_replicas = matches!(cfg.chaos, Some(Chaos::ReplicaRestart | Chaos::RedisPause));
+    anyhow::ensure!(
+        !kvix || !needs_replicas || replicas > 1,
+        "{:?} needs replicas (--replicas 2 or more)",
+        cfg.chaos
+    );
+    anyhow::ensure!(
+        leg != Leg::Events || replicas < 2,
+        "the events leg runs one server: engines that connect (--events-bind) are not served with --log"
+    );
+    let events_to = match leg {
         Leg::Events => {
             let (bind, replay_port) = (free_port()?, free_port()?);
             args.extend([
@@ -437,16 +520,24 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
                 "--events-replay-port".into(),
                 replay_port.to_string(),
             ]);
-            let to = EventsTo {
+            Some(EventsTo {
                 kvix: format!("tcp://127.0.0.1:{bind}"),
                 replay_port,
                 model: MODEL.into(),
-            };
-            (Some(Server::start(&cfg.server, &args)?), Some(to))
+            })
         }
-        Leg::Placements => (Some(Server::start(&cfg.server, &args)?), None),
-        _ => (None, None),
+        _ => None,
     };
+    let redis = (replicas > 1).then(Redis::start).transpose()?;
+    if let Some(r) = &redis {
+        args.extend([
+            "--log".into(),
+            format!("redis://127.0.0.1:{}/kvix-fleet", r.port),
+        ]);
+    }
+    let servers = (0..replicas)
+        .map(|_| Server::start(&cfg.server, &args))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let time = TimeModel {
         prefill_us_per_token: cfg.workload.prefill_us_per_token,
         decode_ms_per_token: cfg.workload.decode_ms_per_token,
@@ -481,7 +572,8 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         system_chain,
         engines: Arc::new(engines),
         gateways: Vec::new(),
-        server,
+        servers: Mutex::new(servers),
+        redis,
         events_to,
         ctx,
         conversations: Mutex::new(Vec::new()),
@@ -497,9 +589,9 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     for e in fleet.engines.iter() {
         e.admit(&fleet.system_chain, &fleet.system);
     }
-    let control = match fleet.server {
-        Some(_) => Some(fleet.client("fleet-controller".into()).await?),
-        None => None,
+    let control = match kvix {
+        true => Some(fleet.client("fleet-controller".into(), None).await?),
+        false => None,
     };
     if let Some(control) = &control {
         if leg == Leg::Placements {
@@ -538,16 +630,19 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     let mut at = 0.0;
     let mut s = 0u32;
     let mut sessions = Vec::new();
-    let mut chaos = cfg.chaos;
     let t0 = tokio::time::Instant::now();
+    let chaos = cfg.chaos.map(|chaos| {
+        let fleet = fleet.clone();
+        let at = t0 + Duration::from_secs_f64(cfg.seconds / 2.0);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            fleet.inject(chaos).await
+        })
+    });
     loop {
         at += arrivals.exp(1.0 / cfg.session_rate);
         if at >= cfg.seconds {
             break;
-        }
-        if chaos.is_some() && at >= cfg.seconds / 2.0 {
-            tokio::time::sleep_until(t0 + Duration::from_secs_f64(cfg.seconds / 2.0)).await;
-            fleet.inject(chaos.take().unwrap()).await?;
         }
         tokio::time::sleep_until(t0 + Duration::from_secs_f64(at)).await;
         sessions.push(tokio::spawn(fleet.clone().session(s)));
@@ -556,14 +651,24 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     for task in sessions {
         task.await?;
     }
+    if let Some(chaos) = chaos {
+        chaos.await??;
+    }
     let audit_mismatches = match &control {
         Some(c) => Some(fleet.audit(c).await),
         None => None,
     };
+    let replicas_differ = match replicas > 1 {
+        true => Some(fleet.replicas_differ().await?),
+        false => None,
+    };
     if let Some(r) = replay {
         r.abort();
     }
-    let usage = fleet.server.as_ref().map(Server::usage);
+    let usage: Vec<_> = {
+        let servers = fleet.servers.lock().unwrap_or_else(|e| e.into_inner());
+        servers.iter().map(Server::usage).collect()
+    };
     let event_batches = fleet.engines.iter().map(Engine::published).sum();
     let mut acc = std::mem::take(&mut *fleet.acc.lock().unwrap_or_else(|e| e.into_inner()));
     let served: Vec<f64> = acc.served.iter().map(|&x| x as f64).collect();
@@ -589,10 +694,11 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         lookup_p99_us: percentile(&mut acc.lookups_ns, 0.99) as f64 / 1e3,
         e2e_p50_ms: percentile(&mut acc.e2e_us, 0.5) as f64 / 1e3,
         e2e_p99_ms: percentile(&mut acc.e2e_us, 0.99) as f64 / 1e3,
-        server_cores: usage.map(|u| u.cores),
-        server_rss_mib: usage.map(|u| u.peak_rss_mib),
+        server_cores: kvix.then(|| usage.iter().map(|u| u.cores).sum()),
+        server_rss_mib: kvix.then(|| usage.iter().map(|u| u.peak_rss_mib).fold(0.0, f64::max)),
         event_batches,
         audit_mismatches,
+        replicas_differ,
         cold_gateway_followup_hit: (cfg.chaos == Some(Chaos::GatewayRestart))
             .then(|| acc.cold.value()),
         wall_s: started.elapsed().as_secs_f64(),

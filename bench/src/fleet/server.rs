@@ -7,6 +7,7 @@ use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A free loopback port (free now: the caller binds it soon after).
@@ -17,6 +18,8 @@ pub fn free_port() -> anyhow::Result<u16> {
 pub struct Server {
     child: Child,
     pub addr: String,
+    bin: PathBuf,
+    args: Vec<String>,
     log: PathBuf,
     cpu_at_start: f64,
     started: Instant,
@@ -33,10 +36,13 @@ pub struct Usage {
 impl Server {
     /// Starts `bin` with `args` on a free port and waits until it accepts connections.
     pub fn start(bin: &Path, args: &[String]) -> anyhow::Result<Server> {
-        let port = free_port()?;
-        let addr = format!("127.0.0.1:{port}");
-        let log =
-            std::env::temp_dir().join(format!("kvix-fleet-{}-{port}.log", std::process::id()));
+        Server::start_at(bin, format!("127.0.0.1:{}", free_port()?), args)
+    }
+
+    fn start_at(bin: &Path, addr: String, args: &[String]) -> anyhow::Result<Server> {
+        static STARTS: AtomicU64 = AtomicU64::new(0);
+        let n = STARTS.fetch_add(1, Ordering::Relaxed);
+        let log = std::env::temp_dir().join(format!("kvix-fleet-{}-{n}.log", std::process::id()));
         let out = File::create(&log)?;
         let child = Command::new(bin)
             .args(["--listen", &addr, "--metrics", "", "--unix", ""])
@@ -54,6 +60,8 @@ impl Server {
         let mut server = Server {
             child,
             addr,
+            bin: bin.to_path_buf(),
+            args: args.to_vec(),
             log,
             cpu_at_start: 0.0,
             started: Instant::now(),
@@ -76,6 +84,15 @@ impl Server {
         server.cpu_at_start = server.cpu_seconds().unwrap_or(0.0);
         server.started = Instant::now();
         Ok(server)
+    }
+
+    /// kill -9, then the same command on the same address.
+    pub fn restart(&mut self, down: Duration) -> anyhow::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        *self = Server::start_at(&self.bin.clone(), self.addr.clone(), &self.args.clone())?;
+        Ok(())
     }
 
     fn log_tail(&self) -> String {
@@ -111,6 +128,69 @@ impl Server {
             cores: busy / self.started.elapsed().as_secs_f64().max(1e-9),
             peak_rss_mib: peak_kib / 1024.0,
         }
+    }
+}
+
+/// A `redis-server` of its own for a leg's replicas: no persistence, a free port.
+pub struct Redis {
+    child: Child,
+    pub port: u16,
+}
+
+impl Redis {
+    pub fn start() -> anyhow::Result<Redis> {
+        let port = free_port()?;
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "redis-server: {e} (replicas need it: apt-get install redis-server)"
+                )
+            })?;
+        let mut redis = Redis { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = redis.child.try_wait()? {
+                anyhow::bail!("redis-server exited ({status}) at start on port {port}");
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "redis-server did not listen within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(redis)
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT: Redis stops answering, connections stay open.
+    pub fn pause(&self, stop: bool) -> anyhow::Result<()> {
+        let signal = if stop { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill {signal} redis-server: {status}");
+        Ok(())
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.pause(false);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
