@@ -135,6 +135,9 @@ pub struct ClientConfig {
     /// 95th percentile of this client's recent query latencies (at least 100 µs; a
     /// quarter of the deadline until 100 queries were seen), never later than half the
     /// deadline. `Some(Duration::MAX)`: never hedge. Only with two servers or more up.
+    /// The hedge goes out at the first timer tick (1 ms) from that point, or at the
+    /// point itself when `spin_before_park` spins until it: waiting for it is parked, not
+    /// spun, so that hedging costs no core.
     pub hedge_after: Option<Duration>,
 }
 

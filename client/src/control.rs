@@ -12,7 +12,7 @@ use kvix_wire::{
 use crate::conn::Reply;
 use crate::roster::Want;
 use crate::types::WorkerRef;
-use crate::wait::{wait_reply, Waited};
+use crate::wait::{wait_reply, Until, Waited};
 use crate::{Client, ClientError};
 
 impl Client {
@@ -72,7 +72,7 @@ impl Client {
         let mut results = Vec::new();
         for (slot, conn, id, rx) in waits {
             results.push(match rx {
-                Ok(Some(mut rx)) => match wait_reply(&mut rx, until, None).await {
+                Ok(Some(mut rx)) => match wait_reply(&mut rx, until, Until::Kept, None).await {
                     Waited::Reply(Reply::Announced(a)) => {
                         sh.adopt(slot, &conn, name.clone(), a.worker);
                         Ok(a.worker)
@@ -154,7 +154,7 @@ impl Client {
                 message: format!("worker {worker} is not announced on the server"),
             }));
         };
-        match wait_reply(&mut rx, until, None).await {
+        match wait_reply(&mut rx, until, Until::Kept, None).await {
             Waited::Reply(Reply::Ack) => Ok(()),
             Waited::Reply(Reply::Error(e)) => Err(ClientError::Rejected(e)),
             Waited::Reply(_) | Waited::Closed => Err(ClientError::Disconnected),

@@ -11,7 +11,7 @@ use crate::conn::Reply;
 use crate::counters::Counters;
 use crate::roster::Want;
 use crate::types::{Prompt, QueryOptions, QueryOutcome, WorkerScore};
-use crate::wait::{wait_either, wait_reply, Waited};
+use crate::wait::{wait_either, wait_reply, Until, Waited};
 use crate::{Client, ClientError};
 
 impl Client {
@@ -188,11 +188,12 @@ impl Client {
             return Err(QueryOutcome::Disconnected);
         };
         // Hedge when the primary is slow, and at once when its connection went.
-        let primary_gone = match wait_reply(&mut rx, hedge_at, sh.cfg.spin_before_park).await {
-            Waited::TimedOut => false,
-            Waited::Closed => true,
-            w => return Ok((slot, w)),
-        };
+        let primary_gone =
+            match wait_reply(&mut rx, hedge_at, Until::Reached, sh.cfg.spin_before_park).await {
+                Waited::TimedOut => false,
+                Waited::Closed => true,
+                w => return Ok((slot, w)),
+            };
         // The candidates as the second server numbers them.
         let mut q2 = q.clone();
         q2.candidates = sh.ids_on(slot2, &opts.candidates);
@@ -201,7 +202,7 @@ impl Client {
             if primary_gone {
                 return Ok((slot, Waited::Closed));
             }
-            let w = wait_reply(&mut rx, until, None).await;
+            let w = wait_reply(&mut rx, until, Until::Kept, None).await;
             if matches!(w, Waited::TimedOut) {
                 conn.forget(id);
             }
@@ -210,7 +211,7 @@ impl Client {
         Counters::bump(&sh.counters.n.hedges);
         if primary_gone {
             // The primary's reply channel is finished: wait on the hedge alone.
-            let w = wait_reply(&mut rx2, until, sh.cfg.spin_before_park).await;
+            let w = wait_reply(&mut rx2, until, Until::Kept, sh.cfg.spin_before_park).await;
             match w {
                 Waited::Reply(_) => Counters::bump(&sh.counters.n.hedges_won),
                 Waited::TimedOut => conn2.forget(id2),

@@ -14,7 +14,7 @@ use crate::counters::Counters;
 use crate::placements::PlacementReq;
 use crate::roster::RosterSync;
 use crate::types::WorkerRef;
-use crate::wait::{wait_reply, Waited};
+use crate::wait::{wait_reply, Until, Waited};
 use crate::{Addr, ClientConfig, ClientError};
 
 #[derive(Default, Clone)]
@@ -246,7 +246,7 @@ impl Shared {
         let Some(mut rx) = self.send_request(conn, id, msg, 0, Some(want))? else {
             return Err(ClientError::Disconnected);
         };
-        let w = wait_reply(&mut rx, until, self.cfg.spin_before_park).await;
+        let w = wait_reply(&mut rx, until, Until::Kept, self.cfg.spin_before_park).await;
         if matches!(w, Waited::TimedOut) {
             conn.forget(id);
         }

@@ -12,6 +12,19 @@ use crate::conn::Reply;
 /// returns later than its deadline because of timer rounding.
 pub(crate) const TIMER_SLACK: Duration = Duration::from_millis(1);
 
+/// What `until` is to a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// A deadline the caller promises: the last [`TIMER_SLACK`] is checked by yielding,
+    /// so the wait ends at `until`, not at the timer tick after it.
+    Kept,
+    /// A point that only has to be reached (when to hedge): parked on the timer to the
+    /// end, up to a tick late. Yielding there would spin for nearly every hedged query,
+    /// the hedge point being nearer than a tick, and take the runtime's threads from
+    /// the replies on a loaded gateway.
+    Reached,
+}
+
 pub(crate) enum Waited {
     Reply(Reply),
     Closed,
@@ -19,7 +32,7 @@ pub(crate) enum Waited {
 }
 
 /// Waits for a reply until `until`: first spinning on it for up to `spin`, then parked
-/// on a timer, and the last [`TIMER_SLACK`] by yielding.
+/// on a timer, and (`Until::Kept`) the last [`TIMER_SLACK`] by yielding.
 ///
 /// The spin is a busy loop where another thread can deliver the reply meanwhile: outside
 /// any task (the blocking client's caller thread) or on a multi-thread runtime with more
@@ -28,6 +41,7 @@ pub(crate) enum Waited {
 pub(crate) async fn wait_reply(
     rx: &mut oneshot::Receiver<Reply>,
     until: Instant,
+    kind: Until,
     spin: Option<Duration>,
 ) -> Waited {
     use oneshot::error::TryRecvError;
@@ -59,6 +73,13 @@ pub(crate) async fn wait_reply(
                 tokio::task::yield_now().await;
             }
         }
+    }
+    if kind == Until::Reached {
+        return match tokio::time::timeout_at(until.into(), &mut *rx).await {
+            Ok(Ok(r)) => Waited::Reply(r),
+            Ok(Err(_)) => Waited::Closed,
+            Err(_) => Waited::TimedOut,
+        };
     }
     if let Some(park_until) = until.checked_sub(TIMER_SLACK) {
         if Instant::now() < park_until {

@@ -936,3 +936,44 @@ async fn a_silent_primary_is_hedged_to_the_next_server_and_replicas_take_writes_
         (1, 0)
     );
 }
+
+/// A query waiting for its hedge point parks on its reply. It used to yield in a loop
+/// whenever the hedge point was nearer than a timer tick (1 ms), which with two servers
+/// up and the default hedge (the 95th percentile, at most half the deadline) is nearly
+/// every query: the gateway's runtime spun instead of reading replies, and once a
+/// replica restart had raised the percentile, a fifth of a loaded fleet's queries timed
+/// out (kvix-bench fleet --chaos replica-restart). Counted in polls, not timed.
+#[tokio::test]
+async fn a_query_waiting_for_its_hedge_point_parks_instead_of_spinning() {
+    let (a, b) = (
+        FakeServer::start(Opts::default()).await,
+        FakeServer::start(Opts::default()).await,
+    );
+    let c = Client::connect(ClientConfig {
+        hedge_after: Some(Duration::from_micros(900)),
+        deadline: Duration::from_secs(1),
+        ..config(vec![a.addr.clone(), b.addr.clone()])
+    })
+    .await
+    .unwrap();
+    assert!(c.wait_server(&b.addr, PATIENCE).await);
+    full_worker(&c, "w").await;
+    let prompt = tokens(32, 5);
+    let chain = c.token_chain(&ks(), &prompt);
+    place(&c, &a, "w", chain.clone()).await;
+    place(&c, &b, "w", chain).await;
+    a.set_mode(Mode::Delay(Duration::from_millis(500)));
+    let (keyspace, options) = (ks(), opts());
+    let mut query = Box::pin(c.query_tokens(&keyspace, &prompt, &options));
+    let mut polls = 0u32;
+    let got = std::future::poll_fn(|cx| {
+        polls += 1;
+        std::future::Future::poll(query.as_mut(), cx)
+    })
+    .await;
+    assert_eq!(got.best().map(|s| s.blocks), Some(2), "{got:?}");
+    let n = c.counters();
+    assert_eq!((n.hedges, n.hedges_won), (1, 1));
+    // Parked: woken by the hedge timer and by the reply, a few more at most.
+    assert!(polls <= 10, "the query was polled {polls} times");
+}
