@@ -58,12 +58,15 @@ if [ -n "${QUICK:-}" ]; then
   LOAD=(--duration 3 --rate 1000)
   RED=(--queries 500 --warmup 50)
   SOAK=(--workers 24 --duration 15 --sample 3)
+  FLEET=(--engines 32 --session-rate 40 --seconds 10)
 else
   SIM=()
   LAT=(--queries 10000 --warmup 1000)
   LOAD=(--duration 10 --rate 2000)
   RED=(--queries 2000 --warmup 200)
   SOAK=(--duration 60)
+  # The campaign's shape at this VM's scale: 120 engines, ~400 requests/s.
+  FLEET=(--session-rate 200 --seconds 30)
 fi
 
 run() { # name, args...: the command to $OUT/name.cmd, its JSON to $OUT/name.json
@@ -95,5 +98,12 @@ for cores in 1 2; do
   run "soak-cores$cores" soak --server "$ADDR" --metrics "$METRICS" "${SOAK[@]}"
   stop_server
 done
+# The fleet end to end: each leg starts its own servers (and Redis for replicas).
+FL=(--server "$BIN/kvix-server" "${FLEET[@]}")
+run fleet fleet "${FL[@]}"
+run fleet-gateway-restart fleet "${FL[@]}" --legs events,local --chaos gateway-restart
+run fleet-engine-restart fleet "${FL[@]}" --legs oracle,events --chaos engine-restart
+run fleet-replica-restart fleet "${FL[@]}" --legs placements --replicas 2 --chaos replica-restart
+run fleet-redis-pause fleet "${FL[@]}" --legs placements --replicas 2 --chaos redis-pause
 echo "done: $OUT"
 ls -1 "$OUT"

@@ -46,8 +46,9 @@ pub struct Routed {
     /// expectation).
     pub predicted: Option<u32>,
     pub lookup: Duration,
-    /// The index did not answer in time (or was not reachable): routed by load alone.
-    pub degraded: bool,
+    /// Why the index did not help (`QueryOutcome::kind`: timeout, disconnected,
+    /// rejected): routed by load alone.
+    pub degraded: Option<&'static str>,
 }
 
 pub struct Gateway {
@@ -131,12 +132,16 @@ impl Gateway {
     /// leg's knowledge comes from (a placement); `tie` orders equal engines.
     pub async fn route(&self, chain: &[u64], tie: u64) -> Routed {
         let started = Instant::now();
-        let (scores, degraded): (Vec<(WorkerId, u32)>, bool) = match &self.knowledge {
+        let (scores, degraded): (Vec<(WorkerId, u32)>, Option<&'static str>) = match &self.knowledge
+        {
             Knowledge::Kvix { client, .. } => {
                 let outcome = client
                     .query_chain(&self.keyspace, chain, &QueryOptions::default())
                     .await;
-                let degraded = !matches!(outcome, QueryOutcome::Scores(_) | QueryOutcome::Empty);
+                let degraded = match outcome {
+                    QueryOutcome::Scores(_) | QueryOutcome::Empty => None,
+                    ref other => Some(other.kind()),
+                };
                 let scores = match outcome {
                     QueryOutcome::Scores(s) => s
                         .iter()
@@ -158,7 +163,7 @@ impl Gateway {
                     .iter()
                     .filter_map(|&(id, b)| Some((*l.engine_of.get(&id)? as WorkerId, b)))
                     .collect();
-                (scores, false)
+                (scores, None)
             }
             Knowledge::Oracle => {
                 let scores = self
@@ -168,7 +173,7 @@ impl Gateway {
                     .map(|(i, e)| (i as WorkerId, e.reusable(chain)))
                     .filter(|&(_, b)| b > 0)
                     .collect();
-                (scores, false)
+                (scores, None)
             }
             Knowledge::RoundRobin(next) => {
                 let engine = next.fetch_add(1, Ordering::Relaxed) % self.engines.len();
@@ -176,7 +181,7 @@ impl Gateway {
                     engine,
                     predicted: None,
                     lookup: started.elapsed(),
-                    degraded: false,
+                    degraded: None,
                 };
             }
         };

@@ -18,6 +18,7 @@ pub mod engine;
 pub mod gateway;
 pub mod server;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -112,6 +113,8 @@ pub struct LegResult {
     /// Share of requests routed without the index (query past the deadline, no
     /// connection, refused).
     pub degraded: f64,
+    /// The degraded requests by outcome (timeout, disconnected, rejected).
+    pub degraded_by: BTreeMap<String, u64>,
     /// CoV of requests served per engine.
     pub load_cov: f64,
     /// |expected − actual| reused tokens per request (None: round robin expects nothing).
@@ -129,6 +132,8 @@ pub struct LegResult {
     /// (the largest replica's).
     pub server_cores: Option<f64>,
     pub server_rss_mib: Option<f64>,
+    /// The servers' own query time, p99 (the slowest replica's).
+    pub server_query_p99_us: Option<u64>,
     /// Event batches the engines published.
     pub event_batches: u64,
     /// kvix legs: (session, engine) pairs where, once the leg is over and the last
@@ -152,7 +157,7 @@ struct Acc {
     first: Ratio,
     cold: Ratio,
     same: u64,
-    degraded: u64,
+    degraded: BTreeMap<String, u64>,
     false_hits: u64,
     served: Vec<u64>,
     errors: Vec<u64>,
@@ -345,7 +350,9 @@ impl Fleet {
                     }
                     acc.same += u64::from(prev == Some(routed.engine));
                 }
-                acc.degraded += u64::from(routed.degraded);
+                if let Some(why) = routed.degraded {
+                    *acc.degraded.entry(why.to_string()).or_default() += 1;
+                }
                 if let Some(p) = routed.predicted {
                     acc.false_hits += u64::from(p > served.reused_blocks);
                     acc.errors.push(
@@ -685,7 +692,8 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         } else {
             acc.same as f64 / acc.fu.n as f64
         },
-        degraded: acc.degraded as f64 / acc.requests.max(1) as f64,
+        degraded: acc.degraded.values().sum::<u64>() as f64 / acc.requests.max(1) as f64,
+        degraded_by: std::mem::take(&mut acc.degraded),
         load_cov: cov(&served),
         error_p50_tokens: predicts.then(|| percentile(&mut acc.errors, 0.5)),
         error_p95_tokens: predicts.then(|| percentile(&mut acc.errors, 0.95)),
@@ -696,6 +704,7 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         e2e_p99_ms: percentile(&mut acc.e2e_us, 0.99) as f64 / 1e3,
         server_cores: kvix.then(|| usage.iter().map(|u| u.cores).sum()),
         server_rss_mib: kvix.then(|| usage.iter().map(|u| u.peak_rss_mib).fold(0.0, f64::max)),
+        server_query_p99_us: usage.iter().filter_map(|u| u.query_p99_us).max(),
         event_batches,
         audit_mismatches,
         replicas_differ,

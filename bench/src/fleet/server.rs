@@ -18,6 +18,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 pub struct Server {
     child: Child,
     pub addr: String,
+    metrics: String,
     bin: PathBuf,
     args: Vec<String>,
     log: PathBuf,
@@ -25,27 +26,40 @@ pub struct Server {
     started: Instant,
 }
 
-/// CPU seconds and peak resident memory of a leg's server.
+/// CPU seconds, peak resident memory and query time of a leg's server.
 #[derive(Debug, Clone, Copy)]
 pub struct Usage {
     /// Average cores busy over the leg.
     pub cores: f64,
     pub peak_rss_mib: f64,
+    /// Its own query time (`kvix_query_latency_us`), p99.
+    pub query_p99_us: Option<u64>,
 }
 
 impl Server {
     /// Starts `bin` with `args` on a free port and waits until it accepts connections.
     pub fn start(bin: &Path, args: &[String]) -> anyhow::Result<Server> {
-        Server::start_at(bin, format!("127.0.0.1:{}", free_port()?), args)
+        let (port, metrics) = (free_port()?, free_port()?);
+        Server::start_at(
+            bin,
+            format!("127.0.0.1:{port}"),
+            format!("127.0.0.1:{metrics}"),
+            args,
+        )
     }
 
-    fn start_at(bin: &Path, addr: String, args: &[String]) -> anyhow::Result<Server> {
+    fn start_at(
+        bin: &Path,
+        addr: String,
+        metrics: String,
+        args: &[String],
+    ) -> anyhow::Result<Server> {
         static STARTS: AtomicU64 = AtomicU64::new(0);
         let n = STARTS.fetch_add(1, Ordering::Relaxed);
         let log = std::env::temp_dir().join(format!("kvix-fleet-{}-{n}.log", std::process::id()));
         let out = File::create(&log)?;
         let child = Command::new(bin)
-            .args(["--listen", &addr, "--metrics", "", "--unix", ""])
+            .args(["--listen", &addr, "--metrics", &metrics, "--unix", ""])
             .args(args)
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
@@ -60,6 +74,7 @@ impl Server {
         let mut server = Server {
             child,
             addr,
+            metrics,
             bin: bin.to_path_buf(),
             args: args.to_vec(),
             log,
@@ -91,7 +106,13 @@ impl Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         std::thread::sleep(down);
-        *self = Server::start_at(&self.bin.clone(), self.addr.clone(), &self.args.clone())?;
+        let (bin, addr, metrics, args) = (
+            self.bin.clone(),
+            self.addr.clone(),
+            self.metrics.clone(),
+            self.args.clone(),
+        );
+        *self = Server::start_at(&bin, addr, metrics, &args)?;
         Ok(())
     }
 
@@ -124,9 +145,14 @@ impl Server {
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0.0);
+        let query_p99_us = self.metrics.parse().ok().and_then(|addr| {
+            let page = crate::metrics::page(addr).ok()?;
+            crate::metrics::value(&page, r#"kvix_query_latency_us{quantile="0.99"}"#)
+        });
         Usage {
             cores: busy / self.started.elapsed().as_secs_f64().max(1e-9),
             peak_rss_mib: peak_kib / 1024.0,
+            query_p99_us,
         }
     }
 }
