@@ -416,7 +416,10 @@ impl IngestThread {
                         if b.inbox.len() < BOUND_INBOX {
                             b.inbox.push_back(m.frame);
                         } else {
-                            METRICS.inbox_dropped.fetch_add(1, Relaxed);
+                            let n = METRICS.inbox_dropped.fetch_add(1, Relaxed) + 1;
+                            if n.is_power_of_two() {
+                                tracing::warn!(topic = %key.1, "ingest: a message on --events-bind dropped, its stream holding {BOUND_INBOX} unread (a long replay; {n} dropped so far): its replay fills the gap");
+                            }
                         }
                     }
                     None => {
@@ -429,7 +432,10 @@ impl IngestThread {
                                     announces.push(d);
                                 }
                                 if !bound.hold_early(key.0, &key.1, m.frame) {
-                                    tracing::debug!(topic = %key.1, "ingest: a message before its stream was subscribed dropped (held messages full)");
+                                    let n = METRICS.inbox_dropped.fetch_add(1, Relaxed) + 1;
+                                    if n.is_power_of_two() {
+                                        tracing::warn!(topic = %key.1, "ingest: a message on --events-bind dropped while its worker's announce was on its way (held messages full; {n} dropped so far): its replay fills the gap, without --events-replay-port its history is lost");
+                                    }
                                 }
                             }
                             None => {
