@@ -42,6 +42,18 @@ impl TimeModel {
     }
 }
 
+/// What every engine of a fleet is.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineSpec {
+    pub capacity_blocks: usize,
+    pub block_tokens: u32,
+    /// The keyspace seed its chains are hashed with (the gateways' keyspace).
+    pub seed: u64,
+    /// Requests it runs at once.
+    pub slots: usize,
+    pub time: TimeModel,
+}
+
 /// Where an engine publishes its KV events.
 #[derive(Debug, Clone)]
 pub struct EventsTo {
@@ -154,27 +166,18 @@ pub struct Served {
 /// of its worker in kvix.
 pub struct Engine {
     pub name: String,
-    capacity_blocks: usize,
-    block_tokens: u32,
-    seed: u64,
-    model: TimeModel,
+    spec: EngineSpec,
     slots: Semaphore,
     state: Mutex<State>,
 }
 
 impl Engine {
     /// An engine at loopback address `host` (127.x.y.z: every engine has its own, as
-    /// every pod has its own IP) whose chains are hashed with `seed`; with `events`, it
-    /// publishes them.
-    #[allow(clippy::too_many_arguments)]
+    /// every pod has its own IP); with `events`, it publishes its KV events.
     pub fn start(
         ctx: &zmq::Context,
         host: String,
-        capacity_blocks: usize,
-        block_tokens: u32,
-        seed: u64,
-        slots: usize,
-        model: TimeModel,
+        spec: &EngineSpec,
         events: Option<&EventsTo>,
     ) -> anyhow::Result<Engine> {
         let events = events
@@ -182,13 +185,10 @@ impl Engine {
             .transpose()?;
         Ok(Engine {
             name: host,
-            capacity_blocks,
-            block_tokens,
-            seed,
-            model,
-            slots: Semaphore::new(slots),
+            spec: *spec,
+            slots: Semaphore::new(spec.slots),
             state: Mutex::new(State {
-                cache: LruCache::new(capacity_blocks),
+                cache: LruCache::new(spec.capacity_blocks),
                 events,
                 published: 0,
             }),
@@ -220,7 +220,7 @@ impl Engine {
     /// The engine's events for one admission: a store per new run (engine hashes, the
     /// parent's, the run's tokens), one removal for what was evicted.
     fn events(&self, admitted: &Admitted, chain: &[u64], tokens: &[u32]) -> Vec<EngineEvent> {
-        let bt = self.block_tokens as usize;
+        let bt = self.spec.block_tokens as usize;
         let mut events: Vec<EngineEvent> = admitted
             .stored
             .iter()
@@ -230,7 +230,7 @@ impl Engine {
                     chain[s..e].iter().map(|&h| engine_hash(h)).collect(),
                     s.checked_sub(1).map(|p| engine_hash(chain[p])),
                     tokens[s * bt..e * bt].to_vec(),
-                    self.block_tokens,
+                    self.spec.block_tokens,
                 ))
             })
             .collect();
@@ -258,11 +258,14 @@ impl Engine {
         let reused = self.admit(chain, prompt);
         let uncached = prompt
             .len()
-            .saturating_sub(reused as usize * self.block_tokens as usize);
-        tokio::time::sleep(self.model.work(uncached, output.len())).await;
+            .saturating_sub(reused as usize * self.spec.block_tokens as usize);
+        tokio::time::sleep(self.spec.time.work(uncached, output.len())).await;
         let mut all = prompt.to_vec();
         all.extend_from_slice(output);
-        self.admit(&token_chain(self.seed, self.block_tokens, &all), &all);
+        self.admit(
+            &token_chain(self.spec.seed, self.spec.block_tokens, &all),
+            &all,
+        );
         Served {
             reused_blocks: reused,
             e2e: arrival.elapsed(),
@@ -289,7 +292,7 @@ impl Engine {
     /// process that is starting.
     pub fn restart(&self, ctx: &zmq::Context, to: Option<&EventsTo>) -> anyhow::Result<()> {
         let mut st = self.state();
-        st.cache = LruCache::new(self.capacity_blocks);
+        st.cache = LruCache::new(self.spec.capacity_blocks);
         if let Some(to) = to {
             st.events = None; // closes the old sockets
                               // libzmq releases the old replay port in its I/O thread, a moment later.

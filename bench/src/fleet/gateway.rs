@@ -13,7 +13,7 @@ use kvix_engine::{Engine as Index, Ks};
 use kvix_wire::{Feed, Keyspace, Lane, WorkerId};
 
 use super::engine::Engine;
-use super::Leg;
+use super::{Fleet, Leg};
 
 /// A gateway's own index (the `local` leg): fed only by its own placements.
 struct LocalIndex {
@@ -62,21 +62,13 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Gateway `g` of a fleet for `leg`; `client` is its own connection to kvix for the
-    /// legs that ask kvix. Its own index (`local`) starts knowing `held_everywhere` on
-    /// every engine, as from its past placements.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        g: usize,
-        leg: Leg,
-        client: Option<Client>,
-        keyspace: Keyspace,
-        block_tokens: u32,
-        capacity_blocks: u64,
-        engines: Arc<Vec<Engine>>,
-        alpha: f64,
-        held_everywhere: &[u64],
-    ) -> anyhow::Result<Gateway> {
+    /// Gateway `g` of `fleet`; `client` is its own connection to kvix for the legs that
+    /// ask kvix. Its own index (`local`) starts knowing the system prefix on every
+    /// engine, as from its past placements.
+    pub(super) fn new(g: usize, fleet: &Fleet, client: Option<Client>) -> anyhow::Result<Gateway> {
+        let (leg, keyspace, engines) = (fleet.leg, fleet.keyspace.clone(), fleet.engines.clone());
+        let block_tokens = fleet.cfg.workload.block_tokens;
+        let capacity_blocks = u64::from(fleet.cfg.workload.capacity_blocks);
         let n = engines.len();
         let knowledge = match leg {
             Leg::Events | Leg::Placements => Knowledge::Kvix {
@@ -96,7 +88,7 @@ impl Gateway {
                         .map_err(|e| anyhow::anyhow!("announce: {e}"))?;
                     ids.push(id);
                     index
-                        .place(id, Ks::of(&keyspace, block_tokens), held_everywhere, 0)
+                        .place(id, Ks::of(&keyspace, block_tokens), &fleet.system_chain, 0)
                         .map_err(|e| anyhow::anyhow!("place: {e}"))?;
                 }
                 let engine_of = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
@@ -124,7 +116,7 @@ impl Gateway {
             picker: Mutex::new(Picker::new(n)),
             engines,
             engine_of_name,
-            alpha,
+            alpha: fleet.cfg.workload.alpha,
         })
     }
 

@@ -32,7 +32,7 @@ use crate::rng::Rng;
 use crate::sim::tokens;
 use crate::stats::cov;
 use crate::workload::Workload;
-use engine::{Engine, EventsTo, TimeModel};
+use engine::{Engine, EngineSpec, EventsTo, TimeModel};
 use gateway::Gateway;
 use server::{free_port, Redis, Server};
 
@@ -252,17 +252,7 @@ impl Fleet {
             Leg::Events | Leg::Placements => Some(self.client(format!("gateway-{g}"), None).await?),
             _ => None,
         };
-        Gateway::new(
-            g,
-            self.leg,
-            client,
-            self.keyspace.clone(),
-            self.cfg.workload.block_tokens,
-            u64::from(self.cfg.workload.capacity_blocks),
-            self.engines.clone(),
-            self.cfg.workload.alpha,
-            &self.system_chain,
-        )
+        Gateway::new(g, self, client)
     }
 
     /// Until kvix scores every engine for the whole system prefix: the engines (events)
@@ -545,23 +535,18 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     let servers = (0..replicas)
         .map(|_| Server::start(&cfg.server, &args))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let time = TimeModel {
-        prefill_us_per_token: cfg.workload.prefill_us_per_token,
-        decode_ms_per_token: cfg.workload.decode_ms_per_token,
+    let spec = EngineSpec {
+        capacity_blocks: cfg.workload.capacity_blocks as usize,
+        block_tokens: cfg.workload.block_tokens,
+        seed,
+        slots: cfg.slots as usize,
+        time: TimeModel {
+            prefill_us_per_token: cfg.workload.prefill_us_per_token,
+            decode_ms_per_token: cfg.workload.decode_ms_per_token,
+        },
     };
     let engines = (0..cfg.engines)
-        .map(|i| {
-            Engine::start(
-                &ctx,
-                host(i),
-                cfg.workload.capacity_blocks as usize,
-                cfg.workload.block_tokens,
-                seed,
-                cfg.slots as usize,
-                time,
-                events_to.as_ref(),
-            )
-        })
+        .map(|i| Engine::start(&ctx, host(i), &spec, events_to.as_ref()))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut system = Vec::new();
     tokens(
