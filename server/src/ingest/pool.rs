@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -416,8 +416,7 @@ impl IngestThread {
                         if b.inbox.len() < BOUND_INBOX {
                             b.inbox.push_back(m.frame);
                         } else {
-                            let n = METRICS.inbox_dropped.fetch_add(1, Relaxed) + 1;
-                            if n.is_power_of_two() {
+                            if let Some(n) = count_loudly(&METRICS.inbox_dropped) {
                                 tracing::warn!(topic = %key.1, "ingest: a message on --events-bind dropped, its stream holding {BOUND_INBOX} unread (a long replay; {n} dropped so far): its replay fills the gap");
                             }
                         }
@@ -432,15 +431,13 @@ impl IngestThread {
                                     announces.push(d);
                                 }
                                 if !bound.hold_early(key.0, &key.1, m.frame) {
-                                    let n = METRICS.inbox_dropped.fetch_add(1, Relaxed) + 1;
-                                    if n.is_power_of_two() {
+                                    if let Some(n) = count_loudly(&METRICS.inbox_dropped) {
                                         tracing::warn!(topic = %key.1, "ingest: a message on --events-bind dropped while its worker's announce was on its way (held messages full; {n} dropped so far): its replay fills the gap, without --events-replay-port its history is lost");
                                     }
                                 }
                             }
                             None => {
-                                let n = METRICS.unknown_topics.fetch_add(1, Relaxed) + 1;
-                                if n.is_power_of_two() {
+                                if let Some(n) = count_loudly(&METRICS.unknown_topics) {
                                     tracing::warn!(topic = %key.1, "ingest: a message on --events-bind whose topic does not have the --events-topic form was dropped ({n} so far)");
                                 }
                             }
@@ -729,6 +726,13 @@ impl IngestThread {
         }
         true
     }
+}
+
+/// Counts one more of what `counter` counts; the count when it is the 1st, 2nd, 4th,
+/// 8th, ...: when a WARN line names it, so that a flood is logged without a line each.
+fn count_loudly(counter: &AtomicU64) -> Option<u64> {
+    let n = counter.fetch_add(1, Relaxed) + 1;
+    n.is_power_of_two().then_some(n)
 }
 
 /// Notes whether a bound stream's engine is connected; a change is handed to the stream.
