@@ -878,16 +878,17 @@ async fn a_bad_welcome_never_connects_and_never_panics() {
     }
 }
 
-#[tokio::test]
-async fn a_silent_primary_is_hedged_to_the_next_server_and_replicas_take_writes_once() {
+/// Two fake servers that both hold worker "w" with a 32-token prompt, the first the
+/// primary of a client made with `cfg` (its servers filled in): the client, the servers
+/// and the prompt.
+async fn two_holding_the_prompt(cfg: ClientConfig) -> (Client, FakeServer, FakeServer, Vec<u32>) {
     let (a, b) = (
         FakeServer::start(Opts::default()).await,
         FakeServer::start(Opts::default()).await,
     );
-    let servers = vec![a.addr.clone(), b.addr.clone()];
     let c = Client::connect(ClientConfig {
-        hedge_after: Some(Duration::from_millis(5)),
-        ..config(servers.clone())
+        servers: vec![a.addr.clone(), b.addr.clone()],
+        ..cfg
     })
     .await
     .unwrap();
@@ -897,6 +898,17 @@ async fn a_silent_primary_is_hedged_to_the_next_server_and_replicas_take_writes_
     let chain = c.token_chain(&ks(), &prompt);
     place(&c, &a, "w", chain.clone()).await;
     place(&c, &b, "w", chain).await;
+    (c, a, b, prompt)
+}
+
+#[tokio::test]
+async fn a_silent_primary_is_hedged_to_the_next_server_and_replicas_take_writes_once() {
+    let (c, a, b, prompt) = two_holding_the_prompt(ClientConfig {
+        hedge_after: Some(Duration::from_millis(5)),
+        ..config(Vec::new())
+    })
+    .await;
+    let servers = vec![a.addr.clone(), b.addr.clone()];
     a.set_mode(Mode::Silent);
     for _ in 0..20 {
         let got = c.query_tokens(&ks(), &prompt, &opts()).await;
@@ -945,23 +957,12 @@ async fn a_silent_primary_is_hedged_to_the_next_server_and_replicas_take_writes_
 /// out (kvix-bench fleet --chaos replica-restart). Counted in polls, not timed.
 #[tokio::test]
 async fn a_query_waiting_for_its_hedge_point_parks_instead_of_spinning() {
-    let (a, b) = (
-        FakeServer::start(Opts::default()).await,
-        FakeServer::start(Opts::default()).await,
-    );
-    let c = Client::connect(ClientConfig {
+    let (c, a, _b, prompt) = two_holding_the_prompt(ClientConfig {
         hedge_after: Some(Duration::from_micros(900)),
         deadline: Duration::from_secs(1),
-        ..config(vec![a.addr.clone(), b.addr.clone()])
+        ..config(Vec::new())
     })
-    .await
-    .unwrap();
-    assert!(c.wait_server(&b.addr, PATIENCE).await);
-    full_worker(&c, "w").await;
-    let prompt = tokens(32, 5);
-    let chain = c.token_chain(&ks(), &prompt);
-    place(&c, &a, "w", chain.clone()).await;
-    place(&c, &b, "w", chain).await;
+    .await;
     a.set_mode(Mode::Delay(Duration::from_millis(500)));
     let (keyspace, options) = (ks(), opts());
     let mut query = Box::pin(c.query_tokens(&keyspace, &prompt, &options));
