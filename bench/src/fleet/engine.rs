@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvix_events::encode::vllm_batch;
 use kvix_events::payload::{Batch, EngineEvent, Medium, Removed, Stored};
-use kvix_wire::chain::token_chain;
+use kvix_wire::chain::chain_tokens;
 use tokio::sync::Semaphore;
 
 use crate::lru::{Admitted, LruCache};
@@ -47,8 +47,6 @@ impl TimeModel {
 pub struct EngineSpec {
     pub capacity_blocks: usize,
     pub block_tokens: u32,
-    /// The keyspace seed its chains are hashed with (the gateways' keyspace).
-    pub seed: u64,
     /// Requests it runs at once.
     pub slots: usize,
     pub time: TimeModel,
@@ -153,6 +151,40 @@ struct State {
     published: u64,
 }
 
+/// A session's tokens so far and the chain of their whole blocks, hashed as they come.
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    pub tokens: Vec<u32>,
+    pub chain: Vec<u64>,
+    seed: u64,
+    block_tokens: u32,
+}
+
+impl Conversation {
+    /// An empty conversation in the keyspace of `seed`.
+    pub fn new(seed: u64, block_tokens: u32) -> Self {
+        Conversation {
+            tokens: Vec::new(),
+            chain: Vec::new(),
+            seed,
+            block_tokens,
+        }
+    }
+
+    /// Appends `more`, hashing the blocks it completes from where the chain ends.
+    pub fn extend(&mut self, more: &[u32]) {
+        self.tokens.extend_from_slice(more);
+        let from = self.chain.len() * self.block_tokens as usize;
+        let seed = self.chain.last().copied().unwrap_or(self.seed);
+        chain_tokens(
+            seed,
+            self.block_tokens,
+            &self.tokens[from..],
+            &mut self.chain,
+        );
+    }
+}
+
 /// What serving one request came to.
 #[derive(Debug, Clone, Copy)]
 pub struct Served {
@@ -244,28 +276,24 @@ impl Engine {
         events
     }
 
-    /// Serves one request that arrived at `arrival`: waits for a slot, prefills (what
-    /// the cache lacks of the prompt), decodes `output`, and keeps the prompt and the
-    /// output's whole blocks cached.
+    /// Serves one request that arrived at `arrival`: waits for a slot, prefills what the
+    /// cache lacks of the conversation so far (the prompt), decodes `output` onto it, and
+    /// keeps the prompt and the output's whole blocks cached.
     pub async fn serve(
         &self,
-        prompt: &[u32],
-        chain: &[u64],
+        conversation: &mut Conversation,
         output: &[u32],
         arrival: Instant,
     ) -> Served {
         let _slot = self.slots.acquire().await.expect("slots are never closed");
-        let reused = self.admit(chain, prompt);
-        let uncached = prompt
+        let reused = self.admit(&conversation.chain, &conversation.tokens);
+        let uncached = conversation
+            .tokens
             .len()
             .saturating_sub(reused as usize * self.spec.block_tokens as usize);
         tokio::time::sleep(self.spec.time.work(uncached, output.len())).await;
-        let mut all = prompt.to_vec();
-        all.extend_from_slice(output);
-        self.admit(
-            &token_chain(self.spec.seed, self.spec.block_tokens, &all),
-            &all,
-        );
+        conversation.extend(output);
+        self.admit(&conversation.chain, &conversation.tokens);
         Served {
             reused_blocks: reused,
             e2e: arrival.elapsed(),

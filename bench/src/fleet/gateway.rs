@@ -88,7 +88,7 @@ impl Gateway {
                         .map_err(|e| anyhow::anyhow!("announce: {e}"))?;
                     ids.push(id);
                     index
-                        .place(id, Ks::of(&keyspace, block_tokens), &fleet.system_chain, 0)
+                        .place(id, Ks::of(&keyspace, block_tokens), &fleet.system.chain, 0)
                         .map_err(|e| anyhow::anyhow!("place: {e}"))?;
                 }
                 let engine_of = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
@@ -102,20 +102,13 @@ impl Gateway {
             Leg::Oracle => Knowledge::Oracle,
             Leg::RoundRobin => Knowledge::RoundRobin(AtomicUsize::new(g)),
         };
-        let engine_of_name = Arc::new(
-            engines
-                .iter()
-                .enumerate()
-                .map(|(i, e)| (Arc::<str>::from(e.name.as_str()), i))
-                .collect(),
-        );
         Ok(Gateway {
             knowledge,
             keyspace,
             inflight: (0..n).map(|_| AtomicU32::new(0)).collect(),
             picker: Mutex::new(Picker::new(n)),
             engines,
-            engine_of_name,
+            engine_of_name: fleet.engine_of_name.clone(),
             alpha: fleet.cfg.workload.alpha,
         })
     }

@@ -18,13 +18,12 @@ pub mod engine;
 pub mod gateway;
 pub mod server;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use kvix_client::{Addr, Client, ClientConfig, QueryOptions, QueryOutcome};
-use kvix_wire::chain::token_chain;
 use kvix_wire::{Feed, Keyspace, Lane};
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +31,7 @@ use crate::rng::Rng;
 use crate::sim::tokens;
 use crate::stats::cov;
 use crate::workload::Workload;
-use engine::{Engine, EngineSpec, EventsTo, TimeModel};
+use engine::{Conversation, Engine, EngineSpec, EventsTo, TimeModel};
 use gateway::Gateway;
 use server::{free_port, Redis, Server};
 
@@ -201,10 +200,11 @@ struct Fleet {
     cfg: FleetConfig,
     leg: Leg,
     keyspace: Keyspace,
-    seed: u64,
-    system: Vec<u32>,
-    system_chain: Vec<u64>,
+    /// The system prefix every session starts with.
+    system: Conversation,
     engines: Arc<Vec<Engine>>,
+    /// Each engine's index by its name (the name of its worker in kvix's answers).
+    engine_of_name: Arc<HashMap<Arc<str>, usize>>,
     gateways: Vec<RwLock<Arc<Gateway>>>,
     servers: Mutex<Vec<Server>>,
     redis: Option<Redis>,
@@ -258,7 +258,7 @@ impl Fleet {
     /// Until kvix scores every engine for the whole system prefix: the engines (events)
     /// or a controller (placements) told it, and the fleet is in its steady state.
     async fn await_system_prefix(&self, control: &Client) -> anyhow::Result<()> {
-        let want = self.system_chain.len() as u32;
+        let want = self.system.chain.len() as u32;
         let opts = QueryOptions {
             deadline: Some(Duration::from_millis(200)),
             ..Default::default()
@@ -266,7 +266,7 @@ impl Fleet {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let held = match control
-                .query_chain(&self.keyspace, &self.system_chain, &opts)
+                .query_chain(&self.keyspace, &self.system.chain, &opts)
                 .await
             {
                 QueryOutcome::Scores(s) => s.iter().filter(|s| s.blocks == want).count(),
@@ -292,7 +292,7 @@ impl Fleet {
 
     async fn session(self: Arc<Self>, s: u32) {
         let cfg = &self.cfg;
-        let mut prompt = self.system.clone();
+        let mut conversation = self.system.clone();
         let mut prev: Option<usize> = None;
         for turn in 1..=cfg.workload.turns {
             let mut rng = Rng::derive(cfg.workload.seed, u64::from(s), u64::from(turn));
@@ -301,15 +301,17 @@ impl Fleet {
             } else {
                 cfg.workload.followup_tokens
             });
-            tokens(&mut rng, n, &mut prompt);
+            let mut message = Vec::new();
+            tokens(&mut rng, n, &mut message);
+            conversation.extend(&message);
             let g = rng.below(u64::from(cfg.gateways)) as usize;
-            let chain = token_chain(self.seed, cfg.workload.block_tokens, &prompt);
             let gateway = self.gateways[g]
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
             let arrival = Instant::now();
-            let routed = gateway.route(&chain, rng.next_u64()).await;
+            let routed = gateway.route(&conversation.chain, rng.next_u64()).await;
+            let prompt_blocks = conversation.chain.len() as u64;
             let mut out_rng =
                 Rng::derive(cfg.workload.seed, u64::from(s), 1_000_000 + u64::from(turn));
             let mut output = Vec::new();
@@ -317,7 +319,7 @@ impl Fleet {
             tokens(&mut out_rng, n, &mut output);
             gateway.started(routed.engine);
             let served = self.engines[routed.engine]
-                .serve(&prompt, &chain, &output, arrival)
+                .serve(&mut conversation, &output, arrival)
                 .await;
             gateway.finished(routed.engine);
             let cold = g == 0
@@ -328,7 +330,7 @@ impl Fleet {
                     .is_some_and(|at| arrival >= at);
             {
                 let mut acc = self.acc.lock().unwrap_or_else(|e| e.into_inner());
-                let (hit, of) = (u64::from(served.reused_blocks), chain.len() as u64);
+                let (hit, of) = (u64::from(served.reused_blocks), prompt_blocks);
                 acc.requests += 1;
                 acc.served[routed.engine] += 1;
                 if turn == 1 {
@@ -354,13 +356,11 @@ impl Fleet {
                 acc.e2e_us.push(served.e2e.as_micros() as u64);
             }
             prev = Some(routed.engine);
-            prompt.extend_from_slice(&output);
             if turn == cfg.workload.turns {
-                let whole = token_chain(self.seed, cfg.workload.block_tokens, &prompt);
                 self.conversations
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .push(whole);
+                    .push(conversation.chain.clone());
             }
             if turn < cfg.workload.turns {
                 let think =
@@ -380,11 +380,7 @@ impl Fleet {
         let mut said = vec![0u32; self.engines.len()];
         if let QueryOutcome::Scores(s) = client.query_chain(&self.keyspace, chain, &opts).await {
             for s in s {
-                if let Some(i) = s
-                    .name
-                    .as_deref()
-                    .and_then(|n| self.engines.iter().position(|e| e.name == n))
-                {
+                if let Some(&i) = s.name.and_then(|n| self.engine_of_name.get(&n)) {
                     said[i] = s.blocks;
                 }
             }
@@ -538,7 +534,6 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     let spec = EngineSpec {
         capacity_blocks: cfg.workload.capacity_blocks as usize,
         block_tokens: cfg.workload.block_tokens,
-        seed,
         slots: cfg.slots as usize,
         time: TimeModel {
             prefill_us_per_token: cfg.workload.prefill_us_per_token,
@@ -548,20 +543,26 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     let engines = (0..cfg.engines)
         .map(|i| Engine::start(&ctx, host(i), &spec, events_to.as_ref()))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut system = Vec::new();
+    let mut system_prompt = Vec::new();
     tokens(
         &mut Rng::derive(cfg.workload.seed, u64::MAX, 0),
         cfg.workload.system_tokens,
-        &mut system,
+        &mut system_prompt,
     );
-    let system_chain = token_chain(seed, cfg.workload.block_tokens, &system);
+    let mut system = Conversation::new(seed, cfg.workload.block_tokens);
+    system.extend(&system_prompt);
     let mut fleet = Fleet {
         cfg: cfg.clone(),
         leg,
         keyspace,
-        seed,
         system,
-        system_chain,
+        engine_of_name: Arc::new(
+            engines
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (Arc::from(e.name.as_str()), i))
+                .collect(),
+        ),
         engines: Arc::new(engines),
         gateways: Vec::new(),
         servers: Mutex::new(servers),
@@ -579,7 +580,7 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     // every index knows it. Without this the first holders of the prefix draw all the
     // first turns and the rest of the fleet stays cold.
     for e in fleet.engines.iter() {
-        e.admit(&fleet.system_chain, &fleet.system);
+        e.admit(&fleet.system.chain, &fleet.system.tokens);
     }
     let control = match kvix {
         true => Some(fleet.client("fleet-controller".into(), None).await?),
@@ -598,7 +599,7 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
                 control.publish_placement(
                     e.name.as_str(),
                     &fleet.keyspace,
-                    fleet.system_chain.clone(),
+                    fleet.system.chain.clone(),
                 );
             }
         }

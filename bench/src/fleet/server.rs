@@ -10,6 +10,31 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Until `child` accepts connections on `addr`: an error saying it exited (and how) or
+/// did not listen `within`.
+fn await_listening(child: &mut Child, addr: &str, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while TcpStream::connect(addr).is_err() {
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("exited ({status}) at start on {addr}");
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "did not listen on {addr} within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// The last 20 lines of a log file.
+fn tail(log: &Path) -> String {
+    let mut s = String::new();
+    let _ = File::open(log).and_then(|mut f| f.read_to_string(&mut s));
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
 /// A free loopback port (free now: the caller binds it soon after).
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -81,21 +106,9 @@ impl Server {
             cpu_at_start: 0.0,
             started: Instant::now(),
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(&server.addr).is_err() {
-            if let Some(status) = server.child.try_wait()? {
-                anyhow::bail!(
-                    "kvix-server exited ({status}) at start:\n{}",
-                    server.log_tail()
-                );
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "kvix-server did not listen within 30 s:\n{}",
-                server.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (addr, log) = (server.addr.clone(), server.log.clone());
+        await_listening(&mut server.child, &addr, Duration::from_secs(30))
+            .map_err(|e| anyhow::anyhow!("kvix-server {e}:\n{}", tail(&log)))?;
         server.cpu_at_start = server.cpu_seconds().unwrap_or(0.0);
         server.started = Instant::now();
         Ok(server)
@@ -114,13 +127,6 @@ impl Server {
         );
         *self = Server::start_at(&bin, addr, metrics, &args)?;
         Ok(())
-    }
-
-    fn log_tail(&self) -> String {
-        let mut s = String::new();
-        let _ = File::open(&self.log).and_then(|mut f| f.read_to_string(&mut s));
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
     /// utime + stime of the process, in seconds.
@@ -187,17 +193,9 @@ impl Redis {
                 )
             })?;
         let mut redis = Redis { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = redis.child.try_wait()? {
-                anyhow::bail!("redis-server exited ({status}) at start on port {port}");
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "redis-server did not listen within 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let addr = format!("127.0.0.1:{port}");
+        await_listening(&mut redis.child, &addr, Duration::from_secs(10))
+            .map_err(|e| anyhow::anyhow!("redis-server {e}"))?;
         Ok(redis)
     }
 
