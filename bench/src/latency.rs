@@ -95,6 +95,7 @@ pub fn query_sizes(q: &Query, scores: usize) -> (usize, usize) {
         ],
         unscorable: 0,
         runs: Vec::new(),
+        history_lost: Vec::new(),
     };
     let rep = encode(&ans, 0, 0).map(|f| f.len()).unwrap_or(0);
     (req, rep)

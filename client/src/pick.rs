@@ -157,6 +157,7 @@ mod tests {
                     worker: i as u32,
                     name: Some((*n).into()),
                     blocks: *b,
+                    history_lost: false,
                 })
                 .collect(),
         )
@@ -252,6 +253,7 @@ mod tests {
                         worker: i as u32,
                         name: Some(names[i].as_str().into()),
                         blocks: overlap[i],
+                        history_lost: false,
                     })
                     .collect(),
             );

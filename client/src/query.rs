@@ -259,6 +259,7 @@ impl Client {
                     worker: s.worker,
                     name: ids.as_ref().and_then(|m| m.by_id.get(&s.worker).cloned()),
                     blocks: s.blocks,
+                    history_lost: a.history_lost.contains(&s.worker),
                 })
                 .collect(),
         )

@@ -83,6 +83,10 @@ pub struct WorkerScore {
     pub name: Option<Arc<str>>,
     /// Reusable prefix, in keyspace blocks.
     pub blocks: u32,
+    /// The worker's history is lost: batches of its engine went by unapplied, so the
+    /// engine may hold more of the prompt than `blocks` (never less) until it clears
+    /// its cache or restarts.
+    pub history_lost: bool,
 }
 
 /// What a query came to. Every variant but `Scores` means "route without the index".

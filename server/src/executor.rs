@@ -25,7 +25,7 @@ use crate::durable::replica::Replica;
 use crate::durable::wal::Wal;
 use crate::durable::write::Write;
 use crate::failure::Failure;
-use crate::ingest::states::IngestStates;
+use crate::ingest::states::{IngestStates, LOST};
 use crate::ingest::Ingest;
 use crate::mesh::{LocalFuture, QueryScope};
 use crate::metrics::{ExecutorMetrics, Outcome};
@@ -356,6 +356,17 @@ impl Executor {
             q.want_runs,
             &mut answer,
         );
+        let a = &mut *answer;
+        a.history_lost.clear();
+        if LOST.any() {
+            let lost = a
+                .scores
+                .iter()
+                .map(|&(w, _)| w)
+                .filter(|&w| LOST.contains(w));
+            a.history_lost.extend(lost);
+            a.history_lost.sort_unstable();
+        }
         let outcome = if !answer.scores.is_empty() {
             Outcome::Hit
         } else if answer.unscorable > 0 {

@@ -75,6 +75,7 @@ fn score(worker: u32, name: &str, blocks: u32) -> WorkerScore {
         worker,
         name: Some(name.into()),
         blocks,
+        history_lost: false,
     }
 }
 
@@ -555,6 +556,7 @@ async fn a_query_whose_real_server_dies_under_it_is_answered_by_the_next_one() {
         worker: ids[1],
         name: Some("w".into()),
         blocks: 4,
+        history_lost: false,
     };
     assert_eq!(query.await.unwrap(), QueryOutcome::Scores(vec![want]));
     let n = c.counters();

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use common::engines::{available, Ports, Publisher, RELEASES};
 use common::*;
+use kvix_client::blocking::BlockingClient;
+use kvix_client::{Addr, ClientConfig, QueryOptions, QueryOutcome};
 use kvix_wire::chain::{token_chain, token_chain_with_extras, ExtraKey};
 use kvix_wire::*;
 use serde_json::{json, Value};
@@ -1151,6 +1153,17 @@ fn a_stream_past_its_replay_buffer_has_lost_its_history_until_the_engine_clears(
             &format!("{name}: past the buffer"),
         );
         await_metric(&server, "kvix_ingest_workers_history_lost", 1);
+        // Answers flag the worker, on the wire and in the client's scores.
+        let held = chain(&base, 7, 1);
+        assert_eq!(c.query(&base, &held).history_lost, vec![w], "{name}");
+        let gateway =
+            BlockingClient::connect(ClientConfig::new([Addr::tcp(server.addr.to_string())]))
+                .unwrap();
+        let scored = gateway.query_chain(&base, &held, &QueryOptions::default());
+        let QueryOutcome::Scores(scores) = scored else {
+            panic!("{name}: {scored:?}");
+        };
+        assert!(scores[0].history_lost, "{name}: {scores:?}");
         publisher.publish(vec![cleared(), rel.blocks(9, 0, 1, 1000)]);
         expect(
             &mut c,
@@ -1164,6 +1177,8 @@ fn a_stream_past_its_replay_buffer_has_lost_its_history_until_the_engine_clears(
             0,
             "{name}"
         );
+        let answer = c.query(&base, &chain(&base, 9, 1));
+        assert!(answer.history_lost.is_empty(), "{name}: {answer:?}");
         publisher.stop();
     }
 }

@@ -17,7 +17,7 @@
 use thiserror::Error;
 
 pub const MAGIC: [u8; 4] = *b"KVIX";
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const HEADER_LEN: usize = 24;
 /// Bodies start and frames end on this boundary.
 pub const FRAME_ALIGN: usize = 8;

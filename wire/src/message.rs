@@ -86,6 +86,9 @@ pub struct Answer {
     pub unscorable: u32,
     /// Filled when the query asked for runs.
     pub runs: Vec<WorkerRuns>,
+    /// The scored workers whose history is lost, ascending: their engine may hold more
+    /// than their score says (batches went by unapplied), until it clears or restarts.
+    pub history_lost: Vec<WorkerId>,
 }
 
 /// How a worker's holdings are learnt.

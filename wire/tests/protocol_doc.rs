@@ -119,7 +119,7 @@ fn reads_back<M: Body + PartialEq + std::fmt::Debug>(frame: &[u8], msg: &M, id: 
 #[test]
 fn header_constants_match_the_document() {
     assert_eq!(HEADER_LEN, 24);
-    assert_eq!(PROTOCOL_VERSION, 3);
+    assert_eq!(PROTOCOL_VERSION, 4);
     let code: Vec<(&str, u64)> = vec![
         ("PROTOCOL_VERSION", PROTOCOL_VERSION.into()),
         ("HEADER_LEN", HEADER_LEN as u64),

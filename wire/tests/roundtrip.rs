@@ -139,7 +139,8 @@ round_trip_props! {
         any::<u32>(),
         vec((any::<u32>(), vec((any::<u8>(), vec(run(), 0..5)).prop_map(|(lane, runs)| LaneRuns { lane, runs }), 0..4))
             .prop_map(|(worker, lanes)| WorkerRuns { worker, lanes }), 0..6),
-    ).prop_map(|(scores, unscorable, runs)| Answer { scores, unscorable, runs });
+        vec(any::<u32>(), 0..6),
+    ).prop_map(|(scores, unscorable, runs, history_lost)| Answer { scores, unscorable, runs, history_lost });
     announce: (text(), vec(lane(), 0..6), feed(), prop::option::of((text(), text(), text(), text())))
         .prop_map(|(name, lanes, feed, source)| Announce {
             name, lanes, feed,

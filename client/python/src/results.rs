@@ -13,21 +13,26 @@ pub struct Score {
     pub worker_id: u32,
     /// Reusable prefix, in keyspace blocks.
     pub blocks: u32,
+    /// The worker's history is lost: its engine may hold more than `blocks` until it
+    /// clears its cache or restarts.
+    pub history_lost: bool,
 }
 
 #[pymethods]
 impl Score {
     fn __repr__(&self) -> String {
-        match &self.worker {
-            Some(w) => format!(
-                "Score(worker={w:?}, worker_id={}, blocks={})",
-                self.worker_id, self.blocks
-            ),
-            None => format!(
-                "Score(worker=None, worker_id={}, blocks={})",
-                self.worker_id, self.blocks
-            ),
-        }
+        let worker = match &self.worker {
+            Some(w) => format!("{w:?}"),
+            None => "None".to_string(),
+        };
+        let lost = match self.history_lost {
+            true => ", history_lost=True",
+            false => "",
+        };
+        format!(
+            "Score(worker={worker}, worker_id={}, blocks={}{lost})",
+            self.worker_id, self.blocks
+        )
     }
 }
 
@@ -82,6 +87,7 @@ fn score(s: WorkerScore) -> Score {
         worker: s.name.as_deref().map(str::to_string),
         worker_id: s.worker,
         blocks: s.blocks,
+        history_lost: s.history_lost,
     }
 }
 
@@ -155,6 +161,7 @@ impl QueryResult {
                     worker: s.worker_id,
                     name: s.worker.as_deref().map(Into::into),
                     blocks: s.blocks,
+                    history_lost: s.history_lost,
                 })
                 .collect(),
         )

@@ -544,5 +544,6 @@ fn answer(s: &State, q: &Query) -> Answer {
         scores,
         unscorable: 0,
         runs: Vec::new(),
+        history_lost: Vec::new(),
     }
 }

@@ -218,6 +218,9 @@ pub struct Answer {
     pub unscorable: u32,
     /// When asked for: every covered worker (by id), every lane of its roster.
     pub runs: Vec<WorkerRuns>,
+    /// The scored workers whose history is lost, ascending (the caller fills it: the
+    /// index does not know; see `kvix_wire::Answer::history_lost`).
+    pub history_lost: Vec<WorkerId>,
 }
 
 impl Answer {
@@ -231,6 +234,7 @@ impl Answer {
                 .collect(),
             unscorable: self.unscorable,
             runs: self.runs.clone(),
+            history_lost: self.history_lost.clone(),
         }
     }
 }

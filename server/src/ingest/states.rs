@@ -9,6 +9,7 @@ use kvix_engine::{Core, Ks, Update};
 use kvix_wire::{ChunkKind, Event, Lane, WorkerId};
 use rkyv::{Archive, Deserialize, Serialize};
 
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::METRICS;
@@ -44,6 +45,48 @@ struct IngestState {
     lost: bool,
 }
 
+/// Which workers' history is lost, for every executor's answers to read (a query on any
+/// executor flags them; the decision is the home's [`IngestState::lost`], and only the
+/// home of a worker changes its bit). Also keeps `kvix_ingest_workers_history_lost`.
+pub struct LostWorkers {
+    bits: [AtomicU64; kvix_engine::MAX_WORKERS as usize / 64],
+}
+
+/// The process's lost workers (its executors share one roster of ids).
+pub static LOST: LostWorkers = LostWorkers {
+    bits: [const { AtomicU64::new(0) }; kvix_engine::MAX_WORKERS as usize / 64],
+};
+
+impl LostWorkers {
+    /// Marks `worker` lost or whole; the gauge counts the change, if any.
+    fn set(&self, worker: WorkerId, lost: bool) {
+        let Some(word) = self.bits.get(worker as usize / 64) else {
+            return;
+        };
+        let bit = 1u64 << (worker % 64);
+        let before = match lost {
+            true => word.fetch_or(bit, Relaxed),
+            false => word.fetch_and(!bit, Relaxed),
+        };
+        match (before & bit != 0, lost) {
+            (false, true) => METRICS.history_lost.fetch_add(1, Relaxed),
+            (true, false) => METRICS.history_lost.fetch_sub(1, Relaxed),
+            _ => 0,
+        };
+    }
+
+    /// Whether some worker's history is lost (a query then looks its scores up).
+    pub fn any(&self) -> bool {
+        METRICS.history_lost.load(Relaxed) > 0
+    }
+
+    pub fn contains(&self, worker: WorkerId) -> bool {
+        self.bits
+            .get(worker as usize / 64)
+            .is_some_and(|w| w.load(Relaxed) >> (worker % 64) & 1 == 1)
+    }
+}
+
 /// The ingest state of the workers homed on one executor.
 #[derive(Default)]
 pub struct IngestStates {
@@ -58,9 +101,8 @@ impl IngestStates {
 
     /// Forgets a worker (retired, or announced again with another roster or source).
     pub fn forget(&mut self, worker: WorkerId) {
-        if self.by_worker.remove(&worker).is_some_and(|h| h.lost) {
-            METRICS.history_lost.fetch_sub(1, Relaxed);
-        }
+        self.by_worker.remove(&worker);
+        LOST.set(worker, false);
     }
 
     pub fn export(&self) -> Vec<(WorkerId, IngestStateImage)> {
@@ -97,10 +139,7 @@ impl IngestStates {
         if !translator.import(&image.translator) {
             return false;
         }
-        if image.lost {
-            METRICS.history_lost.fetch_add(1, Relaxed);
-        }
-        let replaced = self.by_worker.insert(
+        self.by_worker.insert(
             worker,
             IngestState {
                 epoch: image.epoch,
@@ -111,9 +150,7 @@ impl IngestStates {
                 lost: image.lost,
             },
         );
-        if replaced.is_some_and(|h| h.lost) {
-            METRICS.history_lost.fetch_sub(1, Relaxed);
-        }
+        LOST.set(worker, image.lost);
         true
     }
 }
@@ -304,8 +341,8 @@ fn note_history(
         return;
     }
     h.lost = lost;
+    LOST.set(worker, lost);
     if lost {
-        METRICS.history_lost.fetch_add(1, Relaxed);
         tracing::warn!(
             worker,
             seq = last.map(|l| l.seq),
@@ -316,7 +353,6 @@ fn note_history(
              to ride out"
         );
     } else {
-        METRICS.history_lost.fetch_sub(1, Relaxed);
         tracing::info!(worker, "ingest: the worker's history is whole again");
     }
 }

@@ -35,6 +35,7 @@ class Score:
     worker: Optional[str]
     worker_id: int
     blocks: int
+    history_lost: bool
 
 class QueryResult:
     """What a query came to; `failed_open`: route without the index."""
