@@ -62,6 +62,8 @@ def test_blocking_client_announces_places_queries_and_retires(server):
     assert r.outcome == "scores" and not r.failed_open and r.error is None
     assert [(s.worker, s.worker_id, s.blocks) for s in r.scores] == [("a", a, 8), ("b", b, 3)]
     assert r.best == r.scores[0] and len(r) == 2
+    # Placements have no engine history to lose.
+    assert not any(s.history_lost for s in r.scores)
 
     # A longer prompt reuses what is held; an unrelated one nothing.
     assert c.query_tokens(MODEL, p + tokens(2, salt=9)).best.blocks == 8
