@@ -96,6 +96,7 @@ pub fn query_sizes(q: &Query, scores: usize) -> (usize, usize) {
         unscorable: 0,
         runs: Vec::new(),
         history_lost: Vec::new(),
+        reissued: 0,
     };
     let rep = encode(&ans, 0, 0).map(|f| f.len()).unwrap_or(0);
     (req, rep)

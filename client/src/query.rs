@@ -232,6 +232,11 @@ impl Client {
     /// looked up in the server's roster first, while the deadline allows.
     async fn named(&self, slot: usize, a: Answer, until: Instant) -> QueryOutcome {
         let sh = &self.shared;
+        let known = sh.slots[slot].ids.lock().map_or(0, |m| m.reissued);
+        if a.reissued != known {
+            sh.learn(slot, Want::Reissued(a.reissued), Instant::now(), until)
+                .await;
+        }
         let lowest = sh.slots[slot].ids.lock().ok().and_then(|ids| {
             a.scores
                 .iter()
@@ -251,7 +256,13 @@ impl Client {
         if a.scores.is_empty() {
             return QueryOutcome::Empty;
         }
-        let ids = self.shared.slots[slot].ids.lock().ok();
+        // Names learnt under another reissue count may be an id's old worker's: none
+        // is better than a wrong one (the roster could not be listed again in time).
+        let ids = self.shared.slots[slot]
+            .ids
+            .lock()
+            .ok()
+            .filter(|m| m.reissued == a.reissued);
         QueryOutcome::Scores(
             a.scores
                 .iter()

@@ -2,9 +2,11 @@
 //! and a gateway usually announces nothing (a controller or the engines do), so each
 //! server's roster is fetched at connect, again every [`POLL`] while connected (from
 //! where the last fetch ended), and at once when a query meets an id or a name this
-//! client cannot resolve. Ids are stable for the life of a server's registry, so what
-//! was learnt stays true until the connection is lost (a server restarted without its
-//! state may number anew: the next connection learns from 0).
+//! client cannot resolve. An id keeps its name until the server gives it to another
+//! (only once all its ids were given): every answer and roster page carries the
+//! server's count of such reissues, and a client that learnt its names under another
+//! count lists the roster again from 0 before it names an id. A server restarted
+//! without its state may number anew: the next connection learns from 0.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,10 +47,16 @@ pub(crate) enum Want<'a> {
     Ids(WorkerId),
     /// Names this client cannot resolve.
     Names(&'a [Arc<str>]),
+    /// An answer came under this `reissued` count, not the one the names were learnt
+    /// under: the whole roster, listed again.
+    Reissued(u32),
 }
 
-/// Fetches `ask` and what follows from `from` on `conn`, page by page, into `ids`.
-/// Returns where the id-ordered listing ended.
+/// Fetches `names` and what follows from `from` on `conn`, page by page, into `ids`.
+/// Where the server's `reissued` count is not `ids.reissued` (an id was given to
+/// another name since those names were learnt) and the listing did not start at 0,
+/// it starts again from 0 into an emptied `ids`, which then holds the whole roster
+/// under the new count. Returns where the id-ordered listing ended.
 pub(crate) async fn fetch(
     sh: &Shared,
     conn: &Conn,
@@ -62,6 +70,7 @@ pub(crate) async fn fetch(
         .take(MAX_NAMES)
         .map(|n| n.to_string())
         .collect();
+    let asked = names.clone();
     loop {
         let req = RosterRequest {
             from,
@@ -73,6 +82,17 @@ pub(crate) async fn fetch(
             Waited::Reply(_) | Waited::Closed => return Err(ClientError::Disconnected),
             Waited::TimedOut => return Err(ClientError::Timeout),
         };
+        if roster.reissued != ids.reissued {
+            // What was learnt (here or before) may name an id's old worker.
+            *ids = IdMap {
+                reissued: roster.reissued,
+                ..IdMap::default()
+            };
+            if req.from != 0 {
+                (from, names) = (0, asked.clone());
+                continue;
+            }
+        }
         for RosterEntry { worker, name } in roster.workers {
             ids.insert(name.into(), worker);
         }
@@ -104,7 +124,10 @@ impl Shared {
         // names: it may not have asked for them).
         let listed = sync.began.is_some_and(|b| b >= noticed);
         let now = Instant::now();
+        let known = s.ids.lock().map_or(0, |m| m.reissued);
         let (from, names) = match want {
+            Want::Reissued(n) if n == known => return true,
+            Want::Reissued(_) => (0, Vec::new()),
             Want::New | Want::Ids(_) if listed => return true,
             Want::New => (sync.next, Vec::new()),
             Want::Ids(id) => (sync.next.min(id), Vec::new()),
@@ -121,7 +144,10 @@ impl Shared {
             }
         };
         sync.began = Some(now);
-        let mut learnt = IdMap::default();
+        let mut learnt = IdMap {
+            reissued: known,
+            ..IdMap::default()
+        };
         match fetch(self, &conn, from, &names, until, &mut learnt).await {
             Ok(next) => {
                 sync.next = sync.next.max(next);
@@ -135,7 +161,7 @@ impl Shared {
                         sync.missed.insert(n, now);
                     }
                 }
-                if learnt.by_id.is_empty() {
+                if learnt.by_id.is_empty() && learnt.reissued == known {
                     return false;
                 }
                 self.adopt_all(slot, &conn, learnt);

@@ -21,14 +21,23 @@ use crate::{Addr, ClientConfig, ClientError};
 pub(crate) struct IdMap {
     pub(crate) by_name: HashMap<Arc<str>, WorkerId>,
     pub(crate) by_id: HashMap<WorkerId, Arc<str>>,
+    /// The server's count of ids given again (`Roster::reissued`) these names were
+    /// learnt under: under another count an id may name another worker.
+    pub(crate) reissued: u32,
 }
 
 impl IdMap {
+    /// Records `name → id`, forgetting the id `name` held before and the name `id`
+    /// stood for before (an id given again).
     pub(crate) fn insert(&mut self, name: Arc<str>, id: WorkerId) {
         if let Some(old) = self.by_name.insert(name.clone(), id) {
             self.by_id.remove(&old);
         }
-        self.by_id.insert(id, name);
+        if let Some(prev) = self.by_id.insert(id, name.clone()) {
+            if prev != name {
+                self.by_name.remove(&prev);
+            }
+        }
     }
 
     pub(crate) fn remove(&mut self, name: &str) {
@@ -182,18 +191,26 @@ impl Shared {
 
     /// Records `name → id` for server `slot`, if `conn` is still its connection.
     pub(crate) fn adopt(&self, slot: usize, conn: &Arc<Conn>, name: Arc<str>, id: WorkerId) {
-        let mut one = IdMap::default();
+        let mut one = IdMap {
+            reissued: self.slots[slot].ids.lock().map_or(0, |m| m.reissued),
+            ..IdMap::default()
+        };
         one.insert(name, id);
         self.adopt_all(slot, conn, one);
     }
 
     /// Records every `name → id` of `learnt` for server `slot`, if `conn` is still its
-    /// connection (ids learnt on a lost connection may not be the next one's).
+    /// connection (ids learnt on a lost connection may not be the next one's). A map
+    /// learnt under another `reissued` count is the whole roster: it replaces the old.
     pub(crate) fn adopt_all(&self, slot: usize, conn: &Arc<Conn>, learnt: IdMap) {
         let s = &self.slots[slot];
         let current = s.conn.lock().ok().and_then(|c| c.clone());
         if current.is_some_and(|c| Arc::ptr_eq(&c, conn)) {
             if let Ok(mut m) = s.ids.lock() {
+                if learnt.reissued != m.reissued {
+                    *m = learnt;
+                    return;
+                }
                 for (name, id) in learnt.by_name {
                     m.insert(name, id);
                 }

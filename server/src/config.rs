@@ -141,6 +141,12 @@ pub struct Config {
     #[arg(long, default_value_t = 1)]
     pub ingest_threads: usize,
 
+    /// Worker ids given at most (up to 2^20). Once every id was given, a new name takes
+    /// the id retired longest ago; with none retired it is refused. Replicas sharing a
+    /// --log number alike only with the same value.
+    #[arg(long, default_value_t = kvix_engine::MAX_WORKERS)]
+    pub max_workers: u32,
+
     /// Event sources (announces with a ZMQ endpoint) subscribed at most; further
     /// announces with a source are refused with TooManySources.
     #[arg(long, default_value_t = 1024)]
@@ -281,6 +287,12 @@ impl Config {
                 "--max-sources must be at most {MAX_SOURCES} (each holds three libzmq sockets, about four descriptors)"
             ));
         }
+        if self.max_workers == 0 || self.max_workers > kvix_engine::MAX_WORKERS {
+            return Err(format!(
+                "--max-workers must be between 1 and {}",
+                kvix_engine::MAX_WORKERS
+            ));
+        }
         if self.ingest_threads == 0 || self.ingest_threads > 64 {
             return Err("--ingest-threads must be between 1 and 64".into());
         }
@@ -379,6 +391,11 @@ mod tests {
         assert_eq!(validated(&["--max-sources", "65536"]), Ok(()));
         let too_many = validated(&["--max-sources", "700000000"]).unwrap_err();
         assert!(too_many.starts_with("--max-sources"), "{too_many}");
+        assert_eq!(validated(&["--max-workers", "1048576"]), Ok(()));
+        for bad in ["0", "1048577"] {
+            let e = validated(&["--max-workers", bad]).unwrap_err();
+            assert!(e.starts_with("--max-workers"), "{e}");
+        }
         let threads = validated(&["--ingest-threads", "0"]).unwrap_err();
         assert!(threads.starts_with("--ingest-threads"), "{threads}");
         assert_eq!(

@@ -357,6 +357,7 @@ impl Executor {
             &mut answer,
         );
         let a = &mut *answer;
+        a.reissued = self.core.borrow().roster().reissued();
         a.history_lost.clear();
         if LOST.any() {
             let lost = a

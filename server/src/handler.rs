@@ -330,6 +330,7 @@ fn roster(ex: &Executor, id: u64, r: &kvix_wire::ArchivedRosterRequest) -> Align
             workers,
             next,
             more,
+            reissued: roster.reissued(),
         },
     )
 }

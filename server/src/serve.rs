@@ -111,8 +111,11 @@ fn restore(
     me: usize,
     executors: usize,
 ) -> anyhow::Result<(Core, Registry, IngestStates)> {
-    let (mut core, mut registry, mut states) =
-        (Core::new(), Registry::new(), IngestStates::default());
+    let (mut core, mut registry, mut states) = (
+        Core::new(),
+        Registry::with_limit(shared.config.max_workers),
+        IngestStates::default(),
+    );
     if let Some(image) = &shared.restored {
         let block = shared.config.block_size;
         let entries = registry

@@ -204,6 +204,7 @@ fn an_executor_that_cannot_restore_stops_the_process_with_the_reason() {
                     lanes: vec![Lane::full(16)],
                     feed: Feed::Events,
                     active: true,
+                    retired_at: 0,
                 })
                 .collect(),
             ..Default::default()

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use kvix_client::blocking::BlockingClient;
 use kvix_client::wire::{
-    Applied, ApplyStatus, ChunkKind, ErrorCode, Feed, Keyspace, Lane, Stats, StatsRequest,
+    Applied, ApplyStatus, ChunkKind, ErrorCode, Feed, Keyspace, Kind, Lane, Retire, Stats,
+    StatsRequest,
 };
 use kvix_client::{
     Addr, Client, ClientConfig, ClientError, QueryOptions, QueryOutcome, WorkerRef, WorkerScore,
@@ -726,4 +727,44 @@ async fn a_gateway_that_announced_nothing_names_places_and_retires_any_clients_w
         Err(ClientError::Rejected(e)) => assert_eq!(e.code, ErrorCode::UnknownWorker),
         other => panic!("{other:?}"),
     }
+}
+
+/// Once every id below `--max-workers` was given, a new name takes the id retired
+/// longest ago. A gateway that learnt the old name for that id names the new worker
+/// in its answers (the answer's `reissued` count differs from the one its names were
+/// learnt under, so it lists the roster again first) and forgets the old name.
+#[tokio::test]
+async fn a_gateway_names_an_id_given_again_by_its_new_worker() {
+    let server = Server::start(&["--cores", "2", "--max-workers", "2"]);
+    let mut raw = server.session();
+    let a = raw.events_worker("a");
+    let b = raw.events_worker("b");
+    let refused = raw.announce("c", full(), Feed::Events).unwrap_err();
+    assert!(
+        refused.message.contains("no more worker ids"),
+        "{refused:?}"
+    );
+    let gateway = Client::connect(config(tcp(&server))).await.unwrap();
+    let chain = chain_of(&ks(), 0, 6);
+    store(&mut raw, a, 0, &ks(), &chain);
+    store(&mut raw, b, 0, &ks(), &chain[..2]);
+    assert_eq!(
+        gateway.query_chain(&ks(), &chain, &opts()).await,
+        QueryOutcome::Scores(vec![score(a, "a", 6), score(b, "b", 2)])
+    );
+    assert_eq!(gateway.worker_id("a"), Some(a));
+
+    assert_eq!(raw.ask(&Retire { worker: a }).kind, Kind::Ack);
+    let c = raw.events_worker("c");
+    assert_eq!(c, a, "the retired id is given again");
+    store(&mut raw, c, 0, &ks(), &chain[..4]);
+    assert_eq!(
+        gateway.query_chain(&ks(), &chain, &opts()).await,
+        QueryOutcome::Scores(vec![score(c, "c", 4), score(b, "b", 2)])
+    );
+    assert_eq!(gateway.worker_id("a"), None, "the old name is forgotten");
+    assert_eq!(gateway.worker_id("c"), Some(c));
+    // "a" lost its claim to the id: announced again, it waits for a free one.
+    let again = raw.announce("a", full(), Feed::Events).unwrap_err();
+    assert!(again.message.contains("no more worker ids"), "{again:?}");
 }

@@ -89,6 +89,9 @@ pub struct Answer {
     /// The scored workers whose history is lost, ascending: their engine may hold more
     /// than their score says (batches went by unapplied), until it clears or restarts.
     pub history_lost: Vec<WorkerId>,
+    /// The server's count of ids given again to another name (see [`Roster::reissued`]):
+    /// names learnt under another count may be stale.
+    pub reissued: u32,
 }
 
 /// How a worker's holdings are learnt.
@@ -250,6 +253,11 @@ pub struct Roster {
     pub workers: Vec<RosterEntry>,
     pub next: WorkerId,
     pub more: bool,
+    /// Ids this server gave again to another name since it started (once every id
+    /// was given, a new name takes the id retired longest ago). A client whose names
+    /// were learnt under another count lists the roster again from id 0 and drops what
+    /// it knew: an id may name another worker now.
+    pub reissued: u32,
 }
 
 /// A raw payload echoed back at `reply_len` bytes: the latency floor of the transport.

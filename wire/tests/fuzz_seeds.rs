@@ -197,6 +197,7 @@ fn seeds() -> Vec<(&'static str, AlignedVec)> {
                     }],
                     next: 9,
                     more: false,
+                    reissued: 1,
                 },
                 10,
                 0,

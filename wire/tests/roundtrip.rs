@@ -140,7 +140,8 @@ round_trip_props! {
         vec((any::<u32>(), vec((any::<u8>(), vec(run(), 0..5)).prop_map(|(lane, runs)| LaneRuns { lane, runs }), 0..4))
             .prop_map(|(worker, lanes)| WorkerRuns { worker, lanes }), 0..6),
         vec(any::<u32>(), 0..6),
-    ).prop_map(|(scores, unscorable, runs, history_lost)| Answer { scores, unscorable, runs, history_lost });
+        any::<u32>(),
+    ).prop_map(|(scores, unscorable, runs, history_lost, reissued)| Answer { scores, unscorable, runs, history_lost, reissued });
     announce: (text(), vec(lane(), 0..6), feed(), prop::option::of((text(), text(), text(), text())))
         .prop_map(|(name, lanes, feed, source)| Announce {
             name, lanes, feed,
@@ -161,8 +162,8 @@ round_trip_props! {
     echo: (vec(any::<u8>(), 0..600), any::<u32>()).prop_map(|(payload, reply_len)| Echo { payload, reply_len });
     ack: Just(Ack {});
     roster_request: (any::<u32>(), vec(text(), 0..5)).prop_map(|(from, names)| RosterRequest { from, names });
-    roster: (vec((any::<u32>(), text()).prop_map(|(worker, name)| RosterEntry { worker, name }), 0..20), any::<u32>(), any::<bool>())
-        .prop_map(|(workers, next, more)| Roster { workers, next, more });
+    roster: (vec((any::<u32>(), text()).prop_map(|(worker, name)| RosterEntry { worker, name }), 0..20), any::<u32>(), any::<bool>(), any::<u32>())
+        .prop_map(|(workers, next, more, reissued)| Roster { workers, next, more, reissued });
     error_reply: (error_code(), text()).prop_map(|(code, message)| ErrorReply { code, message });
 }
 

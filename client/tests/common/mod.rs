@@ -476,6 +476,7 @@ async fn serve<S>(
                             workers,
                             next: s.next_worker,
                             more: false,
+                            reissued: 0,
                         },
                         id,
                     ))
@@ -545,5 +546,6 @@ fn answer(s: &State, q: &Query) -> Answer {
         unscorable: 0,
         runs: Vec::new(),
         history_lost: Vec::new(),
+        reissued: 0,
     }
 }

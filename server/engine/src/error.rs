@@ -42,8 +42,8 @@ pub enum RosterError {
     EmptyName,
     #[error("the server's token block size must be positive")]
     ZeroTokenBlock,
-    #[error("no more worker ids: 2^20 names were announced over this index's life (ids are not reused after a retire; restart from an empty snapshot and log to number again)")]
-    TooManyWorkers,
+    #[error("no more worker ids: all {limit} are held by active workers (retire one, or raise --max-workers up to 2^20)")]
+    TooManyWorkers { limit: u32 },
     #[error("snapshot gives {name:?} id {want}, but the roster numbered it {got} (ids must be restored into an empty roster, in order)")]
     IdMismatch {
         name: String,

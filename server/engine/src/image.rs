@@ -54,7 +54,8 @@ pub enum FeedImage {
     Placements(PlacementFeedImage),
 }
 
-/// A roster entry; retired ids keep their name so a later announce gets the same id.
+/// A roster entry; retired ids keep their name so a later announce gets the same id
+/// (until the id is given to another name).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct WorkerImage {
     pub id: WorkerId,
@@ -62,6 +63,9 @@ pub struct WorkerImage {
     pub lanes: Vec<Lane>,
     pub feed: Feed,
     pub active: bool,
+    /// The registry's retire number for a retired id (the lowest is given again
+    /// first), else 0.
+    pub retired_at: u64,
 }
 
 /// A whole engine: the registry, the index's runs, the feeds.

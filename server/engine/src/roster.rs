@@ -108,25 +108,63 @@ pub enum AnnounceOutcome {
 }
 
 /// The authority over names and ids: one per server (executor 0), and inside
-/// [`crate::Engine`]. Ids are dense and stable: a name keeps its id for the life of the
-/// registry, even across retire and re-announce.
-#[derive(Debug, Default)]
+/// [`crate::Engine`]. Ids are dense and stable: a name keeps its id across retire and
+/// re-announce, until every id below the limit was given once; from then on a new name
+/// takes the id retired longest ago (and that id's old name loses its claim to it).
+/// Reuse is safe for the index and the logs: a retire drops the worker's blocks from
+/// every copy before it is acknowledged, and a replayed log numbers in the same order,
+/// so no copy and no log position credits the old worker's writes to the new one.
+/// Clients learn of it from the roster's `reissued` count (see [`Roster::reissued`]).
+#[derive(Debug)]
 pub struct Registry {
     ids: FastMap<String, WorkerId>,
-    /// Per id: its name and, while active, the roster and feed it was announced with.
-    workers: Vec<(String, Option<Announced>)>,
+    /// Per id: its name, the roster and feed it was announced with (while active), and
+    /// when it was retired.
+    workers: Vec<Slot>,
+    /// Retired ids by their retire number: the first is the next one given again.
+    retired: std::collections::BTreeMap<u64, WorkerId>,
+    /// Retires so far (numbers them; 0 means never retired).
+    retires: u64,
+    /// Ids given at most (`MAX_WORKERS` unless a server sets fewer).
+    limit: u32,
+}
+
+#[derive(Debug)]
+struct Slot {
+    name: String,
+    announced: Option<Announced>,
+    /// The retire number while retired, else 0.
+    retired_at: u64,
 }
 
 /// The roster and feed a worker was announced with.
 type Announced = (Vec<Lane>, Feed);
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::with_limit(MAX_WORKERS)
+    }
+}
 
 impl Registry {
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// A registry that gives ids below `limit` (at most `MAX_WORKERS`).
+    pub fn with_limit(limit: u32) -> Self {
+        Registry {
+            ids: FastMap::default(),
+            workers: Vec::new(),
+            retired: Default::default(),
+            retires: 0,
+            limit: limit.clamp(1, MAX_WORKERS),
+        }
+    }
+
     /// Registers `name` with its lanes and feed, validated against the server's token
-    /// block size. The same name always gets the same id.
+    /// block size. A known name keeps its id; a new one gets the next id, or once all
+    /// were given, the id retired longest ago.
     pub fn register(
         &mut self,
         name: &str,
@@ -137,23 +175,19 @@ impl Registry {
         let (lane_blocks, rules) = validate(name, lanes, feed, token_block)?;
         let id = match self.ids.get(name) {
             Some(&id) => id,
-            None => {
-                if self.workers.len() as u32 >= MAX_WORKERS {
-                    return Err(RosterError::TooManyWorkers);
-                }
-                let id = self.workers.len() as WorkerId;
-                self.ids.insert(name.to_string(), id);
-                self.workers.push((name.to_string(), None));
-                id
-            }
+            None => self.give(name)?,
         };
-        let slot = &mut self.workers[id as usize].1;
-        let outcome = match slot {
+        let slot = &mut self.workers[id as usize];
+        let outcome = match &slot.announced {
             Some((l, f)) if l == lanes && *f == feed => AnnounceOutcome::Unchanged,
             Some(_) => AnnounceOutcome::Changed,
             None => AnnounceOutcome::Created,
         };
-        *slot = Some((lanes.to_vec(), feed));
+        slot.announced = Some((lanes.to_vec(), feed));
+        if slot.retired_at != 0 {
+            self.retired.remove(&slot.retired_at);
+            slot.retired_at = 0;
+        }
         let entry = WorkerEntry {
             id,
             name: name.to_string(),
@@ -165,56 +199,84 @@ impl Registry {
         Ok((entry, outcome))
     }
 
-    /// Marks `id` retired; its name keeps the id for a later announce.
+    /// An id for a new name: the next one, or the one retired longest ago.
+    fn give(&mut self, name: &str) -> Result<WorkerId, RosterError> {
+        let id = if (self.workers.len() as u32) < self.limit {
+            self.workers.push(Slot {
+                name: String::new(),
+                announced: None,
+                retired_at: 0,
+            });
+            (self.workers.len() - 1) as WorkerId
+        } else {
+            let (_, id) = self
+                .retired
+                .pop_first()
+                .ok_or(RosterError::TooManyWorkers { limit: self.limit })?;
+            let slot = &mut self.workers[id as usize];
+            self.ids.remove(&slot.name);
+            slot.retired_at = 0;
+            id
+        };
+        self.workers[id as usize].name = name.to_string();
+        self.ids.insert(name.to_string(), id);
+        Ok(id)
+    }
+
+    /// Marks `id` retired; its name keeps the id for a later announce, until the id is
+    /// given to another name.
     pub fn retire(&mut self, id: WorkerId) -> Result<(), EngineError> {
-        self.workers
+        let slot = self
+            .workers
             .get_mut(id as usize)
-            .and_then(|w| w.1.take())
-            .map(drop)
-            .ok_or(EngineError::UnknownWorker(id))
+            .filter(|w| w.announced.is_some())
+            .ok_or(EngineError::UnknownWorker(id))?;
+        slot.announced = None;
+        self.retires += 1;
+        slot.retired_at = self.retires;
+        self.retired.insert(self.retires, id);
+        Ok(())
     }
 
     /// Whether `id` is announced and not retired.
     pub fn is_active(&self, id: WorkerId) -> bool {
-        self.workers.get(id as usize).is_some_and(|w| w.1.is_some())
+        self.workers
+            .get(id as usize)
+            .is_some_and(|w| w.announced.is_some())
     }
 
-    /// The id a name was given, if it was ever announced.
+    /// The id a name holds, if it was announced and its id not given to another since.
     pub fn id_of(&self, name: &str) -> Option<WorkerId> {
         self.ids.get(name).copied()
     }
 
     /// The name of id `id`, if it was ever given.
     pub fn name_of(&self, id: WorkerId) -> Option<&str> {
-        self.workers.get(id as usize).map(|w| w.0.as_str())
+        self.workers.get(id as usize).map(|w| w.name.as_str())
     }
 
-    /// Every id ever given, in id order, retired ones included.
+    /// Every id given, in id order, retired ones included.
     pub fn export(&self) -> Vec<crate::WorkerImage> {
         self.workers
             .iter()
             .enumerate()
-            .map(|(id, (name, state))| match state {
-                Some((lanes, feed)) => crate::WorkerImage {
+            .map(|(id, w)| {
+                let (lanes, feed) = w.announced.clone().unwrap_or((Vec::new(), Feed::Events));
+                crate::WorkerImage {
                     id: id as WorkerId,
-                    name: name.clone(),
-                    lanes: lanes.clone(),
-                    feed: *feed,
-                    active: true,
-                },
-                None => crate::WorkerImage {
-                    id: id as WorkerId,
-                    name: name.clone(),
-                    lanes: Vec::new(),
-                    feed: Feed::Events,
-                    active: false,
-                },
+                    name: w.name.clone(),
+                    lanes,
+                    feed,
+                    active: w.announced.is_some(),
+                    retired_at: w.retired_at,
+                }
             })
             .collect()
     }
 
-    /// Rebuilds an exported registry into an empty one, giving every name its old id;
-    /// returns the active workers' entries.
+    /// Rebuilds an exported registry into an empty one, giving every name its old id
+    /// (whatever this registry's limit: a snapshot's ids stay theirs); returns the
+    /// active workers' entries.
     pub fn import(
         &mut self,
         workers: &[crate::WorkerImage],
@@ -222,23 +284,35 @@ impl Registry {
     ) -> Result<Vec<WorkerEntry>, RosterError> {
         let mut active = Vec::new();
         for w in workers {
+            let got = self.workers.len() as WorkerId;
+            if w.id != got || self.ids.contains_key(&w.name) || w.id >= MAX_WORKERS {
+                return Err(RosterError::IdMismatch {
+                    name: w.name.clone(),
+                    want: w.id,
+                    got,
+                });
+            }
+            self.workers.push(Slot {
+                name: w.name.clone(),
+                announced: None,
+                retired_at: 0,
+            });
+            self.ids.insert(w.name.clone(), w.id);
             let lanes = if w.active {
                 w.lanes.clone()
             } else {
                 vec![Lane::full(token_block)]
             };
             let (entry, _) = self.register(&w.name, &lanes, w.feed, token_block)?;
-            if entry.id != w.id {
-                return Err(RosterError::IdMismatch {
-                    name: w.name.clone(),
-                    want: w.id,
-                    got: entry.id,
-                });
-            }
             if w.active {
                 active.push(entry);
             } else {
-                self.workers[w.id as usize].1 = None;
+                self.workers[w.id as usize].announced = None;
+                if w.retired_at != 0 {
+                    self.workers[w.id as usize].retired_at = w.retired_at;
+                    self.retired.insert(w.retired_at, w.id);
+                    self.retires = self.retires.max(w.retired_at);
+                }
             }
         }
         Ok(active)
@@ -255,6 +329,10 @@ pub struct Roster {
     /// Per id: the token class in bits 0..2, the byte class in bits 2..4.
     classes: Vec<u8>,
     active: u32,
+    /// The names of ids removed here, until installed again.
+    removed: FastMap<WorkerId, String>,
+    /// Ids installed under another name than they were removed with.
+    reissued: u32,
 }
 
 impl Roster {
@@ -272,15 +350,33 @@ impl Roster {
         self.classes[id] =
             entry.class_in(ChunkKind::Tokens) as u8 | (entry.class_in(ChunkKind::Bytes) as u8) << 2;
         self.by_name.insert(entry.name.clone(), entry.id);
+        if self
+            .removed
+            .remove(&entry.id)
+            .is_some_and(|old| old != entry.name)
+        {
+            self.reissued = self.reissued.wrapping_add(1);
+        }
         if self.entries[id].replace(entry).is_none() {
             self.active += 1;
         }
+    }
+
+    /// Ids given again to another name since this roster started (it changes whenever
+    /// an id's name does): a client that learnt names under another count lists the
+    /// roster again before it names an id. Every executor applies the same installs
+    /// and removals in the same order, so their counts agree. An id retired before a
+    /// restart and given again after it is not counted: no client of this process
+    /// learnt its old name.
+    pub fn reissued(&self) -> u32 {
+        self.reissued
     }
 
     /// Removes a worker's entry.
     pub fn remove(&mut self, id: WorkerId) -> Option<WorkerEntry> {
         let entry = self.entries.get_mut(id as usize)?.take()?;
         self.by_name.remove(&entry.name);
+        self.removed.insert(id, entry.name.clone());
         self.classes[id as usize] = 0;
         self.active -= 1;
         Some(entry)
@@ -445,6 +541,83 @@ mod tests {
         );
         assert_eq!(r.id_of("b"), Some(1));
         assert_eq!(r.name_of(1), Some("b"));
+    }
+
+    #[test]
+    fn ids_are_given_again_retired_longest_ago_first_once_all_were_given() {
+        let full = [Lane::full(16)];
+        let mut r = Registry::with_limit(3);
+        for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+            assert_eq!(
+                register(&mut r, name, &full),
+                Ok((i as WorkerId, AnnounceOutcome::Created))
+            );
+        }
+        assert_eq!(
+            register(&mut r, "d", &full),
+            Err(RosterError::TooManyWorkers { limit: 3 })
+        );
+        r.retire(1).unwrap();
+        r.retire(0).unwrap();
+        // Retired and announced again before any reuse: its own id, not given away.
+        r.retire(2).unwrap();
+        assert_eq!(
+            register(&mut r, "c", &full),
+            Ok((2, AnnounceOutcome::Created))
+        );
+        // A snapshot here keeps the retire order.
+        let mut restored = Registry::with_limit(3);
+        let active = restored.import(&r.export(), 16).unwrap();
+        assert_eq!(active.iter().map(|e| e.id).collect::<Vec<_>>(), [2]);
+        for r in [&mut r, &mut restored] {
+            assert_eq!(register(r, "d", &full), Ok((1, AnnounceOutcome::Created)));
+            assert_eq!(register(r, "e", &full), Ok((0, AnnounceOutcome::Created)));
+            assert_eq!((r.id_of("a"), r.id_of("b")), (None, None));
+            assert_eq!((r.name_of(0), r.name_of(1)), (Some("e"), Some("d")));
+            assert!(matches!(
+                register(r, "a", &full),
+                Err(RosterError::TooManyWorkers { .. })
+            ));
+        }
+        assert_eq!(r.export(), restored.export());
+    }
+
+    #[test]
+    fn a_fleet_that_churns_names_never_runs_out_of_ids() {
+        // More announce / retire pairs than there are ids: each new name takes the id
+        // retired longest ago once all were given (before, the 2^20th was refused).
+        let full = [Lane::full(16)];
+        let mut r = Registry::new();
+        for i in 0..MAX_WORKERS + 3 {
+            let (id, outcome) = register(&mut r, &format!("pod-{i}"), &full).unwrap();
+            assert_eq!((id, outcome), (i % MAX_WORKERS, AnnounceOutcome::Created));
+            r.retire(id).unwrap();
+        }
+        assert_eq!(r.id_of("pod-0"), None);
+        assert_eq!(r.name_of(2), Some(&*format!("pod-{}", MAX_WORKERS + 2)));
+    }
+
+    #[test]
+    fn a_roster_counts_ids_installed_under_another_name() {
+        let full = [Lane::full(16)];
+        let mut reg = Registry::with_limit(2);
+        let mut r = Roster::new();
+        for name in ["a", "b"] {
+            r.install(reg.register(name, &full, EV, 16).unwrap().0);
+        }
+        // Retired and announced again under its own name: nothing to relearn.
+        reg.retire(0).unwrap();
+        r.remove(0);
+        r.install(reg.register("a", &full, EV, 16).unwrap().0);
+        assert_eq!(r.reissued(), 0);
+        reg.retire(0).unwrap();
+        r.remove(0);
+        let (c, _) = reg.register("c", &full, EV, 16).unwrap();
+        assert_eq!(c.id, 0);
+        r.install(c);
+        assert_eq!(r.reissued(), 1);
+        assert_eq!(r.named("c").map(|e| e.id), Some(0));
+        assert!(r.named("a").is_none());
     }
 
     #[test]

@@ -221,6 +221,8 @@ pub struct Answer {
     /// The scored workers whose history is lost, ascending (the caller fills it: the
     /// index does not know; see `kvix_wire::Answer::history_lost`).
     pub history_lost: Vec<WorkerId>,
+    /// The roster's [`crate::Roster::reissued`] count (the caller fills it).
+    pub reissued: u32,
 }
 
 impl Answer {
@@ -235,6 +237,7 @@ impl Answer {
             unscorable: self.unscorable,
             runs: self.runs.clone(),
             history_lost: self.history_lost.clone(),
+            reissued: self.reissued,
         }
     }
 }

@@ -25,7 +25,7 @@ use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: &[u8; 8] = b"KVIXSNAP";
-pub const SNAPSHOT_VERSION: u32 = 4;
+pub const SNAPSHOT_VERSION: u32 = 5;
 const HEADER: usize = 32;
 
 #[derive(Debug, Error)]
@@ -191,6 +191,7 @@ mod tests {
                 lanes: vec![Lane::full(16)],
                 feed: Feed::Events,
                 active: true,
+                retired_at: 0,
             }],
             runs: vec![RunImage {
                 ks: 7,
