@@ -193,6 +193,28 @@ fn a_logged_announce_registers_on_every_replica_whatever_its_source_checks() {
     }
 }
 
+/// Past `--max-workers`, an id retired through one replica is given again through
+/// another: both number from the log, so both give it to the same name.
+#[test]
+fn replicas_give_a_retired_id_again_alike() {
+    if available("id_reuse").is_none() {
+        return;
+    }
+    let redis = Redis::start("reuse");
+    let a = replica(&redis, &["--max-workers", "2"]);
+    let b = replica(&redis, &["--max-workers", "2"]);
+    let (mut ca, mut cb) = (a.session(), b.session());
+    let first = ca.events_worker("a");
+    ca.events_worker("b");
+    assert_eq!(ca.ask(&Retire { worker: first }).kind, Kind::Ack);
+    assert_eq!(cb.events_worker("c"), first);
+    settle(&[&a, &b]);
+    for c in [&mut ca, &mut cb] {
+        assert_eq!(c.worker_id("c"), Some(first));
+        assert_eq!(c.worker_id("a"), None);
+    }
+}
+
 #[test]
 fn a_worker_replacing_its_source_is_not_one_more_whichever_executor_takes_it() {
     if available("source_limit").is_none() {
