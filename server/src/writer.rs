@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use glommio::channels::local_channel::LocalReceiver;
 use kvix_engine::{AnnounceOutcome, Cursor, Ks, Update, WorkerEntry};
+use kvix_events::payload::EngineEvent;
 use kvix_wire::{Applied, ApplyStatus, Event, EventBatch, Placement, WorkerId};
 
 use crate::durable::snapshot::Part;
@@ -95,14 +96,15 @@ async fn feed_step(ex: &Rc<Executor>, write: Write, u: &mut Update) -> Result<Ou
         // the delivery applied all the same (a restart replays the engine's buffer after
         // the last batch the log holds).
         ingest @ Write::Ingest { worker, .. } => {
-            let bounds = (ex.config().block_size, ex.config().max_blocks);
-            let translated = ex
-                .ingest_states()
-                .translate(&mut ex.core(), bounds, ingest, u);
-            match translated {
-                Ok(t) => {
-                    feed_ingest(ex, worker, &t.groups, u).await;
-                    ex.ingest().note_last(worker, t.last);
+            let block = ex.config().block_size;
+            let begun =
+                ex.ingest_states()
+                    .begin(&mut ex.core(), block, ingest, SLICE_BLOCKS as usize, u);
+            match begun {
+                Ok(begun) => {
+                    ingest_steps(ex, worker, &begun.steps, u).await;
+                    ex.ingest_states().finish(worker, begun.last);
+                    ex.ingest().note_last(worker, begun.last);
                     Ok(Outcome::Done)
                 }
                 Err(Dropped::OutOfStep) => Err(Failure::OutOfStep { worker }),
@@ -241,9 +243,26 @@ async fn events(ex: &Executor, body: &Body, u: &mut Update) -> Result<Outcome, F
     }))
 }
 
-/// The feed step of an engine delivery's translated events, in slices (a long prompt's
-/// prefill stores thousands of blocks at once). The feed refusing them is a bug: counted
-/// and logged, the delivery's other groups still fed.
+/// An engine delivery's steps, each translated then fed, with queries let in after
+/// each translation and each slice of the feed: translating a step takes about as long
+/// as a slice of the feed (a long prompt's prefill stores thousands of blocks at once,
+/// an engine step many prompts).
+async fn ingest_steps(ex: &Executor, worker: WorkerId, steps: &[Vec<EngineEvent>], u: &mut Update) {
+    let max_blocks = ex.config().max_blocks;
+    for (i, events) in steps.iter().enumerate() {
+        if i > 0 {
+            slice_done(ex).await;
+        }
+        let groups = ex
+            .ingest_states()
+            .translate_step(&ex.core(), max_blocks, worker, events);
+        slice_done(ex).await;
+        feed_ingest(ex, worker, &groups, u).await;
+    }
+}
+
+/// The feed step of an engine delivery's translated events, in slices. The feed
+/// refusing them is a bug: counted and logged, the delivery's other groups still fed.
 async fn feed_ingest(ex: &Executor, worker: WorkerId, groups: &[(Ks, Vec<Event>)], u: &mut Update) {
     use crate::ingest::METRICS;
     for (ks, events) in groups {

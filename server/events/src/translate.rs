@@ -245,10 +245,21 @@ impl Translator {
     /// Translates one decoded batch, appending kvix events to `out` grouped in order by
     /// keyspace.
     pub fn apply(&mut self, batch: &Batch, out: &mut Vec<Group>, counts: &mut Counts) {
+        self.apply_events(&batch.events, out, counts);
+    }
+
+    /// Translates `events` (a batch, or one of its [`steps`]) into `out`. The groups of
+    /// the call before must be used up by then: their keyspaces are released here.
+    pub fn apply_events(
+        &mut self,
+        events: &[EngineEvent],
+        out: &mut Vec<Group>,
+        counts: &mut Counts,
+    ) {
         for ks in std::mem::take(&mut self.grouped) {
             self.keyspaces.release(ks);
         }
-        for ev in &batch.events {
+        for ev in events {
             let grouped = out.len();
             match ev {
                 EngineEvent::Stored(st) => match self.store(st, counts) {
@@ -588,6 +599,80 @@ fn push(out: &mut Vec<Group>, ks: u32, event: Event) {
             ks,
             events: vec![event],
         }),
+    }
+}
+
+/// Cuts `events` into steps of about `blocks` engine blocks each (at least one), in
+/// order, so that a huge batch is translated a step at a time and queries run between
+/// steps. A longer store is cut into stores that continue each other (each names the
+/// last block of the one before as its parent), which the translator takes as it takes
+/// the whole store, except that a skip is counted once per cut (an unknown parent
+/// skips every cut); a store with extra keys or a malformed one is left whole. A long
+/// removal is cut likewise.
+pub fn steps(events: Vec<EngineEvent>, blocks: usize) -> Vec<Vec<EngineEvent>> {
+    let blocks = blocks.max(1);
+    let (mut out, mut step, mut filled) = (Vec::new(), Vec::new(), 0);
+    for mut ev in events {
+        loop {
+            let room = blocks - filled;
+            let rest = match &mut ev {
+                EngineEvent::Stored(st) if st.block_hashes.len() > room && cuttable(st) => {
+                    Some(EngineEvent::Stored(cut_store(st, room)))
+                }
+                EngineEvent::Removed(rm) if rm.block_hashes.len() > room => {
+                    Some(EngineEvent::Removed(Removed {
+                        block_hashes: rm.block_hashes.split_off(room),
+                        medium: rm.medium,
+                        group_idx: rm.group_idx,
+                    }))
+                }
+                _ => None,
+            };
+            filled += match &ev {
+                EngineEvent::Stored(st) => st.block_hashes.len().max(1),
+                EngineEvent::Removed(rm) => rm.block_hashes.len().max(1),
+                EngineEvent::Cleared | EngineEvent::Unknown(_) => 1,
+            };
+            step.push(ev);
+            if filled >= blocks {
+                out.push(std::mem::take(&mut step));
+                filled = 0;
+            }
+            match rest {
+                Some(r) => ev = r,
+                None => break,
+            }
+        }
+    }
+    if !step.is_empty() {
+        out.push(step);
+    }
+    out
+}
+
+/// Whether a store can be cut: well formed and without extra keys.
+fn cuttable(st: &Stored) -> bool {
+    st.extras.iter().all(|k| k.is_empty())
+        && st.token_ids.len() == st.block_hashes.len() * st.block_size as usize
+}
+
+/// Leaves the first `keep` blocks (at least one) in `st`; returns the store of the rest,
+/// continuing it.
+fn cut_store(st: &mut Stored, keep: usize) -> Stored {
+    let keep = keep.max(1);
+    Stored {
+        block_hashes: st.block_hashes.split_off(keep),
+        parent: Some(st.block_hashes[keep - 1]),
+        token_ids: st.token_ids.split_off(keep * st.block_size as usize),
+        block_size: st.block_size,
+        lora_id: st.lora_id,
+        medium: st.medium,
+        lora_name: st.lora_name.clone(),
+        extras: Vec::new(),
+        cache_salt: st.cache_salt.clone(),
+        group_idx: st.group_idx,
+        spec_kind: st.spec_kind.clone(),
+        sliding_window: st.sliding_window,
     }
 }
 
@@ -1106,5 +1191,125 @@ mod tests {
         assert!(
             !Translator::new(KB, "m", "x", &[Lane::full(16), Lane::full(16)]).import(&t.export())
         );
+    }
+
+    /// What the index holds after `groups`, as a set of (keyspace seed, lane, chain
+    /// hash): a model of the feed that is blind to how stores were cut.
+    fn fold(
+        t: &Translator,
+        groups: &[Group],
+        held: &mut std::collections::BTreeSet<(u64, u8, u64)>,
+    ) {
+        for g in groups {
+            let seed = t.seed(g.ks);
+            for e in &g.events {
+                match e {
+                    Event::Stored { lane, chain, .. } => {
+                        held.extend(chain.iter().map(|&h| (seed, *lane, h)));
+                    }
+                    Event::Removed { lane, hashes } => {
+                        for h in hashes {
+                            held.remove(&(seed, *lane, *h));
+                        }
+                    }
+                    Event::Cleared => held.clear(),
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Translated a step at a time ([`steps`]), batches of long stores (pages of 16
+        /// and 32 tokens into a 32-token lane), removals and clears leave the translator
+        /// and the index as translating them whole does.
+        #[test]
+        fn batches_cut_into_steps_translate_as_whole_ones(
+            ops in proptest::collection::vec((0u8..10, 1usize..40, proptest::prelude::any::<u64>()), 1..40),
+            page in proptest::sample::select(vec![16u32, 32]),
+            step in 1usize..9,
+        ) {
+            let (mut whole, mut cut) = (
+                Translator::new(KB, "m", "", &[Lane::full(32)]),
+                Translator::new(KB, "m", "", &[Lane::full(32)]),
+            );
+            let (mut held_whole, mut held_cut) = (Default::default(), Default::default());
+            let (mut stored, mut next, mut token) = (Vec::<u64>::new(), 1u64, 0u32);
+            let mut batch = Vec::new();
+            for (i, &(kind, n, pick)) in ops.iter().enumerate() {
+                match kind {
+                    0 => batch.push(EngineEvent::Cleared),
+                    1 | 2 if !stored.is_empty() => {
+                        let k = (pick as usize % stored.len()).min(n);
+                        let gone: Vec<u64> = stored.drain(..k).collect();
+                        batch.push(EngineEvent::Removed(Removed {
+                            block_hashes: gone,
+                            medium: Medium::Gpu,
+                            group_idx: 0,
+                        }));
+                    }
+                    _ => {
+                        let parent = (pick % 3 != 0).then(|| stored.last().copied()).flatten();
+                        let hashes: Vec<u64> = (next..next + n as u64).collect();
+                        next += n as u64;
+                        let tokens = token..token + n as u32 * page;
+                        token = tokens.end;
+                        stored.extend(&hashes);
+                        batch.push(EngineEvent::Stored(Stored::plain(hashes, parent, tokens.collect(), page)));
+                    }
+                }
+                if i % 7 == 6 || i == ops.len() - 1 {
+                    let events = std::mem::take(&mut batch);
+                    let (mut out, mut counts) = (Vec::new(), Counts::default());
+                    whole.apply_events(&events, &mut out, &mut counts);
+                    fold(&whole, &out, &mut held_whole);
+                    let mut cut_counts = Counts::default();
+                    for events in steps(events, step) {
+                        let mut out = Vec::new();
+                        cut.apply_events(&events, &mut out, &mut cut_counts);
+                        fold(&cut, &out, &mut held_cut);
+                    }
+                    proptest::prop_assert_eq!(&held_whole, &held_cut);
+                    proptest::prop_assert_eq!(
+                        (counts.stored, counts.removed, counts.unknown_removals),
+                        (cut_counts.stored, cut_counts.removed, cut_counts.unknown_removals)
+                    );
+                    // The same entries (in map order, which the maps' sizes change).
+                    let sorted = |t: &Translator| {
+                        let mut image = t.export();
+                        image.lanes.iter_mut().for_each(|l| l.sort_unstable_by_key(|e| e.0));
+                        image
+                    };
+                    proptest::prop_assert_eq!(sorted(&whole), sorted(&cut));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn steps_hold_about_the_blocks_asked_and_cut_long_stores_into_continuations() {
+        let long = Stored::plain((1..=10).collect(), Some(99), (0..320).collect(), 32);
+        let rm = Removed {
+            block_hashes: (1..=5).collect(),
+            medium: Medium::Gpu,
+            group_idx: 0,
+        };
+        let cut = steps(vec![EngineEvent::Stored(long), EngineEvent::Removed(rm)], 4);
+        let sizes: Vec<Vec<usize>> = cut
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .map(|e| match e {
+                        EngineEvent::Stored(st) => st.block_hashes.len(),
+                        EngineEvent::Removed(rm) => rm.block_hashes.len(),
+                        _ => 1,
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(sizes, [vec![4], vec![4], vec![2, 2], vec![3]]);
+        let EngineEvent::Stored(third) = &cut[2][0] else {
+            panic!("{cut:?}")
+        };
+        assert_eq!((third.parent, third.token_ids[0]), (Some(8), 256));
     }
 }

@@ -155,11 +155,13 @@ impl IngestStates {
     }
 }
 
-/// A delivery checked and translated: the kvix events its worker's feed is to take,
-/// each run under its keyspace, in order.
+/// A delivery checked and begun ([`IngestStates::begin`]): its engine events, cut into
+/// steps the caller translates one at a time ([`IngestStates::translate_step`]) and
+/// feeds between yields, and where its stream stands once they are all applied
+/// ([`IngestStates::finish`]).
 #[derive(Debug, Default)]
-pub struct Translated {
-    pub groups: Vec<(Ks, Vec<Event>)>,
+pub struct Begun {
+    pub steps: Vec<Vec<EngineEvent>>,
     /// The stream's last batch once they are applied (where a new lease holder resumes).
     pub last: Option<LastBatch>,
 }
@@ -180,28 +182,75 @@ pub enum Dropped {
 impl IngestStates {
     /// Takes one delivery (a [`Write::Ingest`]) of a worker homed here: checked against
     /// the stream's state, the worker cleared in `core` (appending to `u`) where it
-    /// asks, its engine events translated into the kvix events the caller feeds to
-    /// `core` (in slices: [`crate::writer`]); while the index holds `max_blocks` (0: no
-    /// bound) its stores are dropped. Every copy decides alike from the delivery and
-    /// the state alone, so replicas and a replayed log agree.
-    pub fn translate(
+    /// asks, and its engine events cut into steps of about `step_blocks` blocks. Every
+    /// copy decides alike from the delivery and the state alone, so replicas and a
+    /// replayed log agree.
+    pub fn begin(
         &mut self,
         core: &mut Core,
-        (block, max_blocks): (u32, u64),
+        block: u32,
         delivery: Write,
+        step_blocks: usize,
         u: &mut Update,
-    ) -> Result<Translated, Dropped> {
-        translate(self, core, (block, max_blocks), delivery, u)
+    ) -> Result<Begun, Dropped> {
+        begin(self, core, block, delivery, step_blocks, u)
+    }
+
+    /// Translates one step of a begun delivery of `worker` into the kvix events the
+    /// caller feeds to `core`, each run under its keyspace, in order; while the index
+    /// holds `max_blocks` (0: no bound) its stores are dropped. The groups of the step
+    /// before must have been fed.
+    pub fn translate_step(
+        &mut self,
+        core: &Core,
+        max_blocks: u64,
+        worker: WorkerId,
+        events: &[EngineEvent],
+    ) -> Vec<(Ks, Vec<Event>)> {
+        let Some(h) = self.by_worker.get_mut(&worker) else {
+            return Vec::new();
+        };
+        let (mut groups, mut counts) = (Vec::<Group>::new(), Counts::default());
+        h.translator.apply_events(events, &mut groups, &mut counts);
+        // The engine holds what it stored whatever the index's bound: past it, the stores
+        // are dropped here (queries miss them, never a false hit) and the translator still
+        // tracks them, so what continues them resolves once there is room again.
+        let held = core.index().blocks();
+        if max_blocks > 0 && held >= max_blocks {
+            drop_stores(&mut groups, worker, held, max_blocks);
+        }
+        METRICS.record(&counts);
+        groups
+            .into_iter()
+            .filter(|g| !g.events.is_empty())
+            .map(|g| {
+                let ks = Ks {
+                    seed: h.translator.seed(g.ks),
+                    kind: ChunkKind::Tokens,
+                };
+                (ks, g.events)
+            })
+            .collect()
+    }
+
+    /// A begun delivery's steps are all fed: its stream's last batch is `last`. Called
+    /// in the same write-queue job as [`IngestStates::begin`]: no other write of this
+    /// worker, and no snapshot, comes between.
+    pub fn finish(&mut self, worker: WorkerId, last: Option<LastBatch>) {
+        if let Some(h) = self.by_worker.get_mut(&worker) {
+            h.last = last;
+        }
     }
 }
 
-fn translate(
+fn begin(
     states: &mut IngestStates,
     core: &mut Core,
-    (block, max_blocks): (u32, u64),
+    block: u32,
     delivery: Write,
+    step_blocks: usize,
     u: &mut Update,
-) -> Result<Translated, Dropped> {
+) -> Result<Begun, Dropped> {
     let Write::Ingest {
         worker,
         epoch,
@@ -214,7 +263,7 @@ fn translate(
         batch,
     } = delivery
     else {
-        unreachable!("IngestStates::translate is given ingest deliveries");
+        unreachable!("IngestStates::begin is given ingest deliveries");
     };
     // Read back from a log, the batch is decoded again from the engine's message.
     let batch = batch.or_else(|| {
@@ -245,10 +294,6 @@ fn translate(
     }
     h.epoch = epoch;
     note_history(h, worker, reset, after, last, batch.as_ref());
-    let mut translated = Translated {
-        groups: Vec::new(),
-        last,
-    };
     if reset {
         h.translator.reset();
         let ks = Ks {
@@ -259,33 +304,10 @@ fn translate(
             tracing::error!(worker, "ingest: clearing the worker failed: {e}");
         }
     }
-    if let Some(batch) = &batch {
-        let (mut groups, mut counts) = (Vec::<Group>::new(), Counts::default());
-        h.translator.apply(batch, &mut groups, &mut counts);
-        // The engine holds what it stored whatever the index's bound: past it, the stores
-        // are dropped here (queries miss them, never a false hit) and the translator still
-        // tracks them, so what continues them resolves once there is room again.
-        let held = core.index().blocks();
-        if max_blocks > 0 && held >= max_blocks {
-            drop_stores(&mut groups, worker, held, max_blocks);
-        }
-        translated.groups = groups
-            .into_iter()
-            .filter(|g| !g.events.is_empty())
-            .map(|g| {
-                let ks = Ks {
-                    seed: h.translator.seed(g.ks),
-                    kind: ChunkKind::Tokens,
-                };
-                (ks, g.events)
-            })
-            .collect();
-        METRICS.record(&counts);
-    }
-    // Its events are fed in the same write-queue job: no other write of this worker,
-    // and no snapshot, comes between.
-    h.last = last;
-    Ok(translated)
+    let steps = batch.map_or_else(Vec::new, |b| {
+        kvix_events::translate::steps(b.events, step_blocks)
+    });
+    Ok(Begun { steps, last })
 }
 
 /// Takes the stores out of `groups`, counted and logged at 1, 2, 4, ... drops.
