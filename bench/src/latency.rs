@@ -10,7 +10,7 @@ use kvix_client::{Client, QueryOptions, QueryOutcome};
 use kvix_wire::{encode, Answer, Echo, Query, Score};
 use serde::{Deserialize, Serialize};
 
-use crate::net::{gateway, Dataset, WireConn};
+use crate::net::{gateway_with, Dataset, WireConn};
 use crate::rng::Rng;
 use crate::stats::{histogram, record, Ratios, Summary};
 
@@ -29,6 +29,10 @@ pub struct LatencyConfig {
     pub spin_us: Option<u64>,
     pub seed: u64,
     pub max_seconds: f64,
+    /// TLS to the server (`kvix-server --tls-cert`): the CA its certificate is signed
+    /// by. None: plain TCP.
+    #[serde(default)]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,15 +119,21 @@ pub async fn run(
         cfg.chains_per_length,
         cfg.system_blocks,
     );
-    let mut wc = WireConn::connect(addr, cfg.token_block).await?;
+    let tls = cfg.tls_ca.as_ref().map(|ca| kvix_client::ClientTls {
+        ca: ca.clone(),
+        server_name: None,
+        identity: None,
+    });
+    let mut wc = WireConn::connect_with(addr, cfg.token_block, tls.as_ref()).await?;
     let shards = wc.welcome.shards;
     ds.preload(&mut wc).await?;
-    let client = gateway(
+    let client = gateway_with(
         &[addr],
         cfg.token_block,
         Duration::from_secs(1),
         cfg.spin_us.map(Duration::from_micros),
         "kvix-bench-latency",
+        tls,
     )
     .await?;
     pb.set_length((cfg.blocks.len() * (cfg.queries + cfg.warmup)) as u64);

@@ -286,6 +286,11 @@ struct LatencyArgs {
     /// Wall-time bound per chain length.
     #[arg(long, default_value_t = 120.0)]
     max_seconds: f64,
+    /// TLS to the server (kvix-server --tls-cert): PEM file of the CA its certificate
+    /// (for 127.0.0.1) is signed by. Queries, the floor's echoes and the preload all go
+    /// over TLS.
+    #[arg(long)]
+    tls_ca: Option<std::path::PathBuf>,
     #[command(flatten)]
     data: DataArgs,
 }
@@ -770,6 +775,7 @@ fn cmd_latency(a: LatencyArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
         spin_us: a.spin_us,
         seed: a.data.seed,
         max_seconds: a.max_seconds,
+        tls_ca: a.tls_ca,
     };
     let pb = progress(quiet, "latency");
     let rt = runtime(1)?;

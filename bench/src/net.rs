@@ -49,9 +49,55 @@ impl Received {
     }
 }
 
+/// The transport of a [`WireConn`]: TCP, or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.write_all(bytes).await,
+            Stream::Tls(s) => {
+                s.write_all(bytes).await?;
+                s.flush().await
+            }
+        }
+    }
+
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf).await,
+            Stream::Tls(s) => s.read(buf).await,
+        }
+    }
+
+    /// What can be read without waiting (`WouldBlock`: nothing).
+    fn try_read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::task::{Context, Poll, Waker};
+        match self {
+            Stream::Plain(s) => s.try_read(buf),
+            Stream::Tls(s) => {
+                let mut read = tokio::io::ReadBuf::new(buf);
+                let mut cx = Context::from_waker(Waker::noop());
+                match tokio::io::AsyncRead::poll_read(
+                    std::pin::Pin::new(&mut **s),
+                    &mut cx,
+                    &mut read,
+                ) {
+                    Poll::Ready(Ok(())) => Ok(read.filled().len()),
+                    Poll::Ready(Err(e)) => Err(e),
+                    Poll::Pending => Err(std::io::ErrorKind::WouldBlock.into()),
+                }
+            }
+        }
+    }
+}
+
 /// One kvix-wire connection speaking the protocol directly (worker side).
 pub struct WireConn {
-    stream: TcpStream,
+    stream: Stream,
     next_id: u64,
     pub welcome: Welcome,
     wbuf: AlignedVec,
@@ -77,11 +123,35 @@ pub fn stored(worker: u32, seq: u64, keyspace: &Keyspace, chain: Vec<u64>) -> Ev
 impl WireConn {
     /// Connects and shakes hands with `token_block`.
     pub async fn connect(addr: SocketAddr, token_block: u32) -> anyhow::Result<WireConn> {
-        let stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
+        Self::connect_with(addr, token_block, None).await
+    }
+
+    /// Connects (through `tls` where given: a server with `--tls-cert`) and shakes
+    /// hands with `token_block`.
+    pub async fn connect_with(
+        addr: SocketAddr,
+        token_block: u32,
+        tls: Option<&kvix_client::ClientTls>,
+    ) -> anyhow::Result<WireConn> {
+        let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
             .await
             .context("connect timed out")?
             .with_context(|| format!("connecting to {addr}"))?;
-        stream.set_nodelay(true)?;
+        tcp.set_nodelay(true)?;
+        let stream = match tls {
+            None => Stream::Plain(tcp),
+            Some(t) => {
+                let name = match &t.server_name {
+                    Some(n) => rustls::pki_types::ServerName::try_from(n.clone())?,
+                    None => rustls::pki_types::ServerName::from(addr.ip()),
+                };
+                let tls = tokio_rustls::TlsConnector::from(t.rustls_config()?)
+                    .connect(name, tcp)
+                    .await
+                    .with_context(|| format!("TLS with {addr}"))?;
+                Stream::Tls(Box::new(tls))
+            }
+        };
         let mut c = WireConn {
             stream,
             next_id: 1,
@@ -261,7 +331,20 @@ pub async fn gateway(
     spin: Option<Duration>,
     name: &str,
 ) -> anyhow::Result<Client> {
+    gateway_with(addrs, token_block, deadline, spin, name, None).await
+}
+
+/// [`gateway`], over TLS where `tls` is given.
+pub async fn gateway_with(
+    addrs: &[SocketAddr],
+    token_block: u32,
+    deadline: Duration,
+    spin: Option<Duration>,
+    name: &str,
+    tls: Option<kvix_client::ClientTls>,
+) -> anyhow::Result<Client> {
     let cfg = ClientConfig {
+        tls,
         token_block,
         deadline,
         name: name.into(),

@@ -34,7 +34,8 @@ impl Client {
     /// Returns `Ok` when a server is up, and also when none could be reached: the client
     /// then fails queries open (`Disconnected`) and keeps reconnecting with backoff.
     /// Errs on a bad configuration, or when no server is up and one refused the
-    /// handshake (wrong block size, bad auth): that needs an operator, not a retry.
+    /// handshake (wrong block size, bad auth) or failed TLS: that needs an operator, not
+    /// a retry.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
         config.validate()?;
         let (ptx, prx) = mpsc::channel(config.placement_queue);
@@ -50,7 +51,9 @@ impl Client {
                 roster: Default::default(),
             })
             .collect();
+        let tls = config.tls.as_ref().map(crate::tls::Tls::new).transpose()?;
         let shared = Arc::new(Shared {
+            tls,
             cfg: config,
             slots,
             registry: Mutex::new(Vec::new()),
@@ -85,11 +88,8 @@ impl Client {
             return Ok(client);
         }
         for s in &sh.slots {
-            if let Some(reply) = s.refusal.lock().ok().and_then(|r| r.clone()) {
-                return Err(ClientError::Refused {
-                    addr: s.addr.clone(),
-                    reply,
-                });
+            if let Some(refused) = s.refusal.lock().ok().and_then(|r| r.clone()) {
+                return Err(refused);
             }
         }
         Ok(client)

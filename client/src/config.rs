@@ -139,6 +139,9 @@ pub struct ClientConfig {
     /// point itself when `spin_before_park` spins until it: waiting for it is parked, not
     /// spun, so that hedging costs no core.
     pub hedge_after: Option<Duration>,
+    /// TLS to the servers at TCP addresses (`kvix-server --tls-cert`). None (default):
+    /// plain TCP.
+    pub tls: Option<crate::ClientTls>,
 }
 
 impl Default for ClientConfig {
@@ -158,6 +161,7 @@ impl Default for ClientConfig {
             max_frame: DEFAULT_MAX_FRAME,
             replicas: false,
             hedge_after: None,
+            tls: None,
         }
     }
 }

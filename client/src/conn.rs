@@ -20,6 +20,7 @@ use tokio::net::{tcp, unix, TcpStream, UnixStream};
 use tokio::sync::{oneshot, Notify};
 
 use crate::counters::Counters;
+use crate::tls::{Tls, TlsConn};
 use crate::{Addr, ClientError};
 
 /// Bit 63 of a request id: set on fire-and-forget requests (`FLAG_NO_REPLY`), whose only
@@ -60,11 +61,13 @@ impl Reply {
 pub(crate) enum ReadHalf {
     Tcp(tcp::OwnedReadHalf),
     Unix(unix::OwnedReadHalf),
+    Tls(Arc<TlsConn>),
 }
 
 pub(crate) enum WriteHalf {
     Tcp(tcp::OwnedWriteHalf),
     Unix(unix::OwnedWriteHalf),
+    Tls(Arc<TlsConn>),
 }
 
 impl ReadHalf {
@@ -72,6 +75,7 @@ impl ReadHalf {
         match self {
             ReadHalf::Tcp(r) => r.read(buf).await,
             ReadHalf::Unix(r) => r.read(buf).await,
+            ReadHalf::Tls(t) => t.read(buf).await,
         }
     }
 }
@@ -81,23 +85,46 @@ impl WriteHalf {
         match self {
             WriteHalf::Tcp(w) => w.try_write(buf),
             WriteHalf::Unix(w) => w.try_write(buf),
+            WriteHalf::Tls(t) => t.try_write(buf),
         }
     }
 
+    /// Until the socket takes more (TLS: until the records waiting went out).
     async fn writable(&self) -> io::Result<()> {
         match self {
             WriteHalf::Tcp(w) => w.writable().await,
             WriteHalf::Unix(w) => w.writable().await,
+            WriteHalf::Tls(t) => t.writable().await,
+        }
+    }
+
+    /// Whether bytes already taken still wait to go out (TLS records).
+    fn pending(&self) -> bool {
+        match self {
+            WriteHalf::Tls(t) => t.pending(),
+            _ => false,
+        }
+    }
+
+    /// Resolves when the read side left bytes to send (TLS); never otherwise.
+    async fn flush_wanted(&self) {
+        match self {
+            WriteHalf::Tls(t) => t.flush_wanted().await,
+            _ => std::future::pending().await,
         }
     }
 }
 
-/// Opens the transport.
-pub(crate) async fn dial(addr: &Addr) -> io::Result<(ReadHalf, WriteHalf)> {
+/// Opens the transport: TCP (through `tls` where given) or a Unix socket.
+pub(crate) async fn dial(addr: &Addr, tls: Option<&Tls>) -> io::Result<(ReadHalf, WriteHalf)> {
     Ok(match addr {
         Addr::Tcp(a) => {
             let s = TcpStream::connect(a.as_str()).await?;
             s.set_nodelay(true)?;
+            if let Some(tls) = tls {
+                let t = Arc::new(tls.connect(a, s).await?);
+                return Ok((ReadHalf::Tls(t.clone()), WriteHalf::Tls(t)));
+            }
             let (r, w) = s.into_split();
             (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
         }
@@ -280,6 +307,10 @@ impl Conn {
                 }
             }
             if rest.is_empty() {
+                if self.half.pending() {
+                    drop(b);
+                    self.write_wake.notify_one();
+                }
                 return Ok(());
             }
         }
@@ -299,6 +330,7 @@ impl Conn {
         loop {
             tokio::select! {
                 _ = self.write_wake.notified() => {}
+                _ = self.half.flush_wanted() => {}
                 _ = self.closed() => return,
             }
             loop {
@@ -322,7 +354,7 @@ impl Conn {
                         }
                     }
                 };
-                if done {
+                if done && !self.half.pending() {
                     break;
                 }
                 tokio::select! {

@@ -34,6 +34,16 @@ pub enum ClientError {
         /// What it said.
         reply: ErrorReply,
     },
+    /// The TLS handshake with a server failed (its certificate is not trusted or does not
+    /// name it, the server wants a client certificate, or it does not speak TLS): that
+    /// needs an operator, not a retry.
+    #[error("TLS with server {addr} failed: {message}")]
+    Tls {
+        /// The server.
+        addr: Addr,
+        /// rustls's reason.
+        message: String,
+    },
     /// The server spoke, but not the kvix protocol as this client reads it.
     #[error("protocol error: {0}")]
     Protocol(String),

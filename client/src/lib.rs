@@ -60,6 +60,7 @@ mod query;
 mod roster;
 mod shared;
 mod supervisor;
+mod tls;
 mod types;
 mod wait;
 
@@ -71,6 +72,7 @@ pub use config::{Addr, ClientConfig};
 pub use counters::CountersSnapshot;
 pub use error::ClientError;
 pub use pick::{pick, Picked, DEFAULT_ALPHA};
+pub use tls::ClientTls;
 pub use types::{Prompt, QueryOptions, QueryOutcome, WorkerRef, WorkerScore};
 
 /// The histogram type of [`CountersSnapshot::latency_ns`].

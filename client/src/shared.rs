@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvix_wire::{encode, Announce, Body, ErrorReply, Kind, WorkerId, FLAG_NO_REPLY};
+use kvix_wire::{encode, Announce, Body, Kind, WorkerId, FLAG_NO_REPLY};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::conn::{Conn, Reply};
@@ -52,7 +52,8 @@ pub(crate) struct Slot {
     pub(crate) conn: Mutex<Option<Arc<Conn>>>,
     pub(crate) ids: Mutex<IdMap>,
     pub(crate) tried: AtomicBool,
-    pub(crate) refusal: Mutex<Option<ErrorReply>>,
+    /// Why the last attempt was refused, when it needs an operator (handshake, TLS).
+    pub(crate) refusal: Mutex<Option<ClientError>>,
     /// How far this server's roster was learnt ([`crate::roster`]).
     pub(crate) roster: tokio::sync::Mutex<RosterSync>,
 }
@@ -66,6 +67,8 @@ impl Slot {
 
 pub(crate) struct Shared {
     pub(crate) cfg: ClientConfig,
+    /// `cfg.tls` made ready.
+    pub(crate) tls: Option<crate::tls::Tls>,
     pub(crate) slots: Vec<Slot>,
     /// Every worker this client announced and has not retired, in announce order.
     pub(crate) registry: Mutex<Vec<Announce>>,

@@ -73,11 +73,11 @@ pub(crate) async fn supervise(sh: Arc<Shared>, idx: usize) {
                 Counters::bump(&sh.counters.n.connection_losses);
                 tracing::warn!(server = %slot.addr, "connection lost; reconnecting");
             }
-            Ok(Err(ClientError::Refused { reply, .. })) => {
+            Ok(Err(refused @ (ClientError::Refused { .. } | ClientError::Tls { .. }))) => {
                 Counters::bump(&sh.counters.n.handshake_refusals);
-                tracing::warn!(server = %slot.addr, code = ?reply.code, "handshake refused: {}", reply.message);
+                tracing::warn!(server = %slot.addr, "{refused}");
                 if let Ok(mut r) = slot.refusal.lock() {
-                    *r = Some(reply);
+                    *r = Some(refused);
                 }
             }
             Ok(Err(e)) => {
@@ -114,7 +114,9 @@ impl Drop for CloseUnlessKept {
 /// other frame), then publish the connection with the fresh id map.
 pub(crate) async fn establish(sh: &Arc<Shared>, idx: usize) -> Result<Arc<Conn>, ClientError> {
     let slot = &sh.slots[idx];
-    let (rd, wr) = dial(&slot.addr).await?;
+    let (rd, wr) = dial(&slot.addr, sh.tls.as_ref())
+        .await
+        .map_err(|e| crate::tls::setup_error(&slot.addr, e))?;
     let conn = Conn::new(slot.addr.clone(), wr);
     let mut guard = CloseUnlessKept(Some(conn.clone()));
     tokio::spawn(conn.clone().write_loop());
@@ -225,7 +227,7 @@ pub(crate) async fn handshake(
     match reader.ready().await {
         Ok(()) => {}
         Err(ReadError::Eof) => return Err(ClientError::Disconnected),
-        Err(ReadError::Io(e)) => return Err(e.into()),
+        Err(ReadError::Io(e)) => return Err(crate::tls::setup_error(addr, e)),
         Err(ReadError::Malformed(m)) => return Err(malformed(m)),
     }
     let frame = reader.frame().ok_or_else(|| malformed("no frame".into()))?;

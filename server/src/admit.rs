@@ -37,6 +37,8 @@ pub fn set_conn_queue(queue: TaskQueueHandle) {
 /// An accepted connection not yet bound to an executor: any executor may serve it.
 pub trait Accepted: Send + 'static {
     type Stream: AsyncRead + AsyncWrite + Unpin + 'static;
+    /// Whether the stream begins with the TLS handshake when the server has TLS.
+    const TLS: bool;
     fn bind(self) -> Self::Stream;
     /// The client's address (for the Hello gate's per-address slow-down).
     fn peer(stream: &Self::Stream) -> Option<IpAddr>;
@@ -44,6 +46,7 @@ pub trait Accepted: Send + 'static {
 
 impl Accepted for AcceptedTcpStream {
     type Stream = TcpStream;
+    const TLS: bool = true;
     fn bind(self) -> TcpStream {
         let s = self.bind_to_executor();
         let _ = s.set_nodelay(true);
@@ -56,6 +59,7 @@ impl Accepted for AcceptedTcpStream {
 
 impl Accepted for AcceptedUnixStream {
     type Stream = UnixStream;
+    const TLS: bool = false;
     fn bind(self) -> UnixStream {
         self.bind_to_executor()
     }
@@ -125,13 +129,53 @@ fn serve<A: Accepted>(ex: &Rc<Executor>, stream: A::Stream, queue: TaskQueueHand
     ExecutorMetrics::add(&ex.metrics().connections_total, 1);
     let on = ex.clone();
     let peer = A::peer(&stream);
+    let tls = ex.tls().filter(|_| A::TLS).cloned();
     let serve = async move {
-        crate::conn::serve(stream, on.clone(), peer).await;
+        match tls {
+            None => crate::conn::serve(stream, on.clone(), peer).await,
+            Some(tls) => match handshake(&tls, stream).await {
+                Ok(stream) => crate::conn::serve(stream, on.clone(), peer).await,
+                Err(e) => tls_failed(&on, peer, &e),
+            },
+        }
         on.metrics().connections_open.fetch_sub(1, Relaxed);
     };
     match glommio::spawn_local_into(serve, queue) {
         Ok(t) => drop(t.detach()),
         Err(_) => drop(ex.metrics().connections_open.fetch_sub(1, Relaxed)),
+    }
+}
+
+/// A TLS handshake has this long to finish (a client that connects and sends nothing
+/// holds a slot no longer).
+const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// The server's side of a TLS handshake on `stream`, bounded by [`TLS_HANDSHAKE`].
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    tls: &futures_rustls::TlsAcceptor,
+    stream: S,
+) -> std::io::Result<futures_rustls::server::TlsStream<S>> {
+    use futures::future::{select, Either};
+    let accept = std::pin::pin!(tls.accept(stream));
+    let late = std::pin::pin!(glommio::timer::sleep(TLS_HANDSHAKE));
+    match select(accept, late).await {
+        Either::Left((done, _)) => done,
+        Either::Right(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no TLS handshake within {TLS_HANDSHAKE:?}"),
+        )),
+    }
+}
+
+/// A failed TLS handshake: counted, and logged at 1, 2, 4, ... failures with its cause
+/// (a client speaking plain kvix to a TLS port fails here too).
+fn tls_failed(ex: &Executor, peer: Option<IpAddr>, e: &std::io::Error) {
+    let total = ex.metrics().tls_failures.fetch_add(1, Relaxed) + 1;
+    if total.is_power_of_two() {
+        tracing::warn!(
+            ?peer,
+            "TLS handshake failed ({total} so far on this executor): {e}"
+        );
     }
 }
 

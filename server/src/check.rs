@@ -1,7 +1,7 @@
 //! `kvix-server check [FLAGS]`: what a start with these flags would need, checked
 //! without serving: the flags themselves, the ports free, the open-files limit, the
 //! snapshot readable and its directory writable, the fleet file, the replicas' Redis
-//! reachable. One line per check; the process exits non-zero if any failed.
+//! reachable, the TLS files. One line per check; the process exits non-zero if any failed.
 
 use std::net::ToSocketAddrs;
 
@@ -32,6 +32,18 @@ pub fn run(config: &Config) -> Vec<Checked> {
     }
     if !config.unix.is_empty() {
         check(format!("--unix {}", config.unix), unix_free(&config.unix));
+    }
+    if let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) {
+        let client_ca = config.tls_client_ca.as_deref();
+        check(
+            format!("--tls-cert {}", cert.display()),
+            crate::tls::server_config(cert, key, client_ca)
+                .map(|_| match client_ca {
+                    Some(_) => "TLS on the TCP port, client certificates required".into(),
+                    None => "TLS on the TCP port".into(),
+                })
+                .map_err(|e| e.to_string()),
+        );
     }
     if let Some(bind) = config
         .events_bind

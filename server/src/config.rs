@@ -90,6 +90,19 @@ pub struct Config {
     #[arg(long, conflicts_with = "auth_token")]
     pub auth_token_file: Option<PathBuf>,
 
+    /// TLS on the TCP port: the server's certificate chain (PEM). With --tls-key; the
+    /// Unix socket and the metrics port stay plain.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM; keep the file mode 0600).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require client certificates on the TCP port, signed by a CA of this PEM file.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Permissions of the Unix socket file (octal): who may connect without a token.
     #[arg(long, default_value = "600", value_parser = parse_mode)]
     pub unix_mode: u32,

@@ -129,6 +129,8 @@ pub struct Services {
     pub stopping: Arc<std::sync::atomic::AtomicBool>,
     /// The placement clock (milliseconds since the process started).
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// TLS on the TCP port (`--tls-cert`).
+    pub tls: Option<futures_rustls::TlsAcceptor>,
 }
 
 pub struct Executor {
@@ -239,6 +241,11 @@ impl Executor {
 
     pub fn ingest(&self) -> &Arc<Ingest> {
         &self.services.ingest
+    }
+
+    /// The TLS handshake TCP connections begin with, if the port speaks TLS.
+    pub fn tls(&self) -> Option<&futures_rustls::TlsAcceptor> {
+        self.services.tls.as_ref()
     }
 
     pub fn replica(&self) -> Option<&Arc<Replica>> {

@@ -29,6 +29,7 @@ pub mod route;
 pub mod serve;
 pub mod start;
 pub mod steering;
+pub mod tls;
 pub mod writer;
 
 pub use config::Config;

@@ -83,6 +83,8 @@ pub struct ExecutorMetrics {
     pub connections_total: AtomicU64,
     /// Connections this executor accepted while full and handed to a peer with room.
     pub spilled: AtomicU64,
+    /// TCP connections closed because their TLS handshake failed or timed out.
+    pub tls_failures: AtomicU64,
     pub rejected: [AtomicU64; REJECTED.len()],
     /// Gauges the executor refreshes after each change of its index copy.
     pub blocks: AtomicU64,
@@ -180,7 +182,7 @@ pub fn render(
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 21] = [
+    let plain: [(&str, &str, &str, Field); 22] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -240,6 +242,12 @@ pub fn render(
             "Connections accepted by a full executor and served by the least loaded one with room.",
             "counter",
             |s| &s.spilled,
+        ),
+        (
+            "kvix_tls_handshake_failures_total",
+            "TCP connections closed because their TLS handshake failed or did not finish in time (a client without TLS, an unknown CA, a missing or refused client certificate; the log names the cause at 1, 2, 4, ... failures).",
+            "counter",
+            |s| &s.tls_failures,
         ),
         (
             "kvix_query_hops_total",

@@ -27,6 +27,12 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 /// [`run`] on `clock` (a test's [`crate::clock::ManualClock`]).
 pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::Result<()> {
     let executors = config.executors();
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(futures_rustls::TlsAcceptor::from(
+            crate::tls::server_config(cert, key, config.tls_client_ca.as_deref())?,
+        )),
+        _ => None,
+    };
     let group = listener::tcp_group(config.listen, executors, config.steering)?;
     if let Ok(metrics) = config.metrics.parse() {
         listener::ensure_unserved(metrics)?;
@@ -175,6 +181,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
             replica: replica.clone(),
             stopping: stop.clone(),
             clock,
+            tls,
         },
         log_inboxes: std::sync::Mutex::new(log_receivers.into_iter().map(Some).collect()),
         replay: std::sync::Mutex::new(replay),

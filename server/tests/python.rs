@@ -225,6 +225,8 @@ fn the_python_package_installs_and_its_pytest_suite_passes() {
     let answers = rt.block_on(rust_answers(&server));
     let answers_file = work.join("rust-answers.json");
     std::fs::write(&answers_file, answers.to_string()).unwrap();
+    // Certificates for the suite's TLS test.
+    let pki = common::tls::Pki::new("python");
 
     let out = Command::new("python3")
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"])
@@ -233,6 +235,7 @@ fn the_python_package_installs_and_its_pytest_suite_passes() {
         .env("PYTHONPATH", &site)
         .env("KVIX_SERVER_BIN", env!("CARGO_BIN_EXE_kvix-server"))
         .env("KVIX_RUST_ANSWERS", &answers_file)
+        .env("KVIX_TLS_DIR", &pki.dir)
         .output()
         .expect("python3 runs");
     let report = format!(

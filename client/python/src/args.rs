@@ -327,10 +327,20 @@ pub fn config(
         name: "kvix-python".into(),
         ..ClientConfig::new(servers)
     };
+    let (mut tls_ca, mut tls_name, mut tls_cert, mut tls_key) = (
+        None::<String>,
+        None::<String>,
+        None::<String>,
+        None::<String>,
+    );
     for (key, value) in options.into_iter().flatten() {
         let key: String = key.extract()?;
         let v = &value;
         match key.as_str() {
+            "tls_ca" => tls_ca = v.extract()?,
+            "tls_server_name" => tls_name = v.extract()?,
+            "tls_cert" => tls_cert = v.extract()?,
+            "tls_key" => tls_key = v.extract()?,
             "token_block" => cfg.token_block = v.extract()?,
             "deadline_ms" => cfg.deadline = ms(&key, v.extract()?)?,
             "name" => cfg.name = v.extract()?,
@@ -359,6 +369,23 @@ pub fn config(
             }
         }
     }
+    cfg.tls = match (tls_ca, tls_cert, tls_key) {
+        (None, None, None) if tls_name.is_none() => None,
+        (Some(ca), cert, key) => Some(kvix_client::ClientTls {
+            ca: ca.into(),
+            server_name: tls_name,
+            identity: match (cert, key) {
+                (None, None) => None,
+                (Some(c), Some(k)) => Some((c.into(), k.into())),
+                _ => return Err(bad_arg("tls_cert and tls_key go together")),
+            },
+        }),
+        _ => {
+            return Err(bad_arg(
+                "TLS needs tls_ca (the CA the server's certificate is signed by)",
+            ))
+        }
+    };
     cfg.validate().map_err(|e| crate::errors::to_py(py, e))?;
     Ok(cfg)
 }

@@ -48,6 +48,12 @@ create_exception!(
     KvixError,
     "The server did not speak the kvix protocol."
 );
+create_exception!(
+    kvix,
+    TlsError,
+    KvixError,
+    "The TLS handshake failed: the server's certificate is not trusted or does not name it, it wants a client certificate, or its port is not TLS."
+);
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -58,6 +64,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DisconnectedError", py.get_type::<DisconnectedError>())?;
     m.add("RejectedError", py.get_type::<RejectedError>())?;
     m.add("ProtocolError", py.get_type::<ProtocolError>())?;
+    m.add("TlsError", py.get_type::<TlsError>())?;
     Ok(())
 }
 
@@ -72,6 +79,7 @@ pub fn to_py(py: Python<'_>, e: ClientError) -> PyErr {
         ClientError::Disconnected | ClientError::Io(_) => DisconnectedError::new_err(msg),
         ClientError::Rejected(_) | ClientError::Refused { .. } => RejectedError::new_err(msg),
         ClientError::Protocol(_) | ClientError::Encode(_) => ProtocolError::new_err(msg),
+        ClientError::Tls { .. } => TlsError::new_err(msg),
     };
     if let Some(code) = e.code() {
         let _ = err.value(py).setattr("code", format!("{code:?}"));

@@ -715,3 +715,31 @@ def test_the_prometheus_collector_exports_the_counters(server):
     assert 'kvix_client_writes_refused_total{code="UnknownWorker",gateway="g1"} 1.0' in text
     assert 'kvix_client_latency_us{gateway="g1",quantile="0.99"}' in text
     assert "kvix_client_writes_refused_total{gateway=\"g1\"} " not in text
+
+
+def _tls_dir():
+    """Certificates made by server/tests/python.rs (rcgen): ca.pem, other-ca.pem,
+    server.pem, server.key (for 127.0.0.1)."""
+    d = os.environ.get("KVIX_TLS_DIR")
+    if d:
+        return d
+    reason = "no KVIX_TLS_DIR: run the suite through `cargo test -p kvix-server --test python`"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def test_tls_to_a_tls_port_and_a_clear_error_for_an_untrusted_certificate(start_server):
+    d = _tls_dir()
+    s = start_server("--tls-cert", os.path.join(d, "server.pem"),
+                     "--tls-key", os.path.join(d, "server.key"))
+    c = kvix.Client(s.addr, tls_ca=os.path.join(d, "ca.pem"), deadline_ms=SLOW)
+    c.announce("a", feed="placements", capacity_blocks=100)
+    p = tokens(4, salt=7)
+    placed(c, "a", p, 4)
+    assert c.query_tokens(MODEL, p).best.blocks == 4
+    c.close()
+    with pytest.raises(kvix.TlsError, match="certificate"):
+        kvix.Client(s.addr, tls_ca=os.path.join(d, "other-ca.pem"))
+    with pytest.raises(ValueError, match="tls_cert and tls_key"):
+        kvix.Client(s.addr, tls_ca=os.path.join(d, "ca.pem"), tls_cert=os.path.join(d, "server.pem"))

@@ -11,6 +11,7 @@ use kvix_wire::*;
 
 pub mod engines;
 pub mod redis;
+pub mod tls;
 
 pub struct Server {
     child: Child,

@@ -38,6 +38,7 @@ from ._kvix import (
     NotConnectedError,
     Pick,
     ProtocolError,
+    TlsError,
     QueryResult,
     RejectedError,
     RequestTimeoutError,
@@ -58,6 +59,7 @@ __all__ = [
     "NotConnectedError",
     "Pick",
     "ProtocolError",
+    "TlsError",
     "QueryResult",
     "RejectedError",
     "RequestTimeoutError",
@@ -212,9 +214,15 @@ class Client(_Base):
       logs ("kvix-python"). connect_timeout_ms, request_timeout_ms: limits on a
       connection attempt and on control calls (1000). placement_queue: placements
       waiting to be sent before new ones are dropped and counted (4096).
+    tls_ca: PEM file of the CA a server's certificate is signed by: TLS to the servers
+      at TCP addresses (kvix-server --tls-cert; Unix sockets stay plain).
+      tls_server_name: the name the certificate must hold (default: each address's
+      host). tls_cert, tls_key: this client's certificate and key (PEM), for a server
+      with --tls-client-ca.
 
-    Raises ConfigError for a configuration that cannot work and RejectedError when a
-    server refuses the handshake (auth, block size). A server that is down is not an
+    Raises ConfigError for a configuration that cannot work, RejectedError when a
+    server refuses the handshake (auth, block size) and TlsError when TLS fails (an
+    untrusted certificate, a port without TLS). A server that is down is not an
     error: the client keeps trying, and queries fail open meanwhile.
     """
 
