@@ -168,6 +168,33 @@ impl Dynamo {
         Prepared { events }
     }
 
+    /// Dynamo's own path from vLLM's bytes to the events its writer applies: each
+    /// payload decoded (`zmq_wire::decode_event_batch`, rmp-serde into its wire types)
+    /// and each event normalized (`ZmqEventNormalizer::normalize`: the filters, the
+    /// token hashing, the conversion) into a `RouterEvent`, as its ZMQ listener does.
+    /// Returns the events and the time that took on this thread.
+    pub fn decode(&mut self, batches: &crate::ingest_side::Prepared) -> (Prepared, Duration) {
+        use dynamo_kv_router::protocols::WorkerWithDpRank;
+        use dynamo_kv_router::zmq_wire::{decode_event_batch, ZmqEventNormalizer};
+        let mut normalizer = ZmqEventNormalizer::new(crate::workload::TOKEN_BLOCK);
+        let mut events = Vec::with_capacity(batches.len());
+        let t = Instant::now();
+        for (w, _, bytes) in batches {
+            let batch = decode_event_batch(bytes).expect("Dynamo decodes vLLM's bytes");
+            let worker = WorkerWithDpRank::new(u64::from(*w), 0);
+            for raw in batch.events {
+                let id = self.next_id;
+                self.next_id += 1;
+                let placed = normalizer
+                    .normalize(raw, id, worker)
+                    .and_then(|p| p.into_router_event())
+                    .expect("Dynamo takes every store of the load");
+                events.push(placed);
+            }
+        }
+        (Prepared { events }, t.elapsed())
+    }
+
     /// Queues a phase between two markers, lets the writer take it, and returns the
     /// writer's own time from the first marker to the second.
     pub fn apply(&mut self, phase: Prepared) -> Duration {

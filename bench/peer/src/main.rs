@@ -41,7 +41,9 @@ const HELP: &str = r#"kvix-peer-bench: kvix-engine vs dynamo-kv-router 1.6.1, sa
                  (blocks named by engine hash), kvix-ingest (vLLM batches through
                  the server's translator, then the engine), kvix-decode (the
                  same from vLLM's msgpack bytes, decode included), kvix-translate
-                 (the translator alone), index (the bare index) or dynamo;
+                 (the translator alone), index (the bare index), dynamo, or
+                 dynamo-decode (from the same bytes: Dynamo's decode and
+                 normalization, then its apply);
                  KVIX_PEER_WORKLOAD=decode loads the 1-block fleet instead,
                  KVIX_PEER_WORKLOAD=mooncake the trace
 "#;
@@ -86,7 +88,7 @@ fn args() -> Result<Args, String> {
             "--no-trace" => a.trace = None,
             "--only" => {
                 a.only = Some(it.next().ok_or(
-                    "--only takes kvix, kvix-named, kvix-ingest, kvix-decode, kvix-translate, index or dynamo",
+                    "--only takes kvix, kvix-named, kvix-ingest, kvix-decode, kvix-translate, index, dynamo or dynamo-decode",
                 )?)
             }
             "--trace" => a.trace = Some(it.next().ok_or("--trace takes a path")?.into()),
@@ -449,9 +451,19 @@ fn main() {
                     let p = d.prepare(&w.load);
                     d.apply(p)
                 }
+                "dynamo-decode" => {
+                    // From vLLM's bytes: Dynamo's decode and normalization (its
+                    // listener's work), then its writer's apply; the sum is what one
+                    // core spends, as kvix-decode's figure is.
+                    let mut d = Dynamo::new();
+                    let (p, decoding) = d.decode(&ingest_side::prepare(&w.load));
+                    let applying = d.apply(p);
+                    println!("dynamo-decode: decode + normalize {decoding:?}, apply {applying:?}");
+                    decoding + applying
+                }
                 other => {
                     eprintln!(
-                        "kvix-peer-bench: --only {other:?}: kvix, kvix-named, kvix-ingest, kvix-decode, kvix-translate, index or dynamo"
+                        "kvix-peer-bench: --only {other:?}: kvix, kvix-named, kvix-ingest, kvix-decode, kvix-translate, index, dynamo or dynamo-decode"
                     );
                     std::process::exit(2);
                 }

@@ -1,24 +1,58 @@
 //! Reading a payload's msgpack in one pass: the structure into `rmpv::Value`s, except
-//! the stores' token ids, read straight into their vectors. A `Value` tree holds 32
-//! bytes and an array slot per token, which made decoding most of the ingest's work.
+//! the stores' token ids and the stores' and removals' block hashes, read straight into
+//! their vectors. A `Value` tree holds 32 bytes and an array slot per item, which made
+//! decoding most of the ingest's work.
 //!
 //! A store's `token_ids` (field 3 of an event array tagged `"BlockStored"`, or the first
-//! `"token_ids"` entry of an event map) is kept in [`Read::tokens`] under its event's
-//! index, and left in the tree as an empty array.
+//! `"token_ids"` entry of an event map) and an event's `block_hashes` (field 1 of an array
+//! tagged `"BlockStored"` or `"BlockRemoved"`, or the first `"block_hashes"` entry of a
+//! map) are kept in [`Read::aside`] under their event's index, and left in the tree as
+//! empty arrays.
 
 use rmp::Marker;
 use rmpv::Value;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Token ids of one store, or the index of the first item that is not a token id (an
 /// integer in 0..2^32, or a pair whose first is one: SGLang's EAGLE bigram pages send
 /// each token as the pair (token, next token)).
 pub type TokenIds = Result<Vec<u32>, usize>;
 
+/// Block hashes of one event as u64 keys ([`hash_key`]), or the index of the first item
+/// that is not a hash.
+pub type Hashes = Result<Vec<u64>, usize>;
+
+/// Raw-bytes engine hashes longer than this are not hashes (sha256 gives 32).
+pub const MAX_HASH_BYTES: usize = 64;
+
+/// The key of a raw-bytes engine hash.
+pub fn bytes_key(b: &[u8]) -> u64 {
+    xxh3_64(b)
+}
+
+/// An engine block hash as a u64 key: ints as their 64-bit two's complement (so a
+/// negative i64 and the u64 with the same bits are one key), raw bytes (1 to
+/// [`MAX_HASH_BYTES`] of them) through xxh3.
+pub fn hash_key(v: &Value) -> Option<u64> {
+    match v {
+        Value::Integer(i) => i.as_u64().or_else(|| i.as_i64().map(|n| n as u64)),
+        Value::Binary(b) if !b.is_empty() && b.len() <= MAX_HASH_BYTES => Some(bytes_key(b)),
+        _ => None,
+    }
+}
+
+/// What one event held that was read aside.
+#[derive(Debug, Default, PartialEq)]
+pub struct Aside {
+    pub tokens: Option<TokenIds>,
+    pub hashes: Option<Hashes>,
+}
+
 /// What one pass read.
 pub struct Read {
     pub value: Value,
-    /// Per event of the batch's `events` array, its token ids if it had an array of them.
-    pub tokens: Vec<Option<TokenIds>>,
+    /// Per event of the batch's `events` array, what was read aside of it.
+    pub aside: Vec<Aside>,
 }
 
 /// Reads the one value at the start of `bytes` (nested at most `max_depth` deep),
@@ -26,14 +60,14 @@ pub struct Read {
 pub fn read(bytes: &[u8], max_depth: usize) -> Result<(Read, &[u8]), String> {
     let mut r = Reader {
         rd: bytes,
-        tokens: Vec::new(),
+        aside: Vec::new(),
         max_depth,
     };
     let value = r.batch()?;
     Ok((
         Read {
             value,
-            tokens: r.tokens,
+            aside: r.aside,
         },
         r.rd,
     ))
@@ -41,8 +75,17 @@ pub fn read(bytes: &[u8], max_depth: usize) -> Result<(Read, &[u8]), String> {
 
 struct Reader<'a> {
     rd: &'a [u8],
-    tokens: Vec<Option<TokenIds>>,
+    aside: Vec<Aside>,
     max_depth: usize,
+}
+
+/// A field a record reads aside: at `pos` of an array whose first item is one of
+/// `tags` (any, when empty), or the first entry named `name` of a map.
+struct Field<'f, R> {
+    tags: &'f [&'f str],
+    pos: usize,
+    name: &'f str,
+    read: fn(&mut R) -> Result<Value, String>,
 }
 
 impl Reader<'_> {
@@ -75,37 +118,38 @@ impl Reader<'_> {
         n.map(|n| Some(n as usize)).map_err(|e| e.to_string())
     }
 
-    /// A struct encoded as an array or a map, `depth` containers down, whose field at
-    /// `pos` (of an array whose first item is `tag`, if one is given) or first field
-    /// named `name` is read by `field`; the others, and anything else, as values.
-    fn record(
-        &mut self,
-        depth: usize,
-        (pos, tag, name): (usize, Option<&str>, &str),
-        field: fn(&mut Self) -> Result<Value, String>,
-    ) -> Result<Value, String> {
+    /// A struct encoded as an array or a map, `depth` containers down, whose `fields`
+    /// are read by their own readers; the others, and anything else, as values.
+    fn record(&mut self, depth: usize, fields: &[Field<'_, Self>]) -> Result<Value, String> {
         if let Some(n) = self.header(false, depth)? {
             let mut items = Vec::with_capacity(n.min(16));
             for i in 0..n {
-                let tagged = tag.is_none_or(|t| items.first().and_then(Value::as_str) == Some(t));
-                items.push(if i == pos && tagged {
-                    field(self)?
-                } else {
-                    self.value(depth + 1)?
+                let tag = items.first().and_then(Value::as_str);
+                let field = fields.iter().find(|f| {
+                    f.pos == i && (f.tags.is_empty() || tag.is_some_and(|t| f.tags.contains(&t)))
+                });
+                items.push(match field {
+                    Some(f) => (f.read)(self)?,
+                    None => self.value(depth + 1)?,
                 });
             }
             return Ok(Value::Array(items));
         }
         if let Some(n) = self.header(true, depth)? {
             let mut pairs = Vec::with_capacity(n.min(16));
-            let mut seen = false;
+            let mut seen = 0u32;
             for _ in 0..n {
                 let k = self.value(depth + 1)?;
-                let v = if !seen && k.as_str() == Some(name) {
-                    seen = true;
-                    field(self)?
-                } else {
-                    self.value(depth + 1)?
+                let field = fields
+                    .iter()
+                    .enumerate()
+                    .find(|(i, f)| seen & 1 << i == 0 && k.as_str() == Some(f.name));
+                let v = match field {
+                    Some((i, f)) => {
+                        seen |= 1 << i;
+                        (f.read)(self)?
+                    }
+                    None => self.value(depth + 1)?,
                 };
                 pairs.push((k, v));
             }
@@ -116,7 +160,13 @@ impl Reader<'_> {
 
     /// `[ts, events, rank]` or a map of them.
     fn batch(&mut self) -> Result<Value, String> {
-        self.record(0, (1, None, "events"), Self::events)
+        let events = Field {
+            tags: &[],
+            pos: 1,
+            name: "events",
+            read: Self::events,
+        };
+        self.record(0, &[events])
     }
 
     fn events(&mut self) -> Result<Value, String> {
@@ -125,15 +175,58 @@ impl Reader<'_> {
         };
         let mut events = Vec::with_capacity(n.min(4096));
         for _ in 0..n {
-            self.tokens.push(None);
+            self.aside.push(Aside::default());
             events.push(self.event()?);
         }
         Ok(Value::Array(events))
     }
 
-    /// A tagged array or a map with `"type"`: a store's token ids are read aside.
+    /// A tagged array or a map with `"type"`: a store's token ids and an event's block
+    /// hashes are read aside.
     fn event(&mut self) -> Result<Value, String> {
-        self.record(2, (3, Some("BlockStored"), "token_ids"), Self::token_ids)
+        let fields = [
+            Field {
+                tags: &["BlockStored", "BlockRemoved"],
+                pos: 1,
+                name: "block_hashes",
+                read: Self::block_hashes,
+            },
+            Field {
+                tags: &["BlockStored"],
+                pos: 3,
+                name: "token_ids",
+                read: Self::token_ids,
+            },
+        ];
+        self.record(2, &fields)
+    }
+
+    /// An array of block hashes into the event's entry of [`Reader::aside`], an empty
+    /// array in its place; anything else as a value.
+    fn block_hashes(&mut self) -> Result<Value, String> {
+        let Some(n) = self.header(false, 3)? else {
+            return self.value(3);
+        };
+        // Each hash takes a byte at least: a header cannot reserve more than the payload holds.
+        let mut keys = Vec::with_capacity(n.min(self.rd.len()));
+        let mut bad = None;
+        for index in 0..n {
+            let key = match self.int_bits() {
+                Some(k) => Some(k),
+                None => hash_key(&self.value(4)?),
+            };
+            match key {
+                Some(k) if bad.is_none() => keys.push(k),
+                Some(_) => {}
+                None => {
+                    bad.get_or_insert(index);
+                }
+            }
+        }
+        if let Some(entry) = self.aside.last_mut() {
+            entry.hashes = Some(bad.map_or(Ok(keys), Err));
+        }
+        Ok(Value::Array(Vec::new()))
     }
 
     /// An array of token ids into the event's entry of [`Reader::tokens`], an empty
@@ -170,10 +263,39 @@ impl Reader<'_> {
                 }
             }
         }
-        if let Some(entry) = self.tokens.last_mut() {
-            *entry = Some(bad.map_or(Ok(ids), Err));
+        if let Some(entry) = self.aside.last_mut() {
+            entry.tokens = Some(bad.map_or(Ok(ids), Err));
         }
         Ok(Value::Array(Vec::new()))
+    }
+
+    /// The integer that comes next, read, as its 64-bit two's complement (as
+    /// [`hash_key`] takes it); nothing read if it is not one.
+    fn int_bits(&mut self) -> Option<u64> {
+        let b = self.rd;
+        let be = |n: usize| {
+            b.get(1..1 + n)
+                .map(|x| x.iter().fold(0u64, |a, &y| a << 8 | u64::from(y)))
+        };
+        let signed = |v: Option<u64>, bits: u32| {
+            v.map(|v| (((v << (64 - bits)) as i64) >> (64 - bits)) as u64)
+        };
+        let (len, v) = match Marker::from_u8(*b.first()?) {
+            Marker::FixPos(n) => (1, Some(u64::from(n))),
+            Marker::FixNeg(n) => (1, Some(i64::from(n) as u64)),
+            Marker::U8 => (2, be(1)),
+            Marker::U16 => (3, be(2)),
+            Marker::U32 => (5, be(4)),
+            Marker::U64 => (9, be(8)),
+            Marker::I8 => (2, signed(be(1), 8)),
+            Marker::I16 => (3, signed(be(2), 16)),
+            Marker::I32 => (5, signed(be(4), 32)),
+            Marker::I64 => (9, signed(be(8), 64)),
+            _ => return None,
+        };
+        let v = v?;
+        self.rd = &b[len..];
+        Some(v)
     }
 
     /// The integer that comes next, read, if it is one in 0..2^64 (as
@@ -216,59 +338,9 @@ mod tests {
         out
     }
 
-    /// `want` (rmpv's tree) with each event's token ids as the one pass keeps them:
-    /// None where the event has none (or they are not all token ids).
-    fn expected_tokens(want: &Value) -> Vec<Option<TokenIds>> {
+    /// The events of a batch as rmpv reads it.
+    fn events_of(want: &mut Value) -> Option<&mut Vec<Value>> {
         let events = match want {
-            Value::Array(items) => items.get(1),
-            Value::Map(pairs) => pairs
-                .iter()
-                .find(|(k, _)| k.as_str() == Some("events"))
-                .map(|(_, v)| v),
-            _ => None,
-        };
-        let Some(Value::Array(events)) = events else {
-            return Vec::new();
-        };
-        events
-            .iter()
-            .map(|e| {
-                let ids = match e {
-                    Value::Array(items)
-                        if items.first().and_then(Value::as_str) == Some("BlockStored") =>
-                    {
-                        items.get(3)
-                    }
-                    Value::Map(pairs) => pairs
-                        .iter()
-                        .find(|(k, _)| k.as_str() == Some("token_ids"))
-                        .map(|(_, v)| v),
-                    _ => None,
-                };
-                let Some(Value::Array(ids)) = ids else {
-                    return None;
-                };
-                let one = |t: &Value| {
-                    let t = match t {
-                        Value::Array(pair) if pair.len() == 2 => &pair[0],
-                        t => t,
-                    };
-                    t.as_u64().and_then(|t| u32::try_from(t).ok())
-                };
-                Some(
-                    ids.iter()
-                        .enumerate()
-                        .map(|(i, t)| one(t).ok_or(i))
-                        .collect::<Result<Vec<u32>, usize>>(),
-                )
-            })
-            .collect()
-    }
-
-    /// `want` with the token ids the one pass keeps aside emptied.
-    fn without_tokens(want: &Value, tokens: &[Option<TokenIds>]) -> Value {
-        let mut v = want.clone();
-        let events = match &mut v {
             Value::Array(items) => items.get_mut(1),
             Value::Map(pairs) => pairs
                 .iter_mut()
@@ -276,25 +348,79 @@ mod tests {
                 .map(|(_, v)| v),
             _ => None,
         };
-        if let Some(Value::Array(events)) = events {
-            for (e, t) in events.iter_mut().zip(tokens) {
-                if t.is_none() {
-                    continue;
-                }
-                let slot = match e {
-                    Value::Array(items) => items.get_mut(3),
-                    Value::Map(pairs) => pairs
-                        .iter_mut()
-                        .find(|(k, _)| k.as_str() == Some("token_ids"))
-                        .map(|(_, v)| v),
-                    _ => None,
-                };
-                if let Some(slot) = slot {
-                    *slot = Value::Array(Vec::new());
-                }
-            }
+        match events {
+            Some(Value::Array(events)) => Some(events),
+            _ => None,
         }
-        v
+    }
+
+    /// Where an event keeps the field read aside at `pos` of an array tagged one of
+    /// `tags`, or as a map's first entry `name`; only if it is an array.
+    fn slot<'v>(e: &'v mut Value, tags: &[&str], pos: usize, name: &str) -> Option<&'v mut Value> {
+        let slot = match e {
+            Value::Array(items)
+                if items
+                    .first()
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| tags.contains(&t)) =>
+            {
+                items.get_mut(pos)
+            }
+            Value::Map(pairs) => pairs
+                .iter_mut()
+                .find(|(k, _)| k.as_str() == Some(name))
+                .map(|(_, v)| v),
+            _ => None,
+        };
+        slot.filter(|v| matches!(v, Value::Array(_)))
+    }
+
+    const HASHES: (&[&str], usize, &str) = (&["BlockStored", "BlockRemoved"], 1, "block_hashes");
+    const TOKENS: (&[&str], usize, &str) = (&["BlockStored"], 3, "token_ids");
+
+    /// `want` (rmpv's tree) with what the one pass reads aside taken out, as it keeps
+    /// it: each event's token ids (ints, or pairs whose first is one, in 0..2^32) and
+    /// block hashes (`hash_key`), or the index of the first item that is not one.
+    fn aside_of(want: &Value) -> (Value, Vec<Aside>) {
+        let mut v = want.clone();
+        let Some(events) = events_of(&mut v) else {
+            return (v, Vec::new());
+        };
+        // The one pass leaves an empty array where it read aside.
+        let taken = |slot: Option<&mut Value>| match slot
+            .map(|v| std::mem::replace(v, Value::Array(Vec::new())))
+        {
+            Some(Value::Array(items)) => Some(items),
+            _ => None,
+        };
+        let mut aside = Vec::new();
+        for e in events.iter_mut() {
+            let (tags, pos, name) = HASHES;
+            let hashes = taken(slot(e, tags, pos, name)).map(|items| {
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, h)| hash_key(h).ok_or(i))
+                    .collect::<Hashes>()
+            });
+            let (tags, pos, name) = TOKENS;
+            let tokens = taken(slot(e, tags, pos, name)).map(|items| {
+                let one = |t: &Value| {
+                    let t = match t {
+                        Value::Array(pair) if pair.len() == 2 => &pair[0],
+                        t => t,
+                    };
+                    t.as_u64().and_then(|t| u32::try_from(t).ok())
+                };
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| one(t).ok_or(i))
+                    .collect::<TokenIds>()
+            });
+            aside.push(Aside { tokens, hashes });
+        }
+        (v, aside)
     }
 
     fn arb_leaf() -> impl Strategy<Value = Value> {
@@ -307,7 +433,9 @@ mod tests {
             (-1e9f64..1e9).prop_map(Value::F64),
             ".{0,12}".prop_map(Value::from),
             Just(Value::from("BlockStored")),
+            Just(Value::from("BlockRemoved")),
             Just(Value::from("token_ids")),
+            Just(Value::from("block_hashes")),
             proptest::collection::vec(any::<u8>(), 0..40).prop_map(Value::Binary),
             (any::<i8>(), proptest::collection::vec(any::<u8>(), 0..6))
                 .prop_map(|(t, d)| Value::Ext(t, d)),
@@ -334,25 +462,50 @@ mod tests {
             arb_leaf(),
         ];
         let ids = proptest::collection::vec(token, 0..20).prop_map(Value::Array);
-        let stored = (ids.clone(), arb_value(), any::<bool>()).prop_map(|(ids, other, as_map)| {
+        let hash = prop_oneof![
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            proptest::collection::vec(any::<u8>(), 0..70).prop_map(Value::Binary),
+            arb_leaf(),
+        ];
+        let hashes = proptest::collection::vec(hash, 0..12).prop_map(Value::Array);
+        let stored = (ids.clone(), hashes.clone(), arb_value(), any::<bool>()).prop_map(
+            |(ids, hashes, other, as_map)| {
+                if as_map {
+                    Value::Map(vec![
+                        (Value::from("type"), Value::from("BlockStored")),
+                        (Value::from("block_hashes"), hashes.clone()),
+                        (Value::from("token_ids"), ids.clone()),
+                        (Value::from("token_ids"), ids),
+                        (Value::from("block_hashes"), hashes),
+                        (Value::from("x"), other),
+                    ])
+                } else {
+                    Value::Array(vec![
+                        Value::from("BlockStored"),
+                        hashes,
+                        Value::Nil,
+                        ids,
+                        other,
+                    ])
+                }
+            },
+        );
+        let removed = (hashes, any::<bool>()).prop_map(|(hashes, as_map)| {
             if as_map {
                 Value::Map(vec![
-                    (Value::from("type"), Value::from("BlockStored")),
-                    (Value::from("token_ids"), ids.clone()),
-                    (Value::from("token_ids"), ids),
-                    (Value::from("x"), other),
+                    (Value::from("type"), Value::from("BlockRemoved")),
+                    (Value::from("block_hashes"), hashes),
                 ])
             } else {
                 Value::Array(vec![
-                    Value::from("BlockStored"),
-                    other.clone(),
-                    Value::Nil,
-                    ids,
-                    other,
+                    Value::from("BlockRemoved"),
+                    hashes,
+                    Value::from("GPU"),
                 ])
             }
         });
-        let event = prop_oneof![stored, arb_value()];
+        let event = prop_oneof![stored, removed, arb_value()];
         let events = proptest::collection::vec(event, 0..5).prop_map(Value::Array);
         prop_oneof![
             (events.clone(), arb_leaf()).prop_map(|(e, l)| Value::Array(vec![
@@ -373,8 +526,8 @@ mod tests {
     }
 
     proptest! {
-        /// One pass reads what rmpv reads: the same tree but for the token ids it keeps
-        /// aside, which are each store's token ids as rmpv reads them; the same bytes
+        /// One pass reads what rmpv reads: the same tree but for the token ids and hashes
+        /// it keeps aside, which are each event's as rmpv reads them; the same bytes
         /// left over; an error where rmpv has one.
         #[test]
         fn one_pass_reads_what_rmpv_reads(v in arb_payload(), tail in proptest::collection::vec(any::<u8>(), 0..3)) {
@@ -385,8 +538,9 @@ mod tests {
             match (read(&bytes, 16), reference) {
                 (Ok((got, rest)), Ok(want)) => {
                     prop_assert_eq!(rest, rd);
-                    prop_assert_eq!(&got.tokens, &expected_tokens(&want));
-                    prop_assert_eq!(&got.value, &without_tokens(&want, &got.tokens));
+                    let (tree, aside) = aside_of(&want);
+                    prop_assert_eq!(&got.aside, &aside);
+                    prop_assert_eq!(&got.value, &tree);
                 }
                 (Err(_), Err(_)) => {}
                 (got, want) => prop_assert!(false, "{:?} vs {:?}", got.map(|r| r.0.value), want),
@@ -420,19 +574,26 @@ mod tests {
         for bytes in cases {
             let mut r = Reader {
                 rd: bytes,
-                tokens: Vec::new(),
+                aside: Vec::new(),
                 max_depth: 16,
             };
             let mut rd = bytes;
-            let want = rmpv::decode::read_value(&mut rd)
-                .ok()
-                .and_then(|v| v.as_u64());
+            let value = rmpv::decode::read_value(&mut rd).ok();
+            let want = value.as_ref().and_then(|v| v.as_u64());
             assert_eq!(r.uint(), want, "{bytes:02x?}");
             assert_eq!(
                 r.rd.is_empty(),
                 want.is_some(),
                 "{bytes:02x?}: consumed when read"
             );
+            let mut r = Reader {
+                rd: bytes,
+                aside: Vec::new(),
+                max_depth: 16,
+            };
+            let key = value.as_ref().and_then(hash_key);
+            assert_eq!(r.int_bits(), key, "{bytes:02x?}: as a hash");
+            assert_eq!(r.rd.is_empty(), key.is_some(), "{bytes:02x?}");
         }
     }
 }

@@ -17,15 +17,13 @@
 use kvix_wire::chain::ExtraKey;
 use rmpv::Value;
 
-use crate::msgpack::{self, TokenIds};
-use xxhash_rust::xxh3::xxh3_64;
+use crate::msgpack::{self, Aside, Hashes};
+pub use crate::msgpack::{bytes_key, hash_key};
 
 /// Nesting deeper than this is not a vLLM payload (and would cost stack).
 const MAX_DEPTH: usize = 16;
 /// Data-parallel ranks above this are refused: each rank becomes a holder.
 pub const MAX_DP_RANK: u32 = 1023;
-/// Longest raw hash accepted, in bytes.
-const MAX_HASH_BYTES: usize = 64;
 
 /// Where a block lives, as the engine reports it (`None` in vLLM means GPU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -186,7 +184,7 @@ pub fn decode(payload: &[u8]) -> Result<Batch, DecodeError> {
     if !rest.is_empty() {
         return Err(DecodeError::Trailing(rest.len()));
     }
-    batch(&read.value, read.tokens)
+    batch(&read.value, read.aside)
 }
 
 fn shape(v: &Value) -> &'static str {
@@ -228,8 +226,8 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// The batch in `v`; `tokens` holds its events' token ids, read aside.
-fn batch(v: &Value, mut tokens: Vec<Option<TokenIds>>) -> Result<Batch, DecodeError> {
+/// The batch in `v`; `aside` holds what its events' token ids and hashes were read into.
+fn batch(v: &Value, mut aside: Vec<Aside>) -> Result<Batch, DecodeError> {
     let fields = match v {
         Value::Array(items) => Fields::Array(items),
         Value::Map(pairs) => Fields::Map(pairs),
@@ -265,8 +263,8 @@ fn batch(v: &Value, mut tokens: Vec<Option<TokenIds>>) -> Result<Batch, DecodeEr
         .iter()
         .enumerate()
         .map(|(index, e)| {
-            let ids = tokens.get_mut(index).and_then(Option::take);
-            event(e, ids).map_err(|what| DecodeError::Event {
+            let read = aside.get_mut(index).map(std::mem::take).unwrap_or_default();
+            event(e, read).map_err(|what| DecodeError::Event {
                 index,
                 what: Box::new(what),
             })
@@ -279,7 +277,7 @@ fn batch(v: &Value, mut tokens: Vec<Option<TokenIds>>) -> Result<Batch, DecodeEr
     })
 }
 
-fn event(v: &Value, ids: Option<TokenIds>) -> Result<EngineEvent, DecodeError> {
+fn event(v: &Value, aside: Aside) -> Result<EngineEvent, DecodeError> {
     let (tag, fields) = match v {
         Value::Array(items) => match items.split_first() {
             Some((Value::String(tag), rest)) => (tag.as_str(), Fields::Array(rest)),
@@ -299,9 +297,9 @@ fn event(v: &Value, ids: Option<TokenIds>) -> Result<EngineEvent, DecodeError> {
     };
     let tag = tag.ok_or(DecodeError::EventShape("tagged with invalid UTF-8"))?;
     match tag {
-        "BlockStored" => stored(&fields, ids).map(EngineEvent::Stored),
+        "BlockStored" => stored(&fields, aside).map(EngineEvent::Stored),
         "BlockRemoved" => Ok(EngineEvent::Removed(Removed {
-            block_hashes: hashes(fields.required(0, "block_hashes")?, "block_hashes")?,
+            block_hashes: hashes(fields.required(0, "block_hashes")?, aside.hashes)?,
             medium: Medium::parse(fields.get(1, "medium"))?,
             group_idx: opt_u32(fields.get(2, "group_idx"), "group_idx")?.unwrap_or(0),
         })),
@@ -310,7 +308,7 @@ fn event(v: &Value, ids: Option<TokenIds>) -> Result<EngineEvent, DecodeError> {
     }
 }
 
-fn stored(f: &Fields<'_>, ids: Option<TokenIds>) -> Result<Stored, DecodeError> {
+fn stored(f: &Fields<'_>, aside: Aside) -> Result<Stored, DecodeError> {
     let parent = match f.required(1, "parent_block_hash")? {
         Value::Nil => None,
         v => Some(hash_key(v).ok_or(DecodeError::field(
@@ -319,7 +317,7 @@ fn stored(f: &Fields<'_>, ids: Option<TokenIds>) -> Result<Stored, DecodeError> 
         ))?),
     };
     // Token ids are read aside in the one pass (msgpack.rs) wherever they are an array.
-    let ids = match (f.required(2, "token_ids")?, ids) {
+    let ids = match (f.required(2, "token_ids")?, aside.tokens) {
         (Value::Array(_), Some(ids)) => ids,
         _ => return Err(DecodeError::field("token_ids", "an array")),
     };
@@ -347,7 +345,7 @@ fn stored(f: &Fields<'_>, ids: Option<TokenIds>) -> Result<Stored, DecodeError> 
         ),
         Some(_) => return Err(DecodeError::field("lora_name", "nil or a string")),
     };
-    let block_hashes = hashes(f.required(0, "block_hashes")?, "block_hashes")?;
+    let block_hashes = hashes(f.required(0, "block_hashes")?, aside.hashes)?;
     let (extras, vllm_salt) = extra_keys(
         f.get(7, "extra_keys"),
         block_hashes.len(),
@@ -475,38 +473,18 @@ fn opt_u32(v: Option<&Value>, field: &'static str) -> Result<Option<u32>, Decode
     }
 }
 
-fn hashes(v: &Value, field: &'static str) -> Result<Vec<u64>, DecodeError> {
-    let Value::Array(items) = v else {
-        return Err(DecodeError::field(field, "an array"));
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(index, h)| match hash_key(h) {
-            Some(h) => Ok(h),
-            None => Err(DecodeError::Item {
-                field,
-                index,
-                want: "an integer or raw bytes",
-            }),
-        })
-        .collect()
-}
-
-/// An engine block hash as a u64 key: ints as their 64-bit two's complement (so a
-/// negative i64 and the u64 with the same bits are one key), raw bytes (1 to 64 of
-/// them; sha256 gives 32) through xxh3.
-pub fn hash_key(v: &Value) -> Option<u64> {
-    match v {
-        Value::Integer(i) => i.as_u64().or_else(|| i.as_i64().map(|n| n as u64)),
-        Value::Binary(b) if !b.is_empty() && b.len() <= MAX_HASH_BYTES => Some(bytes_key(b)),
-        _ => None,
+/// An event's block hashes: read aside in the one pass (msgpack.rs) wherever they are
+/// an array.
+fn hashes(v: &Value, aside: Option<Hashes>) -> Result<Vec<u64>, DecodeError> {
+    let field = "block_hashes";
+    match (v, aside) {
+        (Value::Array(_), Some(hashes)) => hashes.map_err(|index| DecodeError::Item {
+            field,
+            index,
+            want: "an integer or raw bytes",
+        }),
+        _ => Err(DecodeError::field(field, "an array")),
     }
-}
-
-/// The key of a raw-bytes engine hash.
-pub fn bytes_key(b: &[u8]) -> u64 {
-    xxh3_64(b)
 }
 
 #[cfg(test)]
