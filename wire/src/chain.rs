@@ -5,9 +5,10 @@
 //! reuse it). Any change here bumps [`CHAIN_HASH_VERSION`] and the protocol version:
 //! `tests/golden.rs` pins it.
 
-/// The chain hash function's version. Protocol versions 1 to 3 share chain hash 1
-/// (version 2 changed only the layout of `Event::Stored`, version 3 added error codes;
-/// extra keys ([`mix_extra`]) change no hash of a block without them).
+/// The chain hash function's version. Protocol versions 1 to 4 share chain hash 1
+/// (version 2 changed only the layout of `Event::Stored`, version 3 added error codes,
+/// version 4 fields of `Answer` and `Roster`; extra keys ([`mix_extra`]) change no hash
+/// of a block without them).
 pub const CHAIN_HASH_VERSION: u16 = 1;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
