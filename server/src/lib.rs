@@ -21,6 +21,7 @@ pub mod failure;
 pub mod handler;
 pub mod http;
 pub mod ingest;
+pub mod latch;
 pub mod listener;
 pub mod mesh;
 pub mod metrics;

@@ -36,37 +36,9 @@ pub(crate) struct Shared {
     /// The write-ahead log's records, replayed by executor 0 before anyone is served.
     pub(crate) replay: std::sync::Mutex<Vec<write::Write>>,
     /// Set by executor 0 once the snapshot and the log are in: then connections are taken.
-    pub(crate) restored_all: Latch,
+    pub(crate) restored_all: crate::latch::Latch,
     /// Set by executor 0 once the shutdown snapshot is written; peers serve it until then.
-    pub(crate) snapshot_done: Latch,
-}
-
-/// A one-time event that executors (threads of their own) wait for without polling.
-pub(crate) struct Latch {
-    set: std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>,
-    done: futures::future::Shared<futures::channel::oneshot::Receiver<()>>,
-}
-
-impl Latch {
-    pub(crate) fn new() -> Self {
-        use futures::FutureExt;
-        let (tx, rx) = futures::channel::oneshot::channel();
-        Latch {
-            set: std::sync::Mutex::new(Some(tx)),
-            done: rx.shared(),
-        }
-    }
-
-    pub(crate) fn set(&self) {
-        let tx = self.set.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(tx) = tx {
-            let _ = tx.send(());
-        }
-    }
-
-    pub(crate) async fn wait(&self) {
-        let _ = self.done.clone().await;
-    }
+    pub(crate) snapshot_done: crate::latch::Latch,
 }
 
 /// An executor stopped because a peer could not start (the peer says why).
@@ -303,9 +275,16 @@ pub(crate) async fn serve(
     if me == 0 {
         finish_restore(&ex, &shared).await;
         if let Some(r) = ex.replica() {
-            // A replica serves once it has applied the log as far as it went at start.
-            while !r.caught_up.load(Ordering::Relaxed) && !shared.stop.load(Ordering::Relaxed) {
-                glommio::timer::sleep(Duration::from_millis(5)).await;
+            // A replica serves once it has applied the log as far as it went at start
+            // (or stops, if told to before).
+            let mut caught_up = std::pin::pin!(r.first_caught_up.wait());
+            while !shared.stop.load(Ordering::Relaxed) {
+                let tick = std::pin::pin!(glommio::timer::sleep(Duration::from_millis(50)));
+                if let futures::future::Either::Left(_) =
+                    futures::future::select(caught_up.as_mut(), tick).await
+                {
+                    break;
+                }
             }
         }
         shared.restored_all.set();

@@ -174,7 +174,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         ready: StartGate::new(executors),
         serving: std::sync::Barrier::new(executors),
         restored,
-        snapshot_done: serve::Latch::new(),
+        snapshot_done: crate::latch::Latch::new(),
         services: executor::Services {
             ingest: ingest.clone(),
             wal,
@@ -185,7 +185,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         },
         log_inboxes: std::sync::Mutex::new(log_receivers.into_iter().map(Some).collect()),
         replay: std::sync::Mutex::new(replay),
-        restored_all: serve::Latch::new(),
+        restored_all: crate::latch::Latch::new(),
     });
     let config = shared.config.clone();
     let mesh = mesh::builder::<Executor>(executors);

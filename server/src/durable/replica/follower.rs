@@ -239,6 +239,7 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
         {
             tracing::info!(%position, "caught up with the write log");
             r.caught_up.store(true, Relaxed);
+            r.first_caught_up.set();
         }
     }
 }

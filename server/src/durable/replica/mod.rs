@@ -199,8 +199,11 @@ pub struct Replica {
     pending: Mutex<HashMap<u64, Waiter>>,
     next_token: AtomicU64,
     snapshot_request: Mutex<Option<oneshot::Sender<Mark>>>,
-    /// Set once the follower passed the stream's end as it was at start.
+    /// Set once the follower passed the stream's end as it was at start (and cleared
+    /// when it stops following).
     pub caught_up: AtomicBool,
+    /// Set the first time `caught_up` is: what the start waits for before serving.
+    pub first_caught_up: crate::latch::Latch,
     /// The log's generation this replica follows.
     pub generation: String,
     /// Why this replica stopped following the log for good, and in words: it refuses
@@ -232,6 +235,7 @@ impl Replica {
             next_token: AtomicU64::new(1),
             snapshot_request: Mutex::new(None),
             caught_up: AtomicBool::new(false),
+            first_caught_up: crate::latch::Latch::new(),
             generation,
             broken: Mutex::new(None),
             metrics: ReplicaMetrics::default(),
