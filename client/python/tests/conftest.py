@@ -24,7 +24,11 @@ def _server_bin():
         p = os.path.join(ROOT, "target", profile, "kvix-server")
         if os.path.exists(p):
             return p
-    reason = "no kvix-server binary: run `cargo build -p kvix-server` or set KVIX_SERVER_BIN"
+    _missing("no kvix-server binary: run `cargo build -p kvix-server` or set KVIX_SERVER_BIN")
+
+
+def _missing(reason):
+    """A part the suite needs is missing: skipped with the reason, failed under CI."""
     if os.environ.get("CI") == "true":
         pytest.fail(reason)
     pytest.skip(reason)
@@ -119,3 +123,13 @@ def dead_addr():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield "127.0.0.1:%d" % s.getsockname()[1]
+
+
+@pytest.fixture
+def tls_dir():
+    """Certificates made by server/tests/python.rs (rcgen): ca.pem, other-ca.pem,
+    server.pem, server.key (for 127.0.0.1)."""
+    d = os.environ.get("KVIX_TLS_DIR")
+    if not d:
+        _missing("no KVIX_TLS_DIR: run the suite through `cargo test -p kvix-server --test python`")
+    return d

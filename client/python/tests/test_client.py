@@ -717,20 +717,8 @@ def test_the_prometheus_collector_exports_the_counters(server):
     assert "kvix_client_writes_refused_total{gateway=\"g1\"} " not in text
 
 
-def _tls_dir():
-    """Certificates made by server/tests/python.rs (rcgen): ca.pem, other-ca.pem,
-    server.pem, server.key (for 127.0.0.1)."""
-    d = os.environ.get("KVIX_TLS_DIR")
-    if d:
-        return d
-    reason = "no KVIX_TLS_DIR: run the suite through `cargo test -p kvix-server --test python`"
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-def test_tls_to_a_tls_port_and_a_clear_error_for_an_untrusted_certificate(start_server):
-    d = _tls_dir()
+def test_tls_to_a_tls_port_and_a_clear_error_for_an_untrusted_certificate(start_server, tls_dir):
+    d = tls_dir  # server/tests/python.rs makes the certificates (rcgen)
     s = start_server("--tls-cert", os.path.join(d, "server.pem"),
                      "--tls-key", os.path.join(d, "server.key"))
     c = kvix.Client(s.addr, tls_ca=os.path.join(d, "ca.pem"), deadline_ms=SLOW)
