@@ -81,7 +81,12 @@ pub fn prepare(events: &[Ev]) -> Prepared {
                 events: vec![EngineEvent::Stored(stored)],
                 dp_rank: 0,
             };
-            let bytes = msgpack(&batch);
+            // vLLM 0.9's arrays by default; KVIX_PEER_VLLM=0.34: its tagged maps
+            // (kvix_events::encode, checked against the real 0.34 publisher).
+            let bytes = match std::env::var("KVIX_PEER_VLLM").as_deref() {
+                Ok("0.34") => kvix_events::encode::vllm_batch(&batch),
+                _ => msgpack(&batch),
+            };
             out.push((*worker, batch, bytes));
         }
     }

@@ -45,7 +45,9 @@ const HELP: &str = r#"kvix-peer-bench: kvix-engine vs dynamo-kv-router 1.6.1, sa
                  dynamo-decode (from the same bytes: Dynamo's decode and
                  normalization, then its apply);
                  KVIX_PEER_WORKLOAD=decode loads the 1-block fleet instead,
-                 KVIX_PEER_WORKLOAD=mooncake the trace
+                 KVIX_PEER_WORKLOAD=mooncake the trace; KVIX_PEER_VLLM=0.34
+                 encodes the bytes as vLLM 0.34 does (tagged maps; default:
+                 vLLM 0.9's arrays)
 "#;
 
 struct Args {
