@@ -9,6 +9,7 @@
 //! [`encode`] writes a batch as vLLM does, for mock engines.
 
 pub mod encode;
+mod known;
 mod msgpack;
 pub mod payload;
 mod pending;

@@ -272,7 +272,7 @@ impl Reader<'_> {
     /// The integer that comes next, read, as its 64-bit two's complement (as
     /// [`hash_key`] takes it); nothing read if it is not one.
     fn int_bits(&mut self) -> Option<u64> {
-        let (len, bits, _) = self.next_int()?;
+        let (len, bits, _) = next_int(self.rd)?;
         self.rd = &self.rd[len..];
         Some(bits)
     }
@@ -280,7 +280,7 @@ impl Reader<'_> {
     /// The integer that comes next, read, if it is one in 0..2^64 (as
     /// `Value::as_u64`); nothing read otherwise.
     fn uint(&mut self) -> Option<u64> {
-        match self.next_int()? {
+        match next_int(self.rd)? {
             (_, _, true) => None,
             (len, v, false) => {
                 self.rd = &self.rd[len..];
@@ -288,38 +288,37 @@ impl Reader<'_> {
             }
         }
     }
+}
 
-    /// The integer that comes next (not read): its length in bytes, its 64-bit two's
-    /// complement, and whether it is negative.
-    fn next_int(&self) -> Option<(usize, u64, bool)> {
-        let b = self.rd;
-        let be = |n: usize| {
-            b.get(1..1 + n)
-                .map(|x| x.iter().fold(0u64, |a, &y| a << 8 | u64::from(y)))
-        };
-        let unsigned = |v: Option<u64>| v.map(|v| (v, false));
-        let signed = |v: Option<u64>, bits: u32| {
-            v.map(|v| {
-                let v = ((v << (64 - bits)) as i64) >> (64 - bits);
-                (v as u64, v < 0)
-            })
-        };
-        let (len, v) = match Marker::from_u8(*b.first()?) {
-            Marker::FixPos(n) => (1, Some((u64::from(n), false))),
-            Marker::FixNeg(n) => (1, Some((i64::from(n) as u64, true))),
-            Marker::U8 => (2, unsigned(be(1))),
-            Marker::U16 => (3, unsigned(be(2))),
-            Marker::U32 => (5, unsigned(be(4))),
-            Marker::U64 => (9, unsigned(be(8))),
-            Marker::I8 => (2, signed(be(1), 8)),
-            Marker::I16 => (3, signed(be(2), 16)),
-            Marker::I32 => (5, signed(be(4), 32)),
-            Marker::I64 => (9, signed(be(8), 64)),
-            _ => return None,
-        };
-        let (bits, negative) = v?;
-        Some((len, bits, negative))
-    }
+/// The integer that comes next (not read): its length in bytes, its 64-bit two's
+/// complement, and whether it is negative.
+pub fn next_int(b: &[u8]) -> Option<(usize, u64, bool)> {
+    let be = |n: usize| {
+        b.get(1..1 + n)
+            .map(|x| x.iter().fold(0u64, |a, &y| a << 8 | u64::from(y)))
+    };
+    let unsigned = |v: Option<u64>| v.map(|v| (v, false));
+    let signed = |v: Option<u64>, bits: u32| {
+        v.map(|v| {
+            let v = ((v << (64 - bits)) as i64) >> (64 - bits);
+            (v as u64, v < 0)
+        })
+    };
+    let (len, v) = match Marker::from_u8(*b.first()?) {
+        Marker::FixPos(n) => (1, Some((u64::from(n), false))),
+        Marker::FixNeg(n) => (1, Some((i64::from(n) as u64, true))),
+        Marker::U8 => (2, unsigned(be(1))),
+        Marker::U16 => (3, unsigned(be(2))),
+        Marker::U32 => (5, unsigned(be(4))),
+        Marker::U64 => (9, unsigned(be(8))),
+        Marker::I8 => (2, signed(be(1), 8)),
+        Marker::I16 => (3, signed(be(2), 16)),
+        Marker::I32 => (5, signed(be(4), 32)),
+        Marker::I64 => (9, signed(be(8), 64)),
+        _ => return None,
+    };
+    let (bits, negative) = v?;
+    Some((len, bits, negative))
 }
 
 #[cfg(test)]

@@ -180,6 +180,15 @@ impl DecodeError {
 
 /// Decodes one payload (the third frame of a PUB message, or a replayed one).
 pub fn decode(payload: &[u8]) -> Result<Batch, DecodeError> {
+    // The engines' common shapes without a tree; the rest (and every error) here.
+    if let Some(batch) = crate::known::batch(payload) {
+        return Ok(batch);
+    }
+    decode_general(payload)
+}
+
+/// [`decode`] through the `Value` tree, whatever the payload.
+fn decode_general(payload: &[u8]) -> Result<Batch, DecodeError> {
     let (read, rest) = msgpack::read(payload, MAX_DEPTH).map_err(DecodeError::Msgpack)?;
     if !rest.is_empty() {
         return Err(DecodeError::Trailing(rest.len()));
@@ -847,6 +856,166 @@ mod tests {
             prop_assert_eq!(st.group_idx, group);
             let want = match medium { None | Some("GPU") => Medium::Gpu, Some("CPU") => Medium::Cpu, _ => Medium::Other };
             prop_assert_eq!(st.medium, want);
+        }
+    }
+
+    /// A field value: what engines send there, or something else.
+    fn arb_field(good: Value) -> impl Strategy<Value = Value> {
+        prop_oneof![
+            24 => Just(good),
+            1 => Just(Value::Nil),
+            1 => any::<i64>().prop_map(Value::from),
+            1 => any::<u64>().prop_map(Value::from),
+            1 => ".{0,6}".prop_map(Value::from),
+            1 => proptest::collection::vec(any::<u8>(), 0..70).prop_map(Value::Binary),
+            1 => Just(Value::Array(vec![Value::from(1u8), Value::from(2u8)])),
+        ]
+    }
+
+    /// Events as engines send them (tagged arrays and maps), with any field now and then
+    /// something else, keys dropped, doubled or unknown.
+    fn arb_event() -> impl Strategy<Value = Value> {
+        let hashes = proptest::collection::vec(arb_hash(), 0..5)
+            .prop_map(|h| Value::Array(h.into_iter().map(|(v, _)| v).collect()));
+        let tokens = proptest::collection::vec(
+            prop_oneof![
+                200 => any::<u32>().prop_map(Value::from),
+                1 => (0u64..1 << 40).prop_map(Value::from)
+            ],
+            0..40,
+        )
+        .prop_map(Value::Array);
+        let tag = prop_oneof![
+            4 => Just("BlockStored"),
+            2 => Just("BlockRemoved"),
+            1 => Just("AllBlocksCleared"),
+            1 => Just("Other")
+        ];
+        (
+            tag,
+            hashes.prop_flat_map(arb_field),
+            prop_oneof![Just(Value::Nil), arb_hash().prop_map(|(v, _)| v)].prop_flat_map(arb_field),
+            tokens.prop_flat_map(arb_field),
+            arb_field(Value::from(16u32)),
+            prop_oneof![Just(Value::Nil), any::<i64>().prop_map(Value::from)]
+                .prop_flat_map(arb_field),
+            prop_oneof![Just("GPU"), Just("cpu"), Just("CUDA"), Just("DISK")]
+                .prop_flat_map(|m| arb_field(Value::from(m))),
+            arb_field(Value::Nil),
+            arb_field(Value::from(1u32)),
+            (
+                any::<bool>(),
+                prop_oneof![3 => Just(14usize), 1 => 0usize..14],
+                proptest::bool::weighted(0.15),
+                proptest::bool::weighted(0.15),
+            ),
+        )
+            .prop_map(
+                |(tag, h, p, t, b, lora, m, lname, g, (as_map, keep, twice, odd))| {
+                    let fields: Vec<(&str, Value)> = match tag {
+                        "BlockRemoved" => {
+                            vec![("block_hashes", h), ("medium", m), ("group_idx", g)]
+                        }
+                        "AllBlocksCleared" | "Other" => vec![],
+                        _ => vec![
+                            ("block_hashes", h),
+                            ("parent_block_hash", p),
+                            ("token_ids", t),
+                            ("block_size", b),
+                            ("lora_id", lora),
+                            ("medium", m),
+                            ("lora_name", lname),
+                            ("extra_keys", Value::Nil),
+                            ("group_idx", g),
+                            ("kv_cache_spec_kind", Value::Nil),
+                            ("kv_cache_spec_sliding_window", Value::Nil),
+                        ],
+                    };
+                    let keep = keep.min(fields.len());
+                    if as_map {
+                        let mut pairs = vec![(s("type"), s(tag))];
+                        pairs.extend(fields.iter().take(keep).map(|(k, v)| (s(k), v.clone())));
+                        if twice {
+                            if let Some((k, v)) = fields.first() {
+                                pairs.push((s(k), v.clone()));
+                            }
+                        }
+                        if odd {
+                            pairs.push((s("odd"), Value::Nil));
+                        }
+                        Value::Map(pairs)
+                    } else {
+                        let mut items = vec![s(tag)];
+                        items.extend(fields.into_iter().take(keep).map(|(_, v)| v));
+                        if odd {
+                            items.push(Value::Nil);
+                        }
+                        Value::Array(items)
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Where the tree-less reader (known.rs) gives a batch, it is the one the general
+        /// reader gives: engine-shaped batches with odd fields, keys and ranks, and the
+        /// same bytes broken.
+        #[test]
+        fn the_treeless_reader_agrees_with_the_general_one(
+            events in proptest::collection::vec(arb_event(), 1..4),
+            ts in prop_oneof![3 => Just(Value::F64(2.5)), 1 => Just(Value::F64(f64::NAN)), 1 => Just(Value::from(-3i64)), 1 => Just(Value::F32(1.5))],
+            rank in prop_oneof![1 => Just(Value::Nil), 3 => (0u64..1100).prop_map(Value::from), 1 => Just(Value::from(-1i64))],
+            fields in prop_oneof![4 => Just(3usize), 1 => 1usize..5],
+            flips in prop_oneof![
+                3 => Just(Vec::new()),
+                1 => proptest::collection::vec((any::<usize>(), any::<u8>()), 1..3)
+            ],
+            tail in prop_oneof![3 => Just(Vec::new()), 1 => proptest::collection::vec(any::<u8>(), 1..2)],
+        ) {
+            let items = [ts, Value::Array(events), rank, Value::Nil];
+            let mut bytes = enc(&Value::Array(items[..fields].to_vec()));
+            for (at, b) in flips {
+                let n = bytes.len();
+                bytes[at % n] = b;
+            }
+            bytes.extend_from_slice(&tail);
+            if let Some(fast) = crate::known::batch(&bytes) {
+                prop_assert_eq!(Some(fast), decode_general(&bytes).ok());
+            }
+        }
+
+        /// What a plain engine publishes (vLLM 0.34's encoding: `encode::vllm_batch`)
+        /// takes the tree-less reader, whole.
+        #[test]
+        fn plain_batches_take_the_treeless_reader(
+            stores in proptest::collection::vec(
+                (proptest::collection::vec(any::<u64>(), 1..5), proptest::option::of(any::<u64>()), 1u32..4, 0u32..3, any::<bool>(), proptest::option::of(any::<i64>())),
+                0..4,
+            ),
+            removed in proptest::collection::vec(any::<u64>(), 0..4),
+            rank in 0u32..8,
+        ) {
+            let mut events: Vec<EngineEvent> = stores
+                .into_iter()
+                .map(|(hashes, parent, block, group, cpu, lora_id)| {
+                    let tokens = (0..hashes.len() as u32 * block).collect();
+                    let mut st = Stored::plain(hashes, parent, tokens, block);
+                    st.group_idx = group;
+                    st.lora_id = lora_id;
+                    if cpu {
+                        st.medium = Medium::Cpu;
+                    }
+                    EngineEvent::Stored(st)
+                })
+                .collect();
+            events.push(EngineEvent::Removed(Removed { block_hashes: removed, medium: Medium::Gpu, group_idx: 0 }));
+            events.push(EngineEvent::Cleared);
+            let batch = Batch { ts: 7.25, events, dp_rank: rank };
+            let bytes = crate::encode::vllm_batch(&batch);
+            prop_assert_eq!(crate::known::batch(&bytes), Some(batch.clone()));
+            prop_assert_eq!(decode_general(&bytes), Ok(batch));
         }
     }
 }
