@@ -170,8 +170,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 /// A failed TLS handshake: counted, and logged at 1, 2, 4, ... failures with its cause
 /// (a client speaking plain kvix to a TLS port fails here too).
 fn tls_failed(ex: &Executor, peer: Option<IpAddr>, e: &std::io::Error) {
-    let total = ex.metrics().tls_failures.fetch_add(1, Relaxed) + 1;
-    if total.is_power_of_two() {
+    if let Some(total) = crate::loud::count_loudly(&ex.metrics().tls_failures) {
         tracing::warn!(
             ?peer,
             "TLS handshake failed ({total} so far on this executor): {e}"

@@ -23,6 +23,7 @@ pub mod http;
 pub mod ingest;
 pub mod latch;
 pub mod listener;
+pub mod loud;
 pub mod mesh;
 pub mod metrics;
 pub mod rlimit;

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -22,6 +22,7 @@ use super::context::{Context, SOCKETS_PER_SOURCE};
 use super::socket::{Backoff, Link, ReplayCall, Subscription};
 use super::{SourceSpec, METRICS};
 use crate::durable::write::Write;
+use crate::loud::count_loudly;
 use kvix_events::stream::{Ask, Delivery, LastBatch, Stream, Tally};
 
 /// How long a thread waits in `zmq_poll` before it looks at its commands again.
@@ -726,13 +727,6 @@ impl IngestThread {
         }
         true
     }
-}
-
-/// Counts one more of what `counter` counts; the count when it is the 1st, 2nd, 4th,
-/// 8th, ...: when a WARN line names it, so that a flood is logged without a line each.
-fn count_loudly(counter: &AtomicU64) -> Option<u64> {
-    let n = counter.fetch_add(1, Relaxed) + 1;
-    n.is_power_of_two().then_some(n)
 }
 
 /// Notes whether a bound stream's engine is connected; a change is handed to the stream.
