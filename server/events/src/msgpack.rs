@@ -204,59 +204,60 @@ impl Reader<'_> {
     /// An array of block hashes into the event's entry of [`Reader::aside`], an empty
     /// array in its place; anything else as a value.
     fn block_hashes(&mut self) -> Result<Value, String> {
-        let Some(n) = self.header(false, 3)? else {
-            return self.value(3);
-        };
-        // Each hash takes a byte at least: a header cannot reserve more than the payload holds.
-        let mut keys = Vec::with_capacity(n.min(self.rd.len()));
-        let mut bad = None;
-        for index in 0..n {
-            let key = match self.int_bits() {
-                Some(k) => Some(k),
-                None => hash_key(&self.value(4)?),
-            };
-            match key {
-                Some(k) if bad.is_none() => keys.push(k),
-                Some(_) => {}
-                None => {
-                    bad.get_or_insert(index);
-                }
-            }
-        }
-        if let Some(entry) = self.aside.last_mut() {
-            entry.hashes = Some(bad.map_or(Ok(keys), Err));
-        }
-        Ok(Value::Array(Vec::new()))
+        self.read_aside(
+            |r| match r.int_bits() {
+                Some(k) => Ok(Some(k)),
+                None => Ok(hash_key(&r.value(4)?)),
+            },
+            |entry, hashes| entry.hashes = Some(hashes),
+        )
     }
 
-    /// An array of token ids into the event's entry of [`Reader::tokens`], an empty
+    /// An array of token ids into the event's entry of [`Reader::aside`], an empty
     /// array in its place; anything else as a value.
     fn token_ids(&mut self) -> Result<Value, String> {
+        self.read_aside(
+            |r| {
+                let id = match r.uint() {
+                    Some(t) => Some(t),
+                    None if r.marker() == Some(Marker::FixArray(2)) && r.max_depth > 5 => {
+                        r.rd = &r.rd[1..];
+                        let first = r.uint();
+                        if first.is_none() {
+                            r.value(5)?;
+                        }
+                        r.value(5)?;
+                        first
+                    }
+                    None => {
+                        r.value(4)?;
+                        None
+                    }
+                };
+                Ok(id.and_then(|t| u32::try_from(t).ok()))
+            },
+            |entry, ids| entry.tokens = Some(ids),
+        )
+    }
+
+    /// An array (at depth 3) whose items `item` reads, each the value or None when it is
+    /// not one: kept by `keep` in the event's entry of [`Reader::aside`] as the values,
+    /// or the index of the first that is not one; an empty array in its place in the
+    /// tree. Anything but an array is read as a value.
+    fn read_aside<T>(
+        &mut self,
+        item: impl Fn(&mut Self) -> Result<Option<T>, String>,
+        keep: impl FnOnce(&mut Aside, Result<Vec<T>, usize>),
+    ) -> Result<Value, String> {
         let Some(n) = self.header(false, 3)? else {
             return self.value(3);
         };
-        // Each id takes a byte at least: a header cannot reserve more than the payload holds.
-        let mut ids = Vec::with_capacity(n.min(self.rd.len()));
+        // Each item takes a byte at least: a header cannot reserve more than the payload holds.
+        let mut items = Vec::with_capacity(n.min(self.rd.len()));
         let mut bad = None;
         for index in 0..n {
-            let id = match self.uint() {
-                Some(t) => Some(t),
-                None if self.marker() == Some(Marker::FixArray(2)) && self.max_depth > 5 => {
-                    self.rd = &self.rd[1..];
-                    let first = self.uint();
-                    if first.is_none() {
-                        self.value(5)?;
-                    }
-                    self.value(5)?;
-                    first
-                }
-                None => {
-                    self.value(4)?;
-                    None
-                }
-            };
-            match id.and_then(|t| u32::try_from(t).ok()) {
-                Some(t) if bad.is_none() => ids.push(t),
+            match item(self)? {
+                Some(v) if bad.is_none() => items.push(v),
                 Some(_) => {}
                 None => {
                     bad.get_or_insert(index);
@@ -264,7 +265,7 @@ impl Reader<'_> {
             }
         }
         if let Some(entry) = self.aside.last_mut() {
-            entry.tokens = Some(bad.map_or(Ok(ids), Err));
+            keep(entry, bad.map_or(Ok(items), Err));
         }
         Ok(Value::Array(Vec::new()))
     }
