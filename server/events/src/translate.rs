@@ -611,6 +611,10 @@ fn push(out: &mut Vec<Group>, ks: u32, event: Event) {
 /// removal is cut likewise.
 pub fn steps(events: Vec<EngineEvent>, blocks: usize) -> Vec<Vec<EngineEvent>> {
     let blocks = blocks.max(1);
+    // Most batches are one step: taken as they are, not moved event by event.
+    if !events.is_empty() && events.iter().map(weight).sum::<usize>() <= blocks {
+        return vec![events];
+    }
     let (mut out, mut step, mut filled) = (Vec::new(), Vec::new(), 0);
     for mut ev in events {
         loop {
@@ -628,11 +632,7 @@ pub fn steps(events: Vec<EngineEvent>, blocks: usize) -> Vec<Vec<EngineEvent>> {
                 }
                 _ => None,
             };
-            filled += match &ev {
-                EngineEvent::Stored(st) => st.block_hashes.len().max(1),
-                EngineEvent::Removed(rm) => rm.block_hashes.len().max(1),
-                EngineEvent::Cleared | EngineEvent::Unknown(_) => 1,
-            };
+            filled += weight(&ev);
             step.push(ev);
             if filled >= blocks {
                 out.push(std::mem::take(&mut step));
@@ -648,6 +648,15 @@ pub fn steps(events: Vec<EngineEvent>, blocks: usize) -> Vec<Vec<EngineEvent>> {
         out.push(step);
     }
     out
+}
+
+/// What an event counts for in a step: its blocks, at least one.
+fn weight(ev: &EngineEvent) -> usize {
+    match ev {
+        EngineEvent::Stored(st) => st.block_hashes.len().max(1),
+        EngineEvent::Removed(rm) => rm.block_hashes.len().max(1),
+        EngineEvent::Cleared | EngineEvent::Unknown(_) => 1,
+    }
 }
 
 /// Whether a store can be cut: well formed and without extra keys.
