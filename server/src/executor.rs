@@ -355,7 +355,8 @@ impl Executor {
         candidates.extend(q.candidates.iter().map(|w| w.to_native()));
         let filter = (!q.candidates.is_empty()).then_some(&candidates[..]);
         let mut answer = self.answer.borrow_mut();
-        self.core.borrow_mut().query_into(
+        let mut core = self.core.borrow_mut();
+        core.query_into(
             ks,
             kvix_wire::u64s(&q.chain),
             filter,
@@ -364,7 +365,8 @@ impl Executor {
             &mut answer,
         );
         let a = &mut *answer;
-        a.reissued = self.core.borrow().roster().reissued();
+        a.reissued = core.roster().reissued();
+        drop(core);
         a.history_lost.clear();
         if LOST.any() {
             let lost = a
