@@ -291,16 +291,7 @@ impl<'a> Cursor<'a> {
         if self.nil() {
             return Some(Medium::Gpu);
         }
-        let m = str::from_utf8(self.str()?).ok()?;
-        Some(
-            if m.eq_ignore_ascii_case("gpu") || m.eq_ignore_ascii_case("cuda") {
-                Medium::Gpu
-            } else if m.eq_ignore_ascii_case("cpu") || m.eq_ignore_ascii_case("cpu_pinned") {
-                Medium::Cpu
-            } else {
-                Medium::Other
-            },
-        )
+        str::from_utf8(self.str()?).ok().map(Medium::named)
     }
 
     /// One field's value into `f`; None when it is not one this path takes (or was

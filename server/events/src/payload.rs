@@ -40,19 +40,22 @@ impl Medium {
     fn parse(v: Option<&Value>) -> Result<Medium, DecodeError> {
         match v {
             None | Some(Value::Nil) => Ok(Medium::Gpu),
-            Some(Value::String(s)) => Ok(match s.as_str() {
-                Some(m) if m.eq_ignore_ascii_case("gpu") || m.eq_ignore_ascii_case("cuda") => {
-                    Medium::Gpu
-                }
-                Some(m)
-                    if m.eq_ignore_ascii_case("cpu") || m.eq_ignore_ascii_case("cpu_pinned") =>
-                {
-                    Medium::Cpu
-                }
-                Some(_) => Medium::Other,
-                None => return Err(DecodeError::field("medium", "a UTF-8 string")),
-            }),
+            Some(Value::String(s)) => match s.as_str() {
+                Some(m) => Ok(Medium::named(m)),
+                None => Err(DecodeError::field("medium", "a UTF-8 string")),
+            },
             Some(_) => Err(DecodeError::field("medium", "a string or nil")),
+        }
+    }
+
+    /// The medium an engine's name for it stands for.
+    pub(crate) fn named(m: &str) -> Medium {
+        if m.eq_ignore_ascii_case("gpu") || m.eq_ignore_ascii_case("cuda") {
+            Medium::Gpu
+        } else if m.eq_ignore_ascii_case("cpu") || m.eq_ignore_ascii_case("cpu_pinned") {
+            Medium::Cpu
+        } else {
+            Medium::Other
         }
     }
 
