@@ -217,9 +217,11 @@ impl IndexTarget for InProcess {
     }
 
     fn place(&mut self, worker: u32, chain: &[u64], now_ms: u64) -> anyhow::Result<()> {
-        self.engine
-            .place(worker, self.ks, chain, now_ms)
-            .map_err(|e| anyhow::anyhow!("place: {e}"))
+        match self.engine.place(worker, self.ks, chain, now_ms) {
+            Ok(true) => Ok(()),
+            Ok(false) => anyhow::bail!("place: worker {worker} does not take placements"),
+            Err(e) => anyhow::bail!("place: {e}"),
+        }
     }
 }
 

@@ -314,9 +314,10 @@ pub fn run(cfg: &SimConfig, progress: &ProgressBar) -> anyhow::Result<LegResult>
                     Regime::Shared => {
                         apply(&mut engines[0], &mut seqs[w], w, &admitted.events(&chain))?
                     }
-                    Regime::Local => engines[g]
-                        .place(ids[w], ks, &chain, now / 1000)
-                        .map_err(|e| anyhow::anyhow!("place: {e}"))?,
+                    Regime::Local => {
+                        let placed = engines[g].place(ids[w], ks, &chain, now / 1000);
+                        anyhow::ensure!(placed.map_err(|e| anyhow::anyhow!("place: {e}"))?);
+                    }
                 }
                 area[w] += inflight[w] as f64 * (now - last_change[w]) as f64;
                 last_change[w] = now;

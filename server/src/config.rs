@@ -160,6 +160,17 @@ pub struct Config {
     #[arg(long, default_value_t = kvix_engine::MAX_WORKERS)]
     pub max_workers: u32,
 
+    /// Blocks gateways' placements may fill in per event-fed worker whose history is
+    /// lost (its engine may hold blocks its events will not report) until the engine's
+    /// clear makes it exact; 0: placements on event-fed workers are always passed over.
+    #[arg(long, default_value_t = 65_536)]
+    pub fill_in_blocks: u64,
+
+    /// Seconds a filled-in block is kept after it was last placed (0: until cut by
+    /// --fill-in-blocks).
+    #[arg(long, default_value_t = 300)]
+    pub fill_in_ttl: u64,
+
     /// Event sources (announces with a ZMQ endpoint) subscribed at most; further
     /// announces with a source are refused with TooManySources.
     #[arg(long, default_value_t = 1024)]

@@ -79,6 +79,10 @@ pub struct ExecutorMetrics {
     /// there ran out): taken as chain hashes of the batch's keyspace.
     pub unprobed_removals: AtomicU64,
     pub placements: AtomicU64,
+    /// Placements on event-fed workers: filling in for a lost history, or passed over
+    /// (the worker's events are exact, or it cannot take them).
+    pub placements_filled_in: AtomicU64,
+    pub placements_passed_over: AtomicU64,
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     /// Connections this executor accepted while full and handed to a peer with room.
@@ -182,7 +186,7 @@ pub fn render(
             })
             .collect(),
     );
-    let plain: [(&str, &str, &str, Field); 22] = [
+    let plain: [(&str, &str, &str, Field); 24] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -224,6 +228,18 @@ pub fn render(
             "Placements applied.",
             "counter",
             |s| &s.placements,
+        ),
+        (
+            "kvix_placements_filled_in_total",
+            "Placements on event-fed workers whose history is lost, filling in for what their events no longer report.",
+            "counter",
+            |s| &s.placements_filled_in,
+        ),
+        (
+            "kvix_placements_passed_over_total",
+            "Placements on event-fed workers passed over: their events are exact (or, for a hybrid roster or with --fill-in-blocks 0, they cannot fill in).",
+            "counter",
+            |s| &s.placements_passed_over,
         ),
         (
             "kvix_connections",

@@ -84,7 +84,10 @@ fn restore(
     executors: usize,
 ) -> anyhow::Result<(Core, Registry, IngestStates)> {
     let (mut core, mut registry, mut states) = (
-        Core::new(),
+        Core::new().with_fill_in(kvix_engine::FillIn {
+            capacity_blocks: shared.config.fill_in_blocks,
+            ttl_ms: shared.config.fill_in_ttl.saturating_mul(1000),
+        }),
         Registry::with_limit(shared.config.max_workers),
         IngestStates::default(),
     );

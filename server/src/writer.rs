@@ -67,7 +67,13 @@ pub async fn home_write(ex: Rc<Executor>, write: Write) -> Written<Result<Outcom
 pub async fn home_writes(ex: Rc<Executor>, writes: Vec<Write>) -> Written<Result<u64, Failure>> {
     let mut u = Update::new();
     let mut refused = 0;
-    for write in writes {
+    for mut write in writes {
+        // A fill-in leaves to a worker's events what this copy's index shows them
+        // holding: what came before it must be in the index, as when it was first taken.
+        // The peers apply updates in the order sent, so the last update's acks cover it.
+        if fills_in(&ex, &mut write) && !u.ops.is_empty() {
+            let _ = publish(&ex, std::mem::take(&mut u)).await;
+        }
         let mark = u.ops.mark();
         if feed_step(&ex, write, &mut u).await.is_err() {
             u.ops.truncate(mark);
@@ -77,6 +83,16 @@ pub async fn home_writes(ex: Rc<Executor>, writes: Vec<Write>) -> Written<Result
     Written {
         result: Ok(refused),
         acks: publish(&ex, u).await,
+    }
+}
+
+/// Whether `write` is a placement that fills in for a worker's lost history.
+fn fills_in(ex: &Executor, write: &mut Write) -> bool {
+    match write {
+        Write::Place { .. } => write
+            .home_worker()
+            .is_ok_and(|w| w.is_some_and(|w| ex.core().fills_in(w))),
+        _ => false,
     }
 }
 
@@ -301,13 +317,20 @@ async fn place(ex: &Executor, body: &Body, u: &mut Update) -> Result<(), Failure
             what: "a placement",
             source,
         })?;
-    ExecutorMetrics::add(&ex.metrics().placements, 1);
+    let m = ex.metrics();
+    ExecutorMetrics::add(&m.placements, 1);
     let ks = Ks {
         seed: p.keyspace.seed(ex.config().block_size),
         kind: p.keyspace.kind(),
     };
     let (worker, chain) = (p.worker.to_native(), kvix_wire::u64s(&p.chain));
-    let mut job = ex.core().start_placing(worker, ks, chain, ex.now_ms())?;
+    let Some(mut job) = ex.core().start_placing(worker, ks, chain, ex.now_ms())? else {
+        ExecutorMetrics::add(&m.placements_passed_over, 1);
+        return Ok(());
+    };
+    if ex.core().fills_in(worker) {
+        ExecutorMetrics::add(&m.placements_filled_in, 1);
+    }
     while !ex
         .core()
         .place_some(worker, ks, chain, &mut job, SLICE_BLOCKS, u)?

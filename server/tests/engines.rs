@@ -1166,6 +1166,18 @@ fn a_stream_past_its_replay_buffer_has_lost_its_history_until_the_engine_clears(
             panic!("{name}: {scored:?}");
         };
         assert!(scores[0].history_lost, "{name}: {scores:?}");
+        // A gateway's placement fills in what the events no longer report (the engine
+        // still holds prompt 0, stored before the buffer's reach) ...
+        assert!(gateway.publish_placement("late", &base, chain(&base, 0, 2)));
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 0, 2),
+            &[(w, 2)],
+            &format!("{name}: filled in"),
+        );
+        assert_eq!(c.query(&base, &chain(&base, 0, 1)).history_lost, vec![w]);
+        await_metric(&server, "kvix_placements_filled_in_total", 1);
         publisher.publish(vec![cleared(), rel.blocks(9, 0, 1, 1000)]);
         expect(
             &mut c,
@@ -1173,6 +1185,24 @@ fn a_stream_past_its_replay_buffer_has_lost_its_history_until_the_engine_clears(
             &chain(&base, 9, 1),
             &[(w, 1)],
             &format!("{name}: cleared"),
+        );
+        // ... until the engine's clear: the fill-in is gone with it, and placements on
+        // a worker whose events are exact are passed over.
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 0, 2),
+            &[],
+            &format!("{name}: the fill-in went with the clear"),
+        );
+        assert!(gateway.publish_placement("late", &base, chain(&base, 0, 2)));
+        await_metric(&server, "kvix_placements_passed_over_total", 1);
+        expect(
+            &mut c,
+            &base,
+            &chain(&base, 0, 2),
+            &[],
+            &format!("{name}: passed over"),
         );
         assert_eq!(
             server.metric("kvix_ingest_workers_history_lost"),

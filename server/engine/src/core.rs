@@ -12,15 +12,13 @@
 use kvix_wire::{ApplyStatus, WorkerId};
 
 use crate::error::{EngineError, IndexError};
-use crate::feed::{
-    ApplyReport, EventFeed, EventView, EventsJob, FeedState, PlacementFeed, Placing,
-};
+use crate::feed::{ApplyReport, EventFeed, EventView, EventsJob, FeedState, FillIn, Placing};
 use crate::index::BlockIndex;
 use crate::ops::{Cursor, Op, RosterChange, Update};
 use crate::query::Ranker;
 use crate::roster::{AnnounceOutcome, Roster, WorkerEntry};
 use crate::score::Answer;
-use crate::{FeedImage, Ks, RunImage, MAX_LANES};
+use crate::{FeedImage, Holder, Ks, RunImage, MAX_LANES};
 
 /// One executor's roster, home feeds, index and query scratch (see the module docs).
 pub struct Core {
@@ -29,6 +27,7 @@ pub struct Core {
     feeds: Vec<Option<FeedState>>,
     index: BlockIndex,
     ranker: Ranker,
+    fill_in: FillIn,
 }
 
 impl Default for Core {
@@ -44,7 +43,14 @@ impl Core {
             feeds: Vec::new(),
             index: BlockIndex::new(),
             ranker: Ranker::new(),
+            fill_in: FillIn::default(),
         }
+    }
+
+    /// A core whose event-fed workers, once their history is lost, take gateways'
+    /// placements as `fill_in` says ([`Core::fill_in`]).
+    pub fn with_fill_in(self, fill_in: FillIn) -> Self {
+        Core { fill_in, ..self }
     }
 
     pub fn roster(&self) -> &Roster {
@@ -209,7 +215,8 @@ impl Core {
         Ok((lane_blocks, feed))
     }
 
-    /// Home: a gateway placed `chain` on `worker` at `now_ms`.
+    /// Home: a gateway placed `chain` on `worker` at `now_ms`; false where the worker's
+    /// feed does not take it (see [`Core::start_placing`]).
     pub fn place(
         &mut self,
         worker: WorkerId,
@@ -217,25 +224,35 @@ impl Core {
         chain: &[u64],
         now_ms: u64,
         out: &mut Update,
-    ) -> Result<(), EngineError> {
-        let mut job = self.start_placing(worker, ks, chain, now_ms)?;
+    ) -> Result<bool, EngineError> {
+        let Some(mut job) = self.start_placing(worker, ks, chain, now_ms)? else {
+            return Ok(false);
+        };
         while !self.place_some(worker, ks, chain, &mut job, u64::MAX, out)? {}
-        Ok(())
+        Ok(true)
     }
 
     /// Home: starts a placement to be done in slices by [`Core::place_some`] (nothing else
-    /// may write to this worker's feed until it is done).
+    /// may write to this worker's feed until it is done). None where the worker's feed
+    /// does not take it: an event-fed worker's own events are exact, so its placements
+    /// are passed over unless they fill in for its lost history ([`Core::fill_in`]).
     pub fn start_placing(
         &mut self,
         worker: WorkerId,
         ks: Ks,
         chain: &[u64],
         now_ms: u64,
-    ) -> Result<Placing, EngineError> {
-        Ok(self.placements_of(worker, ks)?.start(chain.len(), now_ms))
+    ) -> Result<Option<Placing>, EngineError> {
+        let (_, feed) = home_feed(&self.roster, &mut self.feeds, worker, ks)?;
+        let placements = match feed {
+            FeedState::Placements(f) => Some(f),
+            FeedState::Events(f) => f.fill(),
+        };
+        Ok(placements.map(|f| f.start(chain.len(), now_ms)))
     }
 
-    /// Home: about `budget` blocks of a placement `job`; true once it is done.
+    /// Home: about `budget` blocks of a placement `job`; true once it is done. A fill-in
+    /// leaves the blocks the worker's events report to them.
     pub fn place_some(
         &mut self,
         worker: WorkerId,
@@ -245,26 +262,61 @@ impl Core {
         budget: u64,
         out: &mut Update,
     ) -> Result<bool, EngineError> {
-        let feed = self.placements_of(worker, ks)?;
-        Ok(feed.place_some(worker, ks.seed, chain, job, budget, &mut out.ops))
-    }
-
-    fn placements_of(
-        &mut self,
-        worker: WorkerId,
-        ks: Ks,
-    ) -> Result<&mut PlacementFeed, EngineError> {
         let (_, feed) = home_feed(&self.roster, &mut self.feeds, worker, ks)?;
+        let ops = &mut out.ops;
         match feed {
-            FeedState::Placements(feed) => Ok(feed),
-            other => Err(wrong_feed(worker, other, "placements")),
+            FeedState::Placements(f) => {
+                let alone = |_, _| false;
+                Ok(f.place_some(worker, ks.seed, chain, job, budget, alone, ops))
+            }
+            FeedState::Events(f) => {
+                let Some(fill) = f.fill() else {
+                    return Err(wrong_feed(worker, feed, "placements"));
+                };
+                let (index, lane0) = (&self.index, Holder::new(worker, 0));
+                let held = |pos, hash| index.holds(ks.seed, lane0, pos, hash);
+                Ok(fill.place_some(worker, ks.seed, chain, job, budget, held, ops))
+            }
         }
     }
 
-    /// Home: cuts the placements older than their TTL, of every worker homed here.
+    /// Home: `worker`'s history is lost (its engine may hold blocks its events will not
+    /// report), so gateways' placements fill in for it from now on, as the core's
+    /// [`FillIn`] says, until its events' clear. Only a worker of one full-attention lane
+    /// takes them (a placement records whole chains on lane 0); false where it does not.
+    pub fn fill_in(&mut self, worker: WorkerId) -> bool {
+        let one_full_lane = self
+            .roster
+            .get(worker)
+            .is_some_and(|e| e.lanes.len() == 1 && e.lanes[0].kind.is_full());
+        let feed = self.feeds.get_mut(worker as usize).and_then(Option::as_mut);
+        match (feed, self.fill_in.feed()) {
+            (Some(FeedState::Events(f)), Some(fill)) if one_full_lane => {
+                f.start_fill(fill);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether placements on `worker` fill in for its lost history.
+    pub fn fills_in(&self, worker: WorkerId) -> bool {
+        matches!(
+            self.feeds.get(worker as usize),
+            Some(Some(FeedState::Events(f))) if f.fills()
+        )
+    }
+
+    /// Home: cuts the placements older than their TTL, of every worker homed here (a
+    /// fill-in's too).
     pub fn expire(&mut self, now_ms: u64, out: &mut Update) {
         for (w, feed) in self.feeds.iter_mut().enumerate() {
-            if let Some(FeedState::Placements(f)) = feed {
+            let placements = match feed {
+                Some(FeedState::Placements(f)) => Some(f),
+                Some(FeedState::Events(f)) => f.fill(),
+                None => None,
+            };
+            if let Some(f) = placements {
                 f.expire(w as WorkerId, now_ms, &mut out.ops);
             }
         }
@@ -428,7 +480,7 @@ impl Core {
         }
         for (w, img) in feeds {
             if let Some(Some(f)) = self.feeds.get_mut(*w as usize) {
-                f.import(img, now_ms);
+                f.import(img, now_ms, self.fill_in);
             }
         }
         self.index

@@ -109,15 +109,29 @@ impl Engine {
         self.write(|core, u| core.events(worker, seq, ks, events, u))
     }
 
-    /// A gateway placed `chain` on `worker` at `now_ms`.
+    /// A gateway placed `chain` on `worker` at `now_ms`; false where the worker's feed
+    /// does not take it ([`Core::start_placing`]).
     pub fn place(
         &mut self,
         worker: WorkerId,
         ks: Ks,
         chain: &[u64],
         now_ms: u64,
-    ) -> Result<(), EngineError> {
+    ) -> Result<bool, EngineError> {
         self.write(|core, u| core.place(worker, ks, chain, now_ms, u))
+    }
+
+    /// An engine whose event-fed workers take placements as `fill_in` says once their
+    /// history is lost ([`Engine::fill_in`]).
+    pub fn with_fill_in(mut self, fill_in: crate::FillIn) -> Self {
+        self.core = std::mem::take(&mut self.core).with_fill_in(fill_in);
+        self
+    }
+
+    /// An event-fed worker's history is lost: placements fill in for it until its
+    /// events clear it ([`Core::fill_in`]); false where they do not.
+    pub fn fill_in(&mut self, worker: WorkerId) -> bool {
+        self.core.fill_in(worker)
     }
 
     /// Expires placements older than their TTL; returns how many blocks were cut.

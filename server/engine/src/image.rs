@@ -31,6 +31,8 @@ pub struct NameImage {
 pub struct EventFeedImage {
     pub last_seq: Option<u64>,
     pub names: Vec<NameImage>,
+    /// The placements filling in for a worker whose history is lost.
+    pub fill: Option<PlacementFeedImage>,
 }
 
 /// A placed block, with its age (ms before the export) so a restarted clock keeps TTLs.

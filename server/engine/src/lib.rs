@@ -34,8 +34,8 @@ pub use coverage::Coverage;
 pub use engine::{Answer, Engine, EngineStats};
 pub use error::{EngineError, EventError, IndexError, RosterError};
 pub use feed::{
-    ApplyReport, EventFeed, EventRef, EventView, EventsJob, FeedState, PlacementFeed, Placing,
-    Sequencer, OTHER_KEYSPACE_LOOKUPS,
+    ApplyReport, EventFeed, EventRef, EventView, EventsJob, FeedState, FillIn, PlacementFeed,
+    Placing, Sequencer, OTHER_KEYSPACE_LOOKUPS,
 };
 #[doc(hidden)]
 pub use hashing::FastMap;

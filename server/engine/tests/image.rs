@@ -1,11 +1,14 @@
 //! Export → import gives an engine that answers, removes and evicts exactly like the
 //! original, and a part exported by one home (its own workers only) restores them too.
 
-use kvix_engine::{Engine, EngineImage, Ks};
+use kvix_engine::{Engine, EngineImage, FillIn, Ks};
 use kvix_wire::{chain::token_chain, Event, Feed, Keyspace, Lane, LaneKind};
 
 fn engine() -> Engine {
-    Engine::new(16)
+    Engine::new(16).with_fill_in(FillIn {
+        capacity_blocks: 100,
+        ttl_ms: 1000,
+    })
 }
 
 fn chain(base: u32, blocks: u32) -> Vec<u64> {
@@ -14,7 +17,8 @@ fn chain(base: u32, blocks: u32) -> Vec<u64> {
 }
 
 /// A mixed state: an event worker with engine hashes, a hybrid worker, a retired
-/// worker, a placement worker near its capacity.
+/// worker, a placement worker near its capacity, an event worker whose history is lost
+/// with placements filling in.
 fn populated() -> (Engine, Ks) {
     let mut e = engine();
     let ks = Ks::of(&Keyspace::tokens("m"), 16);
@@ -82,11 +86,14 @@ fn populated() -> (Engine, Ks) {
         .unwrap();
     e.place(p, ks, &chain(5000, 6), 100).unwrap();
     e.place(p, ks, &chain(0, 4), 200).unwrap();
+    let (f, _) = e.announce("f", &[Lane::full(16)], Feed::Events).unwrap();
+    assert!(e.fill_in(f));
+    assert!(e.place(f, ks, &chain(7000, 5), 150).unwrap());
     (e, ks)
 }
 
 fn answers(e: &mut Engine, ks: Ks) -> Vec<Vec<(u32, u32)>> {
-    [chain(0, 12), chain(5000, 6), chain(0, 3)]
+    [chain(0, 12), chain(5000, 6), chain(0, 3), chain(7000, 5)]
         .iter()
         .map(|c| e.query(ks, c, None, 0, false).scores)
         .collect()

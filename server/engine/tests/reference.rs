@@ -8,12 +8,19 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kvix_engine::{
-    AnnounceOutcome, Answer, ApplyReport, Core, Cursor, Engine, EngineError, Ks, Registry, Update,
+    AnnounceOutcome, Answer, ApplyReport, Core, Cursor, Engine, EngineError, FillIn, Ks, Registry,
+    Update,
 };
 use kvix_wire::{chain::token_chain, ApplyStatus, Event, Feed, Lane, LaneKind, Run, WorkerId};
 use proptest::prelude::*;
 
 const TB: u32 = 4;
+
+/// How placements fill in for an event-fed worker whose history is lost.
+const FILL: FillIn = FillIn {
+    capacity_blocks: 9,
+    ttl_ms: 45,
+};
 
 /// (scores, unscorable, per covered worker its lanes' runs).
 type RefAnswer = (Vec<(WorkerId, u32)>, u32, Vec<(WorkerId, Vec<Vec<Run>>)>);
@@ -27,9 +34,12 @@ struct RefWorker {
     seq: Option<u64>,
     /// (lane, name) → (keyspace, position, chain hashes).
     names: HashMap<(u8, u64), (u64, u32, Vec<u64>)>,
-    /// (keyspace, position, hash) → (placement tick, time).
+    /// (keyspace, position, hash) → (placement tick, time): a placement feed's blocks,
+    /// or an event feed's fill-in.
     placed: HashMap<(u64, u32, u64), (u64, u64)>,
     clock: u64,
+    /// An event feed whose history is lost takes placements (`FILL`).
+    filling: bool,
 }
 
 #[derive(Default)]
@@ -93,6 +103,7 @@ impl Reference {
                 names: HashMap::new(),
                 placed: HashMap::new(),
                 clock: 0,
+                filling: false,
             },
         );
         Some(id)
@@ -153,6 +164,10 @@ impl Reference {
                     let k = k_of(&worker.lanes[*lane as usize], ks) as usize;
                     for (i, &h) in chain.iter().enumerate() {
                         self.held.insert((w, *lane, ks.seed, start + i as u32, h));
+                        // The events report it now: the fill-in lets go of it.
+                        if *lane == 0 {
+                            worker.placed.remove(&(ks.seed, start + i as u32, h));
+                        }
                     }
                     named += chain.len() as u64;
                     for (j, &e) in engine.iter().enumerate() {
@@ -182,6 +197,8 @@ impl Reference {
                 }
                 Event::Cleared => {
                     worker.names.clear();
+                    worker.placed.clear();
+                    worker.filling = false;
                     self.held.retain(|m| m.0 != w);
                 }
             }
@@ -189,23 +206,39 @@ impl Reference {
         Some((status, named))
     }
 
+    /// An event-fed worker of one full lane takes placements from now on, until its
+    /// events clear it.
+    fn fill_in(&mut self, w: WorkerId) -> bool {
+        let Some(worker) = self.workers.get_mut(&w) else {
+            return false;
+        };
+        worker.filling |= worker.feed == Feed::Events && plain(&worker.lanes);
+        worker.filling
+    }
+
     fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> bool {
         let Some(worker) = self.workers.get_mut(&w) else {
             return false;
         };
-        let Feed::Placements {
-            capacity_blocks, ..
-        } = worker.feed
-        else {
-            return false;
+        let capacity_blocks = match worker.feed {
+            Feed::Placements {
+                capacity_blocks, ..
+            } => capacity_blocks,
+            Feed::Events if worker.filling => FILL.capacity_blocks,
+            Feed::Events => return false,
         };
         self.tick += 1;
         worker.clock = worker.clock.max(now);
         let n = chain.len().min(capacity_blocks as usize);
         for (pos, &h) in chain[..n].iter().enumerate() {
-            worker
-                .placed
-                .insert((ks.seed, pos as u32, h), (self.tick, worker.clock));
+            let key = (ks.seed, pos as u32, h);
+            // A fill-in leaves what the events report to them.
+            let events_hold = worker.feed == Feed::Events
+                && !worker.placed.contains_key(&key)
+                && self.held.contains(&(w, 0, ks.seed, pos as u32, h));
+            if !events_hold {
+                worker.placed.insert(key, (self.tick, worker.clock));
+            }
             self.held.insert((w, 0, ks.seed, pos as u32, h));
         }
         while worker.placed.len() as u64 > capacity_blocks {
@@ -223,8 +256,9 @@ impl Reference {
 
     fn expire(&mut self, now: u64) {
         for (&w, worker) in &mut self.workers {
-            let Feed::Placements { ttl_ms, .. } = worker.feed else {
-                continue;
+            let ttl_ms = match worker.feed {
+                Feed::Placements { ttl_ms, .. } => ttl_ms,
+                Feed::Events => FILL.ttl_ms,
             };
             if ttl_ms == 0 {
                 continue;
@@ -430,6 +464,10 @@ enum Op {
     Expire {
         dt: u64,
     },
+    /// The worker's history is lost: placements fill in for it.
+    LoseHistory {
+        name: u8,
+    },
     Query {
         ks: usize,
         prompt: Prompt,
@@ -503,23 +541,29 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (name.clone(), -1i8..3).prop_map(|(name, delta)| Op::Seq { name, delta }),
         4 => (name.clone(), ks_index(), prompt(), 0u64..30).prop_map(|(name, ks, prompt, dt)| Op::Place { name, ks, prompt, dt }),
         1 => (0u64..40).prop_map(|dt| Op::Expire { dt }),
+        1 => name.clone().prop_map(|name| Op::LoseHistory { name }),
         6 => (ks_index(), prompt(), prop::option::of(any::<u8>()), 0u32..3, any::<bool>()).prop_map(|(ks, prompt, cands, top_k, runs)| Op::Query { ks, prompt, cands, top_k, runs }),
     ]
 }
 
-/// Every case starts by announcing the five workers (valid rosters, mixed feeds).
+/// Every case starts by announcing the five workers (valid rosters, mixed feeds), some
+/// of whose history is lost at once (placements fill in for them).
 fn opening() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(
-        (0usize..10, prop_oneof![3 => Just(0usize), 1 => 1usize..3]),
+        (
+            0usize..10,
+            prop_oneof![3 => Just(0usize), 1 => 1usize..3],
+            prop::bool::weighted(0.4),
+        ),
         5,
     )
     .prop_map(|v| {
         v.into_iter()
             .enumerate()
-            .map(|(i, (roster, feed))| Op::Announce {
-                name: i as u8,
-                roster,
-                feed,
+            .flat_map(|(i, (roster, feed, lost))| {
+                let name = i as u8;
+                let announce = Op::Announce { name, roster, feed };
+                std::iter::once(announce).chain(lost.then_some(Op::LoseHistory { name }))
             })
             .collect()
     })
@@ -537,7 +581,8 @@ trait Subject {
         ks: Ks,
         events: &[Event],
     ) -> Result<ApplyReport, EngineError>;
-    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<(), EngineError>;
+    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<bool, EngineError>;
+    fn fill_in(&mut self, w: WorkerId) -> bool;
     fn expire(&mut self, now: u64);
     /// One answer per core.
     fn query(
@@ -573,8 +618,11 @@ impl Subject for Engine {
     ) -> Result<ApplyReport, EngineError> {
         Engine::apply(self, w, seq, ks, events)
     }
-    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<(), EngineError> {
+    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<bool, EngineError> {
         Engine::place(self, w, ks, chain, now)
+    }
+    fn fill_in(&mut self, w: WorkerId) -> bool {
+        Engine::fill_in(self, w)
     }
     fn expire(&mut self, now: u64) {
         Engine::expire(self, now).unwrap();
@@ -609,7 +657,7 @@ impl Fleet {
     fn new(cores: usize, budget: u64) -> Self {
         Fleet {
             registry: Registry::new(),
-            cores: (0..cores).map(|_| Core::new()).collect(),
+            cores: (0..cores).map(|_| Core::new().with_fill_in(FILL)).collect(),
             budget,
         }
     }
@@ -670,13 +718,18 @@ impl Subject for Fleet {
             Ok(job.report)
         })
     }
-    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<(), EngineError> {
+    fn place(&mut self, w: WorkerId, ks: Ks, chain: &[u64], now: u64) -> Result<bool, EngineError> {
         let budget = self.budget;
         self.write(w, |core, u| {
-            let mut job = core.start_placing(w, ks, chain, now)?;
+            let Some(mut job) = core.start_placing(w, ks, chain, now)? else {
+                return Ok(false);
+            };
             while !core.place_some(w, ks, chain, &mut job, budget, u)? {}
-            Ok(())
+            Ok(true)
         })
+    }
+    fn fill_in(&mut self, w: WorkerId) -> bool {
+        self.home(w).fill_in(w)
     }
     fn expire(&mut self, now: u64) {
         for home in 0..self.cores.len() as u32 {
@@ -730,7 +783,7 @@ impl Harness {
         Harness {
             pool,
             subjects: vec![
-                Box::new(Engine::new(TB)),
+                Box::new(Engine::new(TB).with_fill_in(FILL)),
                 Box::new(Fleet::new(2, 3)),
                 Box::new(Fleet::new(3, 1)),
             ],
@@ -881,7 +934,14 @@ impl Harness {
                 let chain = self.chain(ks, prompt);
                 let want = self.reference.place(w, ks, &chain, self.now);
                 for s in &mut self.subjects {
-                    assert_eq!(s.place(w, ks, &chain, self.now).is_ok(), want);
+                    assert_eq!(matches!(s.place(w, ks, &chain, self.now), Ok(true)), want);
+                }
+            }
+            Op::LoseHistory { name } => {
+                let Some(w) = self.id(name) else { return };
+                let want = self.reference.fill_in(w);
+                for s in &mut self.subjects {
+                    assert_eq!(s.fill_in(w), want);
                 }
             }
             Op::Expire { dt } => {

@@ -25,7 +25,7 @@ use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: &[u8; 8] = b"KVIXSNAP";
-pub const SNAPSHOT_VERSION: u32 = 5;
+pub const SNAPSHOT_VERSION: u32 = 6;
 const HEADER: usize = 32;
 
 #[derive(Debug, Error)]

@@ -304,6 +304,11 @@ fn begin(
             tracing::error!(worker, "ingest: clearing the worker failed: {e}");
         }
     }
+    // After the clear, which ends a fill-in: while the history is lost, gateways'
+    // placements fill in for what the events no longer report.
+    if h.lost {
+        core.fill_in(worker);
+    }
     let steps = batch.map_or_else(Vec::new, |b| {
         kvix_events::translate::steps(b.events, step_blocks)
     });

@@ -2,7 +2,7 @@
 
 use kvix_wire::{ApplyStatus, WorkerId};
 
-use super::{EventRef, EventView};
+use super::{EventRef, EventView, PlacementFeed};
 use crate::error::{EventError, IndexError};
 use crate::hashing::{fmix, FastMap};
 use crate::ops::OpBatch;
@@ -317,6 +317,10 @@ pub struct EventFeed {
     lanes: Vec<LaneNames>,
     scratch: Vec<u64>,
     touched: Vec<usize>,
+    /// Gateways' placements filling in for a worker whose history is lost (its engine
+    /// may hold blocks its events will never report): lane 0's blocks the events do not
+    /// report, cut by the placements' capacity and TTL. The events' clear ends it.
+    fill: Option<PlacementFeed>,
 }
 
 impl EventFeed {
@@ -329,6 +333,21 @@ impl EventFeed {
 
     pub fn sequencer(&mut self) -> &mut Sequencer {
         &mut self.seq
+    }
+
+    /// The placements filling in for this worker's lost history, if any.
+    pub fn fill(&mut self) -> Option<&mut PlacementFeed> {
+        self.fill.as_mut()
+    }
+
+    pub fn fills(&self) -> bool {
+        self.fill.is_some()
+    }
+
+    /// Takes placements in to fill in for lost history, `fill` being the (empty) feed
+    /// that keeps them; a fill already under way is kept.
+    pub fn start_fill(&mut self, fill: PlacementFeed) {
+        self.fill.get_or_insert(fill);
     }
 
     /// Names tracked for removals, over all lanes.
@@ -547,6 +566,9 @@ impl EventFeed {
                         names.set(e, group);
                     }
                 }
+                if let Some(fill) = self.fill.as_mut().filter(|_| lane == 0) {
+                    fill.let_go(ks, start, chain);
+                }
                 out.insert(ks, Holder::new(worker, lane), start, parent, chain);
                 report.block_events += chain.len() as u64;
             }
@@ -610,8 +632,8 @@ impl EventFeed {
         true
     }
 
-    /// The feed as plain data (sequence baseline and removal names).
-    pub fn export(&self) -> crate::EventFeedImage {
+    /// The feed as plain data at `now_ms` (sequence baseline, removal names, fill-in).
+    pub fn export(&self, now_ms: u64) -> crate::EventFeedImage {
         let mut names = Vec::new();
         for (lane, per_ks) in self.lanes.iter().enumerate() {
             for n in &per_ks.list {
@@ -628,11 +650,22 @@ impl EventFeed {
         crate::EventFeedImage {
             last_seq: self.seq.last(),
             names,
+            fill: self.fill.as_ref().map(|f| f.export(now_ms)),
         }
     }
 
-    /// Restores an exported feed into a fresh one; names of lanes beyond the roster are skipped.
-    pub fn import(&mut self, image: &crate::EventFeedImage) {
+    /// Restores an exported feed into a fresh one at `now_ms`; names of lanes beyond the
+    /// roster are skipped. A fill-in goes into `fill` (None: not taken).
+    pub fn import(
+        &mut self,
+        image: &crate::EventFeedImage,
+        now_ms: u64,
+        fill: Option<PlacementFeed>,
+    ) {
+        if let (Some(placed), Some(mut fill)) = (&image.fill, fill) {
+            fill.import(placed, now_ms);
+            self.fill = Some(fill);
+        }
         self.seq.restore(image.last_seq);
         for n in &image.names {
             if (n.lane as usize) < self.lanes.len() && !n.chain.is_empty() {
@@ -992,9 +1025,9 @@ mod tests {
             ApplyStatus::Applied,
             &mut out,
         );
-        let unsettled = f.export();
+        let unsettled = f.export(0);
         assert_eq!(f.names(), 2 * RECENT);
-        assert_eq!(f.export(), unsettled);
+        assert_eq!(f.export(0), unsettled);
         // The last store of each name wins; name 3 was a group, then one block.
         let named = |n: u64| {
             unsettled

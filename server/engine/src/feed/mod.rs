@@ -82,6 +82,22 @@ impl EventView for ArchivedEvent {
     }
 }
 
+/// How gateways' placements fill in for an event-fed worker whose history is lost:
+/// at most `capacity_blocks` blocks (0: they do not), each kept `ttl_ms` after it was
+/// last placed (0: until cut by the capacity).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FillIn {
+    pub capacity_blocks: u64,
+    pub ttl_ms: u64,
+}
+
+impl FillIn {
+    /// An empty feed to keep the placements in; None when they do not fill in.
+    pub fn feed(self) -> Option<PlacementFeed> {
+        (self.capacity_blocks > 0).then(|| PlacementFeed::new(self.capacity_blocks, self.ttl_ms))
+    }
+}
+
 /// The feed state of one worker.
 #[derive(Debug)]
 pub enum FeedState {
@@ -112,15 +128,18 @@ impl FeedState {
     /// The feed as plain data at `now_ms`.
     pub fn export(&self, now_ms: u64) -> crate::FeedImage {
         match self {
-            FeedState::Events(f) => crate::FeedImage::Events(f.export()),
+            FeedState::Events(f) => crate::FeedImage::Events(f.export(now_ms)),
             FeedState::Placements(f) => crate::FeedImage::Placements(f.export(now_ms)),
         }
     }
 
-    /// Restores an image of the same feed kind; false (nothing restored) for another kind.
-    pub fn import(&mut self, image: &crate::FeedImage, now_ms: u64) -> bool {
+    /// Restores an image of the same feed kind, an event feed's fill-in as `fill_in`
+    /// says; false (nothing restored) for another kind.
+    pub fn import(&mut self, image: &crate::FeedImage, now_ms: u64, fill_in: FillIn) -> bool {
         match (self, image) {
-            (FeedState::Events(f), crate::FeedImage::Events(i)) => f.import(i),
+            (FeedState::Events(f), crate::FeedImage::Events(i)) => {
+                f.import(i, now_ms, fill_in.feed())
+            }
             (FeedState::Placements(f), crate::FeedImage::Placements(i)) => f.import(i, now_ms),
             _ => return false,
         }

@@ -108,7 +108,7 @@ impl PlacementFeed {
         out: &mut OpBatch,
     ) {
         let mut job = self.start(chain.len(), now_ms);
-        while !self.place_some(worker, ks, chain, &mut job, u64::MAX, out) {}
+        while !self.place_some(worker, ks, chain, &mut job, u64::MAX, |_, _| false, out) {}
     }
 
     /// Starts placing a chain of `len` blocks at `now_ms`, to be done by
@@ -126,6 +126,11 @@ impl PlacementFeed {
     }
 
     /// Does about `budget` blocks of the placement `job` of `chain`; true once it is done.
+    /// Beside another feed of the same worker (a fill-in), a block this feed does not
+    /// hold yet and `held(pos, hash)` says the worker holds already (the other feed
+    /// reported it) is left to the other feed, so this one's cuts never take away what
+    /// the other reported; alone, `held` says false.
+    #[allow(clippy::too_many_arguments)]
     pub fn place_some(
         &mut self,
         worker: WorkerId,
@@ -133,6 +138,7 @@ impl PlacementFeed {
         chain: &[u64],
         job: &mut Placing,
         budget: u64,
+        held: impl Fn(u32, u64) -> bool,
         out: &mut OpBatch,
     ) -> bool {
         let mut left = budget;
@@ -142,18 +148,21 @@ impl PlacementFeed {
             match job.step {
                 // Every block of the chain: found or made, and taken out of the list.
                 Step::Refresh if job.at < job.n => {
-                    let pos = job.at as u32;
-                    let s = self.slot_of(ksi, pos, chain[job.at]);
+                    let (pos, hash) = (job.at as u32, chain[job.at]);
+                    job.at += 1;
+                    let s = match self.find(ksi, pos, hash) {
+                        Some(s) => s,
+                        None if held(pos, hash) => continue,
+                        None => self.slot_of(ksi, pos, hash),
+                    };
                     self.unlink(s);
                     self.scratch.push(s);
-                    job.at += 1;
                 }
                 Step::Refresh => job.step = Step::Link,
                 // Deepest first, so the chain's root ends up the most recent of this
                 // placement.
-                Step::Link if job.at > 0 => {
-                    job.at -= 1;
-                    let s = self.scratch[job.at];
+                Step::Link if !self.scratch.is_empty() => {
+                    let s = self.scratch.pop().expect("not empty");
                     self.slots[s as usize].time = self.clock;
                     self.push_newest(s);
                 }
@@ -169,6 +178,31 @@ impl PlacementFeed {
             }
         }
         false
+    }
+
+    /// The slot of block (`ksi`, `pos`, `hash`), if this feed holds it.
+    fn find(&self, ksi: u32, pos: u32, hash: u64) -> Option<u32> {
+        let slots = &self.slots;
+        self.map
+            .find(block_hash(ksi as u64, hash), |&s| {
+                let x = &slots[s as usize];
+                (x.ks, x.pos, x.hash) == (ksi, pos, hash)
+            })
+            .copied()
+    }
+
+    /// Lets go of blocks `start..` of `chain` in keyspace `ks` without cutting them: the
+    /// worker's other feed reports them now, and this one must not take them away.
+    pub fn let_go(&mut self, ks: u64, start: u32, chain: &[u64]) {
+        let Some(ksi) = self.keyspaces.get(&ks) else {
+            return;
+        };
+        for (pos, &hash) in (start..).zip(chain) {
+            if let Some(s) = self.find(ksi, pos, hash) {
+                self.unlink(s);
+                self.free_slot(s);
+            }
+        }
     }
 
     /// The slot of block (`ksi`, `pos`, `hash`), created (unlinked) when new.
@@ -264,6 +298,12 @@ impl PlacementFeed {
             return;
         }
         self.unlink(s);
+        let (ks, hash) = self.free_slot(s);
+        out.remove(ks, Holder::new(worker, 0), &[hash]);
+    }
+
+    /// Forgets unlinked slot `s`; its block's keyspace and hash.
+    fn free_slot(&mut self, s: u32) -> (u64, u64) {
         let slot = self.slots[s as usize];
         if let Ok(e) = self
             .map
@@ -275,12 +315,12 @@ impl PlacementFeed {
         self.len -= 1;
         let ks = *self.keyspaces.key(slot.ks);
         self.keyspaces.release(slot.ks);
-        out.remove(ks, Holder::new(worker, 0), &[slot.hash]);
         if self.map.len() < self.map.capacity() / 4 {
             let slots = &self.slots;
             self.map
                 .shrink_to(self.map.len() * 2, |&x| slot_hash(slots, x));
         }
+        (ks, slot.hash)
     }
 
     /// Takes `s` out of the recency list (no-op when it is not linked).
@@ -363,7 +403,7 @@ mod tests {
             whole.place(0, 9, chain, t as u64, &mut a);
             let mut job = sliced.start(chain.len(), t as u64);
             let mut slices = 1;
-            while !sliced.place_some(0, 9, chain, &mut job, 3, &mut b) {
+            while !sliced.place_some(0, 9, chain, &mut job, 3, |_, _| false, &mut b) {
                 slices += 1;
             }
             assert!(slices > 2, "7 blocks in slices of 3");
