@@ -17,6 +17,7 @@ pub mod config_file;
 pub mod conn;
 pub mod durable;
 pub mod executor;
+pub mod exposition;
 pub mod failure;
 pub mod handler;
 pub mod http;

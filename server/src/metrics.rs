@@ -3,13 +3,15 @@
 //! Each executor writes only its own `ExecutorMetrics` (relaxed atomics, one writer), so
 //! counting costs no cross-core traffic; the metrics endpoint sums them when scraped.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use kvix_wire::FrameError;
+
+use crate::exposition::Exposition;
+use crate::exposition::Kind::{self, Counter, Gauge};
 
 /// Why a frame or a connection was refused (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,201 +165,188 @@ pub fn render(
     shards: &[ExecutorMetrics],
     replica: Option<&crate::durable::replica::Replica>,
 ) -> String {
-    let mut out = String::with_capacity(4096);
-    let mut counter = |name: &str, help: &str, kind: &str, rows: Vec<(String, u64)>| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, v) in rows {
-            let _ = writeln!(out, "{name}{labels} {v}");
-        }
-    };
+    let mut out = Exposition::new();
     let outcomes = ["hit", "empty", "unscorable"];
-    counter(
+    out.by(
         "kvix_queries_total",
         "Queries answered, by outcome.",
-        "counter",
-        outcomes
-            .iter()
-            .enumerate()
-            .map(|(i, o)| {
-                (
-                    format!("{{outcome=\"{o}\"}}"),
-                    sum(shards, |s| &s.queries[i]),
-                )
-            })
-            .collect(),
+        Counter,
+        "outcome",
+        (outcomes.iter().enumerate()).map(|(i, o)| (o, sum(shards, |s| &s.queries[i]))),
     );
-    let plain: [(&str, &str, &str, Field); 24] = [
+    let plain: [(&str, &str, Kind, Field); 24] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
-            "counter",
+            Counter,
             |s| &s.batches,
         ),
         (
             "kvix_event_batch_duplicates_total",
             "Event batches ignored as old or duplicate.",
-            "counter",
+            Counter,
             |s| &s.batch_duplicates,
         ),
         (
             "kvix_event_batch_gaps_total",
             "Event batches that revealed a sequence gap.",
-            "counter",
+            Counter,
             |s| &s.batch_gaps,
         ),
         (
             "kvix_block_events_total",
             "Block stores and removals applied.",
-            "counter",
+            Counter,
             |s| &s.block_events,
         ),
         (
             "kvix_removals_unprobed_total",
             "Removal names not looked for in their lane's other keyspaces: the batch had used its 2^20 lookups there (send removals under the keyspace that stored them).",
-            "counter",
+            Counter,
             |s| &s.unprobed_removals,
         ),
         (
             "kvix_event_batches_refused_full_total",
             "Event batches with stores refused because the index held --max-blocks blocks.",
-            "counter",
+            Counter,
             |s| &s.stores_refused,
         ),
         (
             "kvix_placements_total",
             "Placements applied.",
-            "counter",
+            Counter,
             |s| &s.placements,
         ),
         (
             "kvix_placements_filled_in_total",
             "Placements on event-fed workers whose history is lost, filling in for what their events no longer report.",
-            "counter",
+            Counter,
             |s| &s.placements_filled_in,
         ),
         (
             "kvix_placements_passed_over_total",
             "Placements on event-fed workers passed over: their events are exact (or, for a hybrid roster or with --fill-in-blocks 0, they cannot fill in).",
-            "counter",
+            Counter,
             |s| &s.placements_passed_over,
         ),
         (
             "kvix_connections",
             "Open client connections.",
-            "gauge",
+            Gauge,
             |s| &s.connections_open,
         ),
         (
             "kvix_connections_total",
             "Client connections accepted.",
-            "counter",
+            Counter,
             |s| &s.connections_total,
         ),
         (
             "kvix_connections_spilled_total",
             "Connections accepted by a full executor and served by the least loaded one with room.",
-            "counter",
+            Counter,
             |s| &s.spilled,
         ),
         (
             "kvix_tls_handshake_failures_total",
             "TCP connections closed because their TLS handshake failed or did not finish in time (a client without TLS, an unknown CA, a missing or refused client certificate; the log names the cause at 1, 2, 4, ... failures).",
-            "counter",
+            Counter,
             |s| &s.tls_failures,
         ),
         (
             "kvix_query_hops_total",
             "Calls to other executors made while answering queries (zero by design: every executor answers from its own copy).",
-            "counter",
+            Counter,
             |s| &s.query_hops,
         ),
         (
             "kvix_write_slices_total",
             "Bounded slices that long writes were applied in, letting queries run between them.",
-            "counter",
+            Counter,
             |s| &s.write_slices,
         ),
         (
             "kvix_connections_stalled_total",
             "Connections closed because the client took no reply bytes for --stall-timeout-ms.",
-            "counter",
+            Counter,
             |s| &s.stalled,
         ),
         (
             "kvix_connections_idle_closed_total",
             "Connections closed after --idle-timeout-s without a request.",
-            "counter",
+            Counter,
             |s| &s.idle_closed,
         ),
         (
             "kvix_accept_errors_total",
             "Failed accepts (e.g. out of file descriptors); each backs off before the next.",
-            "counter",
+            Counter,
             |s| &s.accept_errors,
         ),
         (
             "kvix_connections_shed_total",
             "Connections accepted and closed at once because the process was out of descriptors.",
-            "counter",
+            Counter,
             |s| &s.shed,
         ),
         (
             "kvix_wal_failures_total",
             "Writes refused because the write-ahead log could not take them (disk full, ...).",
-            "counter",
+            Counter,
             |s| &s.wal_failures,
         ),
         (
             "kvix_wal_cut_bytes",
             "Bytes of the write-ahead log cut off at this start: a torn last record, or the log after damage --wal-recover truncate accepted.",
-            "gauge",
+            Gauge,
             |s| &s.wal_cut_bytes,
         ),
         (
             "kvix_wal_replayed_records",
             "Write-ahead log records replayed at this start (0 after a clean stop).",
-            "gauge",
+            Gauge,
             |s| &s.wal_replayed,
         ),
         (
             "kvix_snapshots_written_total",
             "Snapshots written to --snapshot (fsynced and renamed into place).",
-            "counter",
+            Counter,
             |s| &s.snapshots,
         ),
         (
             "kvix_snapshot_failures_total",
             "Snapshots that could not be written (the previous file stays).",
-            "counter",
+            Counter,
             |s| &s.snapshot_failures,
         ),
     ];
     for (name, help, kind, f) in plain {
-        counter(name, help, kind, vec![(String::new(), sum(shards, f))]);
+        out.one(name, help, kind, sum(shards, f));
     }
     // Where connections and queries land, executor by executor: a lopsided split shows
     // the steering concentrating clients (see admit.rs).
-    let per_executor: [(&str, &str, &str, Reading); 2] = [
+    let per_executor: [(&str, &str, Kind, Reading); 2] = [
         (
             "kvix_executor_queries_total",
             "Queries answered per executor (how connections spread over the cores).",
-            "counter",
+            Counter,
             |s| s.queries.iter().map(|q| q.load(Relaxed)).sum(),
         ),
         (
             "kvix_executor_connections",
             "Open client connections on each executor.",
-            "gauge",
+            Gauge,
             |s| s.connections_open.load(Relaxed),
         ),
     ];
     for (name, help, kind, f) in per_executor {
-        let rows = shards
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (format!("{{executor=\"{i}\"}}"), f(s)))
-            .collect();
-        counter(name, help, kind, rows);
+        out.by(
+            name,
+            help,
+            kind,
+            "executor",
+            shards.iter().map(f).enumerate(),
+        );
     }
     // Every executor keeps a whole copy of the index and roster: one copy, not the sum.
     let copy: [(&str, &str, Field); 3] = [
@@ -371,33 +360,26 @@ pub fn render(
     ];
     for (name, help, f) in copy {
         let v = shards.first().map_or(0, |s| f(s).load(Relaxed));
-        counter(name, help, "gauge", vec![(String::new(), v)]);
+        out.one(name, help, Gauge, v);
     }
-    counter(
+    out.one(
         "kvix_resident_bytes",
         "Resident memory of the process (every executor's copy of the index included).",
-        "gauge",
-        vec![(String::new(), resident_bytes())],
+        Gauge,
+        resident_bytes(),
     );
-    counter(
+    out.one(
         "kvix_executors",
         "Executors, each holding a whole copy of the index.",
-        "gauge",
-        vec![(String::new(), shards.len() as u64)],
+        Gauge,
+        shards.len() as u64,
     );
-    counter(
+    out.by(
         "kvix_rejected_frames_total",
         "Frames or connections refused, by reason.",
-        "counter",
-        REJECTED
-            .iter()
-            .map(|(r, n)| {
-                (
-                    format!("{{reason=\"{n}\"}}"),
-                    sum(shards, |s| &s.rejected[*r as usize]),
-                )
-            })
-            .collect(),
+        Counter,
+        "reason",
+        (REJECTED.iter()).map(|(r, n)| (n, sum(shards, |s| &s.rejected[*r as usize]))),
     );
     crate::ingest::render(&mut out);
     if let Some(r) = replica {
@@ -418,7 +400,7 @@ pub fn render(
     ] {
         summary(&mut out, name, help, shards.iter().map(f));
     }
-    out
+    out.into_text()
 }
 
 /// The process's resident set, from /proc/self/statm (0 where there is none).
@@ -434,9 +416,9 @@ fn resident_bytes() -> u64 {
     pages * page
 }
 
-/// Writes a merged histogram as a Prometheus summary (quantiles, sum, count).
+/// Writes the executors' histograms merged, as a summary.
 fn summary<'a>(
-    out: &mut String,
+    out: &mut Exposition,
     name: &str,
     help: &str,
     parts: impl Iterator<Item = &'a Mutex<Option<Histogram<u64>>>>,
@@ -447,19 +429,7 @@ fn summary<'a>(
             let _ = all.add(h);
         }
     }
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
-    for q in [0.5, 0.9, 0.99, 0.999] {
-        let _ = writeln!(
-            out,
-            "{name}{{quantile=\"{q}\"}} {}",
-            all.value_at_quantile(q)
-        );
-    }
-    let total: u64 = all
-        .iter_recorded()
-        .map(|v| v.value_iterated_to() * v.count_at_value())
-        .sum();
-    let _ = writeln!(out, "{name}_sum {total}\n{name}_count {}", all.len());
+    out.summary(name, help, &all);
 }
 
 #[cfg(test)]

@@ -19,13 +19,14 @@ pub mod socket;
 pub mod states;
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc;
 use kvix_wire::{EventSource, Feed, WorkerId};
 
+use crate::exposition::Exposition;
+use crate::exposition::Kind::{self, Counter, Gauge};
 use pool::{Pool, StreamSpec};
 use stream::LastBatch;
 
@@ -606,63 +607,56 @@ impl Metrics {
 }
 
 /// Appends the ingest metrics in Prometheus text format.
-pub fn render(out: &mut String) {
+pub fn render(out: &mut Exposition) {
     let m = &METRICS;
-    let plain: [(&str, &str, &str, &AtomicU64); 34] = [
-        ("kvix_ingest_messages_total", "Live messages received from publishers.", "counter", &m.messages),
-        ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", "counter", &m.applied),
-        ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", "counter", &m.malformed),
-        ("kvix_ingest_gaps_total", "Publisher sequence gaps seen (filled by a replay where the publisher has one).", "counter", &m.gaps),
-        ("kvix_ingest_replayed_total", "Event batches recovered from a replay socket.", "counter", &m.replayed),
-        ("kvix_ingest_replay_holes_total", "Replays that came back with replies missing (a publisher whose send queue overflowed): in the middle, applied up to the hole and asked again from there; at the end (no end marker), applied as far as they came and continued at the next gap.", "counter", &m.replay_holes),
-        ("kvix_ingest_replay_failures_total", "Replays that got no answer or did not finish (retried at the next gap or reconnect).", "counter", &m.replay_failures),
-        ("kvix_ingest_restarts_total", "New publisher processes detected (or buffers that no longer reached back): the worker was cleared and rebuilt from the replay.", "counter", &m.restarts),
-        ("kvix_ingest_duplicates_total", "Batches already applied (seen again live after a replay).", "counter", &m.duplicates),
-        ("kvix_ingest_block_events_total", "Keyspace blocks stored or removed by ingested batches.", "counter", &m.block_events),
-        ("kvix_ingest_unknown_removals_total", "Removed blocks the stream never saw stored.", "counter", &m.unknown_removals),
-        ("kvix_ingest_extra_keys_total", "Stores whose blocks carry extra keys (multimodal items, prompt embeddings), mixed into their chain.", "counter", &m.extra_keys),
-        ("kvix_ingest_salted_total", "Stores starting a prompt with a cache salt (filed under the salt's keyspace).", "counter", &m.salted),
-        ("kvix_ingest_refused_total", "Translated batches the worker's feed refused (a bug if it shows up).", "counter", &m.refused),
-        ("kvix_ingest_stores_dropped_full_total", "Translated stores not put in the index because it held --max-blocks blocks (the engine holds them; queries miss them until the index has room and the engine stores them again).", "counter", &m.dropped_full),
-        ("kvix_ingest_engines_announced_total", "Announces sent for engines first heard of on --events-bind (their worker named by the topic's host).", "counter", &m.engines_announced),
-        ("kvix_ingest_engines_refused_total", "Announces of engines first heard of on --events-bind that were refused (the log names why: --max-sources, --source-allow, a name taken).", "counter", &m.discovery_refused),
-        ("kvix_ingest_engines_gone_total", "Bound workers retired because their engine had no connection for --events-grace.", "counter", &m.engines_gone),
-        ("kvix_ingest_unknown_topics_total", "Messages on --events-bind whose topic does not have the --events-topic form (dropped).", "counter", &m.unknown_topics),
-        ("kvix_ingest_inbox_dropped_total", "Messages on --events-bind dropped: their stream already held 100,000 unread (waiting for a long replay), or its announce was on its way and the messages held meanwhile reached their bounds. Its replay fills the gap; without --events-replay-port the worker's history is lost.", "counter", &m.inbox_dropped),
-        ("kvix_ingest_workers_history_lost", "Engine-fed workers whose history is lost: batches of their engine's process went by unapplied (a gap past the replay buffer, a late join past it, a gap without replay), so they may hold blocks the index does not report until the engine clears or restarts (the log names each).", "gauge", &m.history_lost),
-        ("kvix_fleet_file_applies_total", "Times the --engines file was applied (at start and at each SIGHUP).", "counter", &m.fleet_applies),
-        ("kvix_fleet_file_errors_total", "Times the --engines file did not read (nothing changed; the log names the line).", "counter", &m.fleet_errors),
-        ("kvix_fleet_file_workers", "Workers the --engines file declares, as last applied.", "gauge", &m.fleet_workers),
-        ("kvix_ingest_orphaned_total", "Deliveries for workers retired or re-announced while on their way.", "counter", &m.orphaned),
-        ("kvix_ingest_fenced_total", "Deliveries dropped because they were read under an ingest lease another replica has taken since.", "counter", &m.fenced),
-        ("kvix_ingest_out_of_step_total", "Deliveries dropped because they do not continue the last batch applied from their stream (one before them was refused, or they were applied already).", "counter", &m.out_of_step),
-        ("kvix_ingest_rewinds_total", "Streams started again from the last batch applied after a delivery of theirs was refused or out of step (the engine's replay re-sends the rest).", "counter", &m.rewinds),
-        ("kvix_ingest_connect_failures_total", "Subscriptions that could not be opened.", "counter", &m.connect_failures),
-        ("kvix_ingest_publishers_connected", "Publishers currently connected.", "gauge", &m.connected),
-        ("kvix_ingest_sources", "Event sources subscribed.", "gauge", &m.sources),
-        ("kvix_ingest_threads", "Ingest threads (--ingest-threads).", "gauge", &m.threads),
-        ("kvix_ingest_replays_in_flight", "Replays asked for and not yet ended (at most 4 per ingest thread).", "gauge", &m.replays_in_flight),
-        ("kvix_ingest_replays_queued", "Replays waiting for one in flight on their thread to end.", "gauge", &m.replays_queued),
+    let plain: [(&str, &str, Kind, &AtomicU64); 34] = [
+        ("kvix_ingest_messages_total", "Live messages received from publishers.", Counter, &m.messages),
+        ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", Counter, &m.applied),
+        ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", Counter, &m.malformed),
+        ("kvix_ingest_gaps_total", "Publisher sequence gaps seen (filled by a replay where the publisher has one).", Counter, &m.gaps),
+        ("kvix_ingest_replayed_total", "Event batches recovered from a replay socket.", Counter, &m.replayed),
+        ("kvix_ingest_replay_holes_total", "Replays that came back with replies missing (a publisher whose send queue overflowed): in the middle, applied up to the hole and asked again from there; at the end (no end marker), applied as far as they came and continued at the next gap.", Counter, &m.replay_holes),
+        ("kvix_ingest_replay_failures_total", "Replays that got no answer or did not finish (retried at the next gap or reconnect).", Counter, &m.replay_failures),
+        ("kvix_ingest_restarts_total", "New publisher processes detected (or buffers that no longer reached back): the worker was cleared and rebuilt from the replay.", Counter, &m.restarts),
+        ("kvix_ingest_duplicates_total", "Batches already applied (seen again live after a replay).", Counter, &m.duplicates),
+        ("kvix_ingest_block_events_total", "Keyspace blocks stored or removed by ingested batches.", Counter, &m.block_events),
+        ("kvix_ingest_unknown_removals_total", "Removed blocks the stream never saw stored.", Counter, &m.unknown_removals),
+        ("kvix_ingest_extra_keys_total", "Stores whose blocks carry extra keys (multimodal items, prompt embeddings), mixed into their chain.", Counter, &m.extra_keys),
+        ("kvix_ingest_salted_total", "Stores starting a prompt with a cache salt (filed under the salt's keyspace).", Counter, &m.salted),
+        ("kvix_ingest_refused_total", "Translated batches the worker's feed refused (a bug if it shows up).", Counter, &m.refused),
+        ("kvix_ingest_stores_dropped_full_total", "Translated stores not put in the index because it held --max-blocks blocks (the engine holds them; queries miss them until the index has room and the engine stores them again).", Counter, &m.dropped_full),
+        ("kvix_ingest_engines_announced_total", "Announces sent for engines first heard of on --events-bind (their worker named by the topic's host).", Counter, &m.engines_announced),
+        ("kvix_ingest_engines_refused_total", "Announces of engines first heard of on --events-bind that were refused (the log names why: --max-sources, --source-allow, a name taken).", Counter, &m.discovery_refused),
+        ("kvix_ingest_engines_gone_total", "Bound workers retired because their engine had no connection for --events-grace.", Counter, &m.engines_gone),
+        ("kvix_ingest_unknown_topics_total", "Messages on --events-bind whose topic does not have the --events-topic form (dropped).", Counter, &m.unknown_topics),
+        ("kvix_ingest_inbox_dropped_total", "Messages on --events-bind dropped: their stream already held 100,000 unread (waiting for a long replay), or its announce was on its way and the messages held meanwhile reached their bounds. Its replay fills the gap; without --events-replay-port the worker's history is lost.", Counter, &m.inbox_dropped),
+        ("kvix_ingest_workers_history_lost", "Engine-fed workers whose history is lost: batches of their engine's process went by unapplied (a gap past the replay buffer, a late join past it, a gap without replay), so they may hold blocks the index does not report until the engine clears or restarts (the log names each).", Gauge, &m.history_lost),
+        ("kvix_fleet_file_applies_total", "Times the --engines file was applied (at start and at each SIGHUP).", Counter, &m.fleet_applies),
+        ("kvix_fleet_file_errors_total", "Times the --engines file did not read (nothing changed; the log names the line).", Counter, &m.fleet_errors),
+        ("kvix_fleet_file_workers", "Workers the --engines file declares, as last applied.", Gauge, &m.fleet_workers),
+        ("kvix_ingest_orphaned_total", "Deliveries for workers retired or re-announced while on their way.", Counter, &m.orphaned),
+        ("kvix_ingest_fenced_total", "Deliveries dropped because they were read under an ingest lease another replica has taken since.", Counter, &m.fenced),
+        ("kvix_ingest_out_of_step_total", "Deliveries dropped because they do not continue the last batch applied from their stream (one before them was refused, or they were applied already).", Counter, &m.out_of_step),
+        ("kvix_ingest_rewinds_total", "Streams started again from the last batch applied after a delivery of theirs was refused or out of step (the engine's replay re-sends the rest).", Counter, &m.rewinds),
+        ("kvix_ingest_connect_failures_total", "Subscriptions that could not be opened.", Counter, &m.connect_failures),
+        ("kvix_ingest_publishers_connected", "Publishers currently connected.", Gauge, &m.connected),
+        ("kvix_ingest_sources", "Event sources subscribed.", Gauge, &m.sources),
+        ("kvix_ingest_threads", "Ingest threads (--ingest-threads).", Gauge, &m.threads),
+        ("kvix_ingest_replays_in_flight", "Replays asked for and not yet ended (at most 4 per ingest thread).", Gauge, &m.replays_in_flight),
+        ("kvix_ingest_replays_queued", "Replays waiting for one in flight on their thread to end.", Gauge, &m.replays_queued),
     ];
     for (name, help, kind, v) in plain {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
-            v.load(Relaxed)
-        );
+        out.one(name, help, kind, v.load(Relaxed));
     }
-    let _ = writeln!(
-        out,
-        "# HELP kvix_ingest_skipped_events_total Engine events skipped, by reason.\n# TYPE kvix_ingest_skipped_events_total counter"
+    out.by(
+        "kvix_ingest_skipped_events_total",
+        "Engine events skipped, by reason.",
+        Counter,
+        "reason",
+        (translate::SKIPS.iter())
+            .map(|&(skip, label)| (label, m.skipped[skip as usize].load(Relaxed))),
     );
-    for (skip, label) in translate::SKIPS {
-        let _ = writeln!(
-            out,
-            "kvix_ingest_skipped_events_total{{reason=\"{label}\"}} {}",
-            m.skipped[skip as usize].load(Relaxed)
-        );
-    }
-    for (name, help, arr) in [
+    for (name, help, per_medium) in [
         (
             "kvix_ingest_blocks_stored_total",
             "Engine blocks stored, by medium.",
@@ -674,15 +668,9 @@ pub fn render(out: &mut String) {
             &m.removed,
         ),
     ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (i, medium) in payload::Medium::ALL.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}{{medium=\"{}\"}} {}",
-                medium.label(),
-                arr[i].load(Relaxed)
-            );
-        }
+        let samples = (payload::Medium::ALL.iter().zip(per_medium))
+            .map(|(medium, n)| (medium.label(), n.load(Relaxed)));
+        out.by(name, help, Counter, "medium", samples);
     }
 }
 

@@ -36,6 +36,8 @@ use futures::channel::{mpsc, oneshot};
 
 use crate::durable::snapshot::Part;
 use crate::durable::write::{Outcome, Write};
+use crate::exposition::Exposition;
+use crate::exposition::Kind::{self, Counter, Gauge};
 use crate::failure::Failure;
 
 pub use link::{Link, LogServer};
@@ -354,102 +356,93 @@ impl Replica {
 }
 
 /// Appends the replica's metrics in Prometheus text format.
-pub fn render(r: &Replica, out: &mut String) {
-    use std::fmt::Write;
+pub fn render(r: &Replica, out: &mut Exposition) {
     let m = &r.metrics;
-    let rows: [(&str, &str, &str, u64); 12] = [
+    let rows: [(&str, &str, Kind, u64); 12] = [
         (
             "kvix_log_appended_total",
             "Writes this replica appended to the shared log.",
-            "counter",
+            Counter,
             m.appended.load(Relaxed),
         ),
         (
             "kvix_log_append_failures_total",
             "Writes refused (LogUnavailable) because the log could not be reached.",
-            "counter",
+            Counter,
             m.append_failures.load(Relaxed),
         ),
         (
             "kvix_log_applied_total",
             "Log records this replica applied (everybody's).",
-            "counter",
+            Counter,
             m.applied.load(Relaxed),
         ),
         (
             "kvix_log_read_failures_total",
             "Failed reads of the log (retried).",
-            "counter",
+            Counter,
             m.read_failures.load(Relaxed),
         ),
         (
             "kvix_log_position_ms",
             "Milliseconds part of the id of the last log entry applied (compare replicas for lag).",
-            "gauge",
+            Gauge,
             m.position_ms.load(Relaxed),
         ),
         (
             "kvix_log_position_seq",
             "Sequence part of the id of the last log entry applied.",
-            "gauge",
+            Gauge,
             m.position_seq.load(Relaxed),
         ),
         (
             "kvix_log_caught_up",
             "1 once the replica applied the log as far as it went at start.",
-            "gauge",
+            Gauge,
             u64::from(r.caught_up.load(Relaxed)),
         ),
         (
             "kvix_log_trimmed_total",
             "Log entries trimmed after snapshots.",
-            "counter",
+            Counter,
             m.trimmed.load(Relaxed),
         ),
         (
             "kvix_log_snapshots_stored_total",
             "Snapshots this replica stored in the log's Redis (after trimming the stream below them).",
-            "counter",
+            Counter,
             m.stored.load(Relaxed),
         ),
         (
             "kvix_log_snapshot_store_failures_total",
             "Snapshots this replica could not store in Redis (nor trim the stream for): Redis away or full, or the log replaced.",
-            "counter",
+            Counter,
             m.store_failures.load(Relaxed),
         ),
         (
             "kvix_ingest_leases_held",
             "Engine event streams this replica ingests (holds the lease of).",
-            "gauge",
+            Gauge,
             m.leases_held.load(Relaxed),
         ),
         (
             "kvix_ingest_lease_changes_total",
             "Ingest leases this replica took.",
-            "counter",
+            Counter,
             m.lease_changes.load(Relaxed),
         ),
     ];
     for (name, help, kind, v) in rows {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
+        out.one(name, help, kind, v);
     }
-    let _ = writeln!(
-        out,
-        "# HELP kvix_log_stopped 1 when this replica stopped following the log, by reason: behind_trim (entries after its position were trimmed away), unreadable (a record it cannot read: another kvix version's or a foreign writer's), replaced (the log was flushed, restarted without persistence or recreated). It refuses writes and fails /healthz until restarted.\n# TYPE kvix_log_stopped gauge"
-    );
     let now = r.stopped_for();
-    for reason in Stopped::ALL {
-        let _ = writeln!(
-            out,
-            "kvix_log_stopped{{reason=\"{}\"}} {}",
-            reason.label(),
-            u8::from(now == Some(reason))
-        );
-    }
+    out.by(
+        "kvix_log_stopped",
+        "1 when this replica stopped following the log, by reason: behind_trim (entries after its position were trimmed away), unreadable (a record it cannot read: another kvix version's or a foreign writer's), replaced (the log was flushed, restarted without persistence or recreated). It refuses writes and fails /healthz until restarted.",
+        Gauge,
+        "reason",
+        Stopped::ALL.map(|reason| (reason.label(), u64::from(now == Some(reason)))),
+    );
 }
 
 /// Redis keys beside the stream.
