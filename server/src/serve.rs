@@ -89,7 +89,7 @@ fn restore(
             ttl_ms: shared.config.fill_in_ttl.saturating_mul(1000),
         }),
         Registry::with_limit(shared.config.max_workers),
-        IngestStates::default(),
+        IngestStates::new(shared.services.ingest.lasts()),
     );
     if let Some(image) = &shared.restored {
         let block = shared.config.block_size;
@@ -200,21 +200,8 @@ async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
             "write-ahead log replayed"
         );
     }
-    let parts: Vec<_> = (0..ex.executors())
-        .map(|e| {
-            ex.on(e, |on| {
-                Box::pin(std::future::ready(Ok(on.ingest_states().lasts())))
-            })
-        })
-        .collect();
-    let mut lasts = std::collections::HashMap::new();
-    for p in parts {
-        lasts.extend(p.await.unwrap_or_default());
-    }
-    ex.ingest().resume(
-        |w| lasts.get(&w).copied().flatten(),
-        |w| ex.registry().name_of(w).unwrap_or_default().to_string(),
-    );
+    ex.ingest()
+        .resume(|w| ex.registry().name_of(w).unwrap_or_default().to_string());
 }
 
 pub(crate) async fn serve(

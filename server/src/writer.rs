@@ -120,7 +120,6 @@ async fn feed_step(ex: &Rc<Executor>, write: Write, u: &mut Update) -> Result<Ou
                 Ok(begun) => {
                     ingest_steps(ex, worker, &begun.steps, u).await;
                     ex.ingest_states().finish(worker, begun.last);
-                    ex.ingest().note_last(worker, begun.last);
                     Ok(Outcome::Done)
                 }
                 Err(Dropped::OutOfStep) => Err(Failure::OutOfStep { worker }),

@@ -28,7 +28,6 @@ use kvix_wire::{EventSource, Feed, WorkerId};
 use crate::exposition::Exposition;
 use crate::exposition::Kind::{self, Counter, Gauge};
 use pool::{Pool, StreamSpec};
-use stream::LastBatch;
 
 /// Deliveries queued per executor before the ingest threads wait.
 const INBOX: usize = 64;
@@ -162,8 +161,8 @@ pub struct Ingest {
     paused: std::sync::atomic::AtomicBool,
     /// Replicas: streams are subscribed only under a lease ([`Ingest::lead`]).
     leased: std::sync::atomic::AtomicBool,
-    /// The last batch applied from each stream (where a new lease holder resumes).
-    lasts: Mutex<std::collections::HashMap<WorkerId, Option<LastBatch>>>,
+    /// The last batch applied from each stream (the homes write it).
+    lasts: Arc<states::Lasts>,
     /// Replicas: the streams this replica leads (holds the ingest lease of), with their
     /// lease's epoch. The lease thread decides ([`Ingest::lead`], [`Ingest::follow`]).
     leading: Mutex<std::collections::HashMap<WorkerId, u64>>,
@@ -215,8 +214,13 @@ impl Ingest {
             leased: std::sync::atomic::AtomicBool::new(false),
             leading: Mutex::default(),
             rewinding: Mutex::default(),
-            lasts: Mutex::new(std::collections::HashMap::new()),
+            lasts: Arc::default(),
         })
+    }
+
+    /// The record of each stream's last batch, for the executors' ingest states.
+    pub fn lasts(&self) -> Arc<states::Lasts> {
+        self.lasts.clone()
     }
 
     /// Executor `me`'s end of its inbox (once).
@@ -289,16 +293,7 @@ impl Ingest {
                 // A new source for blocks the worker still holds: the stream keeps its
                 // last batch, so that a new process behind it (counting from 0 again,
                 // or unknown to the replay) is told apart and the old blocks cleared.
-                let last = if fresh {
-                    None
-                } else {
-                    self.lasts
-                        .lock()
-                        .expect("not poisoned")
-                        .get(&worker)
-                        .copied()
-                        .flatten()
-                };
+                let last = if fresh { None } else { self.lasts.get(worker) };
                 self.pool.subscribe(StreamSpec {
                     worker,
                     name: name.to_string(),
@@ -319,13 +314,9 @@ impl Ingest {
             .insert(worker, source);
     }
 
-    /// Ends the restore: subscribes every source, each stream resuming after `last` (the
-    /// last batch its worker's home applied), named by `name`.
-    pub fn resume(
-        &self,
-        last: impl Fn(WorkerId) -> Option<LastBatch>,
-        name: impl Fn(WorkerId) -> String,
-    ) {
+    /// Ends the restore: subscribes every source, each stream resuming after the last
+    /// batch its worker's home applied, named by `name`.
+    pub fn resume(&self, name: impl Fn(WorkerId) -> String) {
         let sources = self.sources.lock().expect("not poisoned");
         if !self.leased.load(Relaxed) {
             for (&worker, s) in sources.iter() {
@@ -333,14 +324,10 @@ impl Ingest {
                     worker,
                     name: name(worker),
                     source: Arc::new(SourceSpec::from(s)),
-                    last: last(worker),
+                    last: self.lasts.get(worker),
                     epoch: 0,
                 });
             }
-        }
-        let mut lasts = self.lasts.lock().expect("not poisoned");
-        for &w in sources.keys() {
-            lasts.insert(w, last(w));
         }
         let mut names = self.names.lock().expect("not poisoned");
         for &w in sources.keys() {
@@ -365,14 +352,6 @@ impl Ingest {
     /// Replicas: streams start only under a lease.
     pub fn set_leased(&self) {
         self.leased.store(true, Relaxed);
-    }
-
-    /// Notes the last batch applied from a worker's stream.
-    pub fn note_last(&self, worker: WorkerId, last: Option<LastBatch>) {
-        self.lasts
-            .lock()
-            .expect("not poisoned")
-            .insert(worker, last);
     }
 
     /// This replica took the worker's lease at `epoch`: subscribe where its stream is.
@@ -421,13 +400,7 @@ impl Ingest {
         else {
             return;
         };
-        let last = self
-            .lasts
-            .lock()
-            .expect("not poisoned")
-            .get(&worker)
-            .copied()
-            .flatten();
+        let last = self.lasts.get(worker);
         self.pool.subscribe(StreamSpec {
             worker,
             name: format!("worker {worker}"),

@@ -1,9 +1,10 @@
 //! The ingest state a worker's home executor keeps: the translator of each event-source
-//! worker homed there, and the last batch applied from its stream. It lives next to the
-//! worker's feed and changes in the same write-queue job, so a snapshot taken through
-//! that queue has the two in step.
+//! worker homed there, and the last batch applied from its stream (in [`Lasts`], which
+//! the ingest's side reads too). It lives next to the worker's feed and changes in the
+//! same write-queue job, so a snapshot taken through that queue has the two in step.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kvix_engine::{Core, Ks, Update};
 use kvix_wire::{ChunkKind, Event, Lane, WorkerId};
@@ -35,7 +36,6 @@ struct IngestState {
     epoch: u64,
     model: String,
     salt: String,
-    last: Option<LastBatch>,
     translator: Translator,
     /// The worker's history is lost: batches of its engine's current process went by
     /// unapplied (a gap past the replay buffer, a late join onto a buffer that no longer
@@ -87,21 +87,53 @@ impl LostWorkers {
     }
 }
 
+/// The last batch applied from each worker's stream: where the stream resumes after a
+/// restart, under a new lease holder, after a rewind, or from a new source for blocks
+/// the worker still holds. One record per stream: only the worker's home writes it (in
+/// the write-queue job that applies the delivery); the ingest's side reads it.
+#[derive(Debug, Default)]
+pub struct Lasts {
+    by_worker: Mutex<HashMap<WorkerId, LastBatch>>,
+}
+
+impl Lasts {
+    pub fn get(&self, worker: WorkerId) -> Option<LastBatch> {
+        self.by_worker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&worker)
+            .copied()
+    }
+
+    /// Home: the stream's last batch is now `last` (None: it starts afresh).
+    fn set(&self, worker: WorkerId, last: Option<LastBatch>) {
+        let mut by_worker = self.by_worker.lock().unwrap_or_else(|p| p.into_inner());
+        match last {
+            Some(l) => by_worker.insert(worker, l),
+            None => by_worker.remove(&worker),
+        };
+    }
+}
+
 /// The ingest state of the workers homed on one executor.
-#[derive(Default)]
 pub struct IngestStates {
     by_worker: HashMap<WorkerId, IngestState>,
+    lasts: Arc<Lasts>,
 }
 
 impl IngestStates {
-    /// The last batch applied from each worker's stream.
-    pub fn lasts(&self) -> Vec<(WorkerId, Option<LastBatch>)> {
-        self.by_worker.iter().map(|(w, h)| (*w, h.last)).collect()
+    /// States that keep each stream's last batch in `lasts` (the process's one record).
+    pub fn new(lasts: Arc<Lasts>) -> Self {
+        IngestStates {
+            by_worker: HashMap::new(),
+            lasts,
+        }
     }
 
     /// Forgets a worker (retired, or announced again with another roster or source).
     pub fn forget(&mut self, worker: WorkerId) {
         self.by_worker.remove(&worker);
+        self.lasts.set(worker, None);
         LOST.set(worker, false);
     }
 
@@ -116,7 +148,7 @@ impl IngestStates {
                         epoch: h.epoch,
                         model: h.model.clone(),
                         salt: h.salt.clone(),
-                        last: h.last,
+                        last: self.lasts.get(*w),
                         translator: h.translator.export(),
                         lost: h.lost,
                     },
@@ -145,11 +177,11 @@ impl IngestStates {
                 epoch: image.epoch,
                 model: image.model.clone(),
                 salt: image.salt.clone(),
-                last: image.last,
                 translator,
                 lost: image.lost,
             },
         );
+        self.lasts.set(worker, image.last);
         LOST.set(worker, image.lost);
         true
     }
@@ -237,8 +269,8 @@ impl IngestStates {
     /// in the same write-queue job as [`IngestStates::begin`]: no other write of this
     /// worker, and no snapshot, comes between.
     pub fn finish(&mut self, worker: WorkerId, last: Option<LastBatch>) {
-        if let Some(h) = self.by_worker.get_mut(&worker) {
-            h.last = last;
+        if self.by_worker.contains_key(&worker) {
+            self.lasts.set(worker, last);
         }
     }
 }
@@ -278,6 +310,7 @@ fn begin(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return Err(Dropped::Orphaned);
     };
+    let stream_last = states.lasts.get(worker);
     let h = state_of(states, worker, &model, &salt, &lanes, block);
     if epoch < h.epoch {
         // Read under a lease that has passed to another replica since.
@@ -286,7 +319,7 @@ fn begin(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return Err(Dropped::Fenced);
     }
-    if !kvix_events::stream::continues(after, h.last) {
+    if !kvix_events::stream::continues(after, stream_last) {
         METRICS
             .out_of_step
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -403,16 +436,14 @@ fn state_of<'a>(
         epoch: 0,
         model: model.to_string(),
         salt: salt.to_string(),
-        last: None,
         translator: Translator::new(block, model, salt, lanes),
         lost: false,
     };
     let h = states.by_worker.entry(worker).or_insert_with(fresh);
     if h.model != model || h.salt != salt {
-        let (epoch, last, lost) = (h.epoch, h.last, h.lost);
+        let (epoch, lost) = (h.epoch, h.lost);
         *h = IngestState {
             epoch,
-            last,
             lost,
             ..fresh()
         };
