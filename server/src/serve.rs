@@ -175,7 +175,8 @@ async fn replay(ex: &Rc<Executor>, records: Vec<write::Write>) {
 async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
     if let Some(image) = &shared.restored {
         for (w, source) in &image.sources {
-            ex.ingest().restore(*w, source.clone());
+            let name = ex.registry().name_of(*w).unwrap_or_default().to_string();
+            ex.ingest().restore(*w, &name, source.clone());
         }
     }
     let records = std::mem::take(&mut *shared.replay.lock().unwrap_or_else(|p| p.into_inner()));
@@ -200,8 +201,7 @@ async fn finish_restore(ex: &Rc<Executor>, shared: &Shared) {
             "write-ahead log replayed"
         );
     }
-    ex.ingest()
-        .resume(|w| ex.registry().name_of(w).unwrap_or_default().to_string());
+    ex.ingest().resume();
 }
 
 pub(crate) async fn serve(

@@ -151,9 +151,17 @@ pub fn parse_lanes(text: &str) -> Result<Vec<Lane>, String> {
         .collect()
 }
 
-/// Active workers with a source, by name (kept by the ingest as announces and retires
-/// are applied).
-pub type Names = Arc<std::sync::Mutex<std::collections::HashMap<String, WorkerId>>>;
+/// A worker whose engine's events the ingest takes: its name (for the log and for this
+/// file) and its source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sourced {
+    pub name: String,
+    pub source: EventSource,
+}
+
+/// Every worker with a source, by id: the ingest's one record of them, kept as announces
+/// and retires are applied.
+pub type Sources = Arc<std::sync::Mutex<BTreeMap<WorkerId, Sourced>>>;
 
 /// The thread that applies the file: once started, then at each SIGHUP.
 pub struct Applier {
@@ -161,8 +169,8 @@ pub struct Applier {
     pub block: u32,
     /// Executor 0's ingest inbox: announces and retires take the write route from there.
     pub inbox: mpsc::Sender<Write>,
-    /// Active workers by name, to retire one the file no longer declares.
-    pub names: Names,
+    /// The workers with a source, to retire by name one the file no longer declares.
+    pub sources: Sources,
     pub stop: Arc<AtomicBool>,
 }
 
@@ -216,7 +224,9 @@ impl Applier {
             }
         }
         for name in applied.keys().filter(|n| !declared.contains_key(*n)) {
-            let id = self.names.lock().expect("not poisoned").get(name).copied();
+            let sources = self.sources.lock().expect("not poisoned");
+            let id = (sources.iter()).find_map(|(w, s)| (s.name == *name).then_some(*w));
+            drop(sources);
             match id {
                 Some(worker) => writes.push(Write::Retire { worker }),
                 None => {

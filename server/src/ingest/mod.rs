@@ -18,7 +18,6 @@ pub mod pool;
 pub mod socket;
 pub mod states;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
@@ -150,7 +149,7 @@ pub struct Ingest {
     pool: Pool,
     inboxes: Mutex<Vec<Option<mpsc::Receiver<crate::durable::write::Write>>>>,
     /// Every subscribed source by worker (executor 0 announces and retires; snapshots).
-    sources: Mutex<BTreeMap<WorkerId, EventSource>>,
+    sources: fleet::Sources,
     max_sources: usize,
     /// Ranks bound for engines to connect to (--events-bind; 0 without).
     bound_ranks: usize,
@@ -168,8 +167,6 @@ pub struct Ingest {
     leading: Mutex<std::collections::HashMap<WorkerId, u64>>,
     /// Streams with a rewind scheduled ([`Ingest::rewind_due`]).
     rewinding: Mutex<std::collections::HashSet<WorkerId>>,
-    /// Active workers with a source, by name (the fleet file retires by name).
-    names: fleet::Names,
     /// `--engines`: started once the server has restored ([`Ingest::resume`]).
     fleet: Mutex<Option<fleet::Applier>>,
     fleet_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -190,24 +187,23 @@ impl Ingest {
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..executors).map(|_| mpsc::channel(INBOX)).unzip();
         METRICS.threads.store(threads.max(1) as u64, Relaxed);
-        let names = fleet::Names::default();
+        let sources = fleet::Sources::default();
         let fleet_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let fleet = engines.map(|(path, block)| fleet::Applier {
             path,
             block,
             inbox: senders[0].clone(),
-            names: names.clone(),
+            sources: sources.clone(),
             stop: fleet_stop.clone(),
         });
         Ok(Ingest {
-            names,
             fleet: Mutex::new(fleet),
             fleet_thread: Mutex::new(None),
             fleet_stop,
             bound_ranks: bind.as_ref().map_or(0, |b| b.endpoints.len()),
             pool: Pool::start(threads, max_sources, senders, bind)?,
             inboxes: Mutex::new(receivers.into_iter().map(Some).collect()),
-            sources: Mutex::new(BTreeMap::new()),
+            sources,
             max_sources,
             allow: allow.map(Into::into),
             paused: std::sync::atomic::AtomicBool::new(true),
@@ -246,7 +242,7 @@ impl Ingest {
         let sources = self.sources.lock().expect("not poisoned");
         // An engine that names itself on a bound socket never takes a name over.
         let bound = source.endpoint.starts_with(bound::SCHEME);
-        if bound && known.is_some_and(|w| sources.get(&w) != Some(source)) {
+        if bound && known.is_some_and(|w| sources.get(&w).map(|s| &s.source) != Some(source)) {
             return Err(SourceError::NameTaken(source.endpoint.clone()));
         }
         let replacing = known.is_some_and(|w| sources.contains_key(&w));
@@ -267,15 +263,15 @@ impl Ingest {
         source: Option<EventSource>,
         fresh: bool,
     ) {
-        self.names
-            .lock()
-            .expect("not poisoned")
-            .insert(name.to_string(), worker);
         let mut sources = self.sources.lock().expect("not poisoned");
+        let sourced = |source| fleet::Sourced {
+            name: name.to_string(),
+            source,
+        };
         // Restoring, or a replica (the lease decides who subscribes): record only.
         if self.paused.load(Relaxed) || self.leased.load(Relaxed) {
             match source {
-                Some(s) => sources.insert(worker, s),
+                Some(s) => sources.insert(worker, sourced(s)),
                 None => sources.remove(&worker),
             };
             return;
@@ -287,7 +283,7 @@ impl Ingest {
                 }
             }
             Some(s) => {
-                if !fresh && sources.get(&worker) == Some(&s) {
+                if !fresh && sources.get(&worker).is_some_and(|was| was.source == s) {
                     return;
                 }
                 // A new source for blocks the worker still holds: the stream keeps its
@@ -301,39 +297,38 @@ impl Ingest {
                     last,
                     epoch: 0,
                 });
-                sources.insert(worker, s);
+                sources.insert(worker, sourced(s));
             }
         }
     }
 
-    /// Records a source restored from a snapshot (subscribed by [`Ingest::resume`]).
-    pub fn restore(&self, worker: WorkerId, source: EventSource) {
-        self.sources
-            .lock()
-            .expect("not poisoned")
-            .insert(worker, source);
+    /// Records the source of worker `name` restored from a snapshot (subscribed by
+    /// [`Ingest::resume`]).
+    pub fn restore(&self, worker: WorkerId, name: &str, source: EventSource) {
+        let sourced = fleet::Sourced {
+            name: name.to_string(),
+            source,
+        };
+        let mut sources = self.sources.lock().expect("not poisoned");
+        sources.insert(worker, sourced);
     }
 
     /// Ends the restore: subscribes every source, each stream resuming after the last
-    /// batch its worker's home applied, named by `name`.
-    pub fn resume(&self, name: impl Fn(WorkerId) -> String) {
+    /// batch its worker's home applied.
+    pub fn resume(&self) {
         let sources = self.sources.lock().expect("not poisoned");
         if !self.leased.load(Relaxed) {
             for (&worker, s) in sources.iter() {
                 self.pool.subscribe(StreamSpec {
                     worker,
-                    name: name(worker),
-                    source: Arc::new(SourceSpec::from(s)),
+                    name: s.name.clone(),
+                    source: Arc::new(SourceSpec::from(&s.source)),
                     last: self.lasts.get(worker),
                     epoch: 0,
                 });
             }
         }
-        let mut names = self.names.lock().expect("not poisoned");
-        for &w in sources.keys() {
-            names.insert(name(w), w);
-        }
-        drop(names);
+        drop(sources);
         self.paused.store(false, Relaxed);
         self.pool.discover();
         if let Some(applier) = self.fleet.lock().expect("not poisoned").take() {
@@ -403,8 +398,8 @@ impl Ingest {
         let last = self.lasts.get(worker);
         self.pool.subscribe(StreamSpec {
             worker,
-            name: format!("worker {worker}"),
-            source: Arc::new(SourceSpec::from(&s)),
+            name: s.name,
+            source: Arc::new(SourceSpec::from(&s.source)),
             last,
             epoch,
         });
@@ -432,10 +427,6 @@ impl Ingest {
 
     /// The worker was retired.
     pub fn retired(&self, worker: WorkerId) {
-        self.names
-            .lock()
-            .expect("not poisoned")
-            .retain(|_, w| *w != worker);
         if self
             .sources
             .lock()
@@ -450,7 +441,10 @@ impl Ingest {
     /// Every subscribed source, by worker.
     pub fn sources(&self) -> Vec<(WorkerId, EventSource)> {
         let sources = self.sources.lock().expect("not poisoned");
-        sources.iter().map(|(w, s)| (*w, s.clone())).collect()
+        sources
+            .iter()
+            .map(|(w, s)| (*w, s.source.clone()))
+            .collect()
     }
 
     /// Stops the ingest threads.
