@@ -85,7 +85,7 @@ fn spill_target(all: &[ExecutorMetrics], me: usize, max: usize) -> Option<usize>
 /// Serves a new connection here, on the least loaded peer with room when this executor
 /// is full, or refuses it `Overloaded` when every executor is.
 pub fn admit<A: Accepted>(ex: &Rc<Executor>, accepted: A, queue: TaskQueueHandle) {
-    let max = ex.config().max_connections;
+    let max = ex.settings().conn.max_connections;
     let all = ex.all_metrics();
     if take_slot(ex.metrics(), max) {
         serve::<A>(ex, accepted.bind(), queue);

@@ -24,7 +24,7 @@ const MARK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// snapshot files is trimmed all the same). Written by a helper thread so the executor
 /// keeps serving; at shutdown we wait for it and say whether it was written.
 pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
-    let path = ex.config().snapshot.clone();
+    let path = ex.settings().snapshot.clone();
     if path.is_none() && ex.replica().is_none() {
         return Ok(());
     }
@@ -111,7 +111,7 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
     }
     image.engine.feeds.sort_unstable_by_key(|(w, _)| *w);
     image.ingest_states.sort_unstable_by_key(|(w, _)| *w);
-    let bytes = snapshot::encode(&image, ex.config().block_size);
+    let bytes = snapshot::encode(&image, ex.settings().index.block_size);
     let (written, failed) = (
         ex.metrics().snapshots.clone(),
         ex.metrics().snapshot_failures.clone(),

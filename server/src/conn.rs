@@ -47,10 +47,9 @@ pub async fn serve<S>(stream: S, ex: Rc<Executor>, peer: Option<std::net::IpAddr
 where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    let cfg = ex.config();
-    let (max_frame, max_inflight) = (cfg.max_frame, cfg.max_inflight);
-    let max_unsent = cfg.max_unsent.max(max_frame as usize) as u64;
-    let stall = Duration::from_millis(cfg.stall_timeout_ms.max(1));
+    let limits = ex.settings().conn.clone();
+    let (max_frame, max_inflight) = (limits.max_frame, limits.max_inflight);
+    let (max_unsent, stall) = (limits.max_unsent, limits.stall);
     let (mut rd, mut wr) = futures::io::AsyncReadExt::split(stream);
     let budget = Rc::new(Semaphore::new(max_unsent));
     let (tx, rx) = local_channel::new_unbounded::<Outgoing>();
@@ -93,7 +92,7 @@ where
     // that announces a large frame and sends it a byte at a time holds neither the
     // buffer that frame would need nor its connection slot for longer than that.
     let mut reader = FrameReader::new(max_frame.min(MAX_HELLO_FRAME));
-    let handshake_by = Instant::now() + Duration::from_millis(cfg.handshake_timeout_ms.max(1));
+    let handshake_by = Instant::now() + limits.handshake;
     let closed = 'conn: loop {
         // Handle every whole frame already buffered.
         loop {
@@ -148,10 +147,8 @@ where
         reader.shrink();
         let limit = if !session.hello {
             handshake_by.saturating_duration_since(Instant::now())
-        } else if cfg.idle_timeout_s == 0 {
-            Duration::from_secs(u64::from(u32::MAX))
         } else {
-            Duration::from_secs(cfg.idle_timeout_s)
+            (limits.idle).unwrap_or(Duration::from_secs(u64::from(u32::MAX)))
         };
         let got = {
             let read = glommio::timer::timeout(limit, async {

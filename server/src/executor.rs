@@ -20,7 +20,7 @@ use glommio::channels::local_channel::LocalSender;
 use kvix_engine::{Answer, Core, Ks, Registry};
 use kvix_wire::{ArchivedQuery, WorkerId};
 
-use crate::config::Config;
+use crate::config::ExecutorSettings;
 use crate::durable::replica::Replica;
 use crate::durable::wal::Wal;
 use crate::durable::write::Write;
@@ -136,7 +136,7 @@ pub struct Services {
 pub struct Executor {
     me: usize,
     executors: usize,
-    config: Arc<Config>,
+    settings: ExecutorSettings,
     metrics: Arc<[ExecutorMetrics]>,
     core: RefCell<Core>,
     /// Names → ids: executor 0's alone (it numbers every worker).
@@ -156,7 +156,7 @@ pub struct Executor {
 impl Executor {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        config: Arc<Config>,
+        settings: ExecutorSettings,
         metrics: Arc<[ExecutorMetrics]>,
         mesh: Mesh,
         core: Core,
@@ -168,7 +168,7 @@ impl Executor {
         Rc::new(Executor {
             me: mesh.me(),
             executors: mesh.executors(),
-            config,
+            settings,
             metrics,
             core: RefCell::new(core),
             registry: (mesh.me() == 0).then(|| RefCell::new(registry)),
@@ -199,8 +199,8 @@ impl Executor {
         self.services.stopping.load(Relaxed)
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
+    pub fn settings(&self) -> &ExecutorSettings {
+        &self.settings
     }
 
     pub fn metrics(&self) -> &ExecutorMetrics {
@@ -347,7 +347,7 @@ impl Executor {
         let _scope = QueryScope::enter();
         let started = Instant::now();
         let ks = Ks {
-            seed: q.keyspace.seed(self.config.block_size),
+            seed: q.keyspace.seed(self.settings.index.block_size),
             kind: q.keyspace.kind(),
         };
         let mut candidates = self.candidates.borrow_mut();

@@ -121,7 +121,7 @@ pub fn handle(
     let reply = match msg {
         MessageRef::Query(q) => Reply::Now(ex.query(q, |a| {
             let bytes = frame(id, &a.to_wire());
-            let max = ex.config().max_frame as usize;
+            let max = ex.settings().conn.max_frame as usize;
             if bytes.len() <= max {
                 return bytes;
             }
@@ -232,7 +232,7 @@ fn check_announce(a: &kvix_wire::Announce) -> Result<(), Failure> {
 }
 
 fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Reply {
-    let cfg = ex.config();
+    let cfg = &ex.settings().conn;
     let refuse = |session: &mut Session, why: Rejected, code, message: String| {
         ex.metrics().reject(why);
         session.closing = true;
@@ -312,7 +312,7 @@ fn roster(ex: &Executor, id: u64, r: &kvix_wire::ArchivedRosterRequest) -> Align
         .take(MAX_ROSTER_NAMES)
         .filter_map(|n| roster.named(n.as_str()).map(entry))
         .collect();
-    let budget = ex.config().max_frame as usize / 4;
+    let budget = ex.settings().conn.max_frame as usize / 4;
     let mut used: usize = workers.iter().map(|w| w.name.len() + 16).sum();
     let mut next = roster.end();
     let mut more = false;
@@ -336,7 +336,7 @@ fn roster(ex: &Executor, id: u64, r: &kvix_wire::ArchivedRosterRequest) -> Align
 }
 
 fn echo(ex: &Executor, id: u64, reply_len: u32) -> Reply {
-    let cap = ex.config().max_frame as usize - kvix_wire::HEADER_LEN - 64;
+    let cap = ex.settings().conn.max_frame as usize - kvix_wire::HEADER_LEN - 64;
     let payload = vec![0u8; (reply_len as usize).min(cap)];
     Reply::Now(frame(id, &kvix_wire::Echo { payload, reply_len }))
 }

@@ -131,7 +131,7 @@ async fn announce(ex0: &Rc<Executor>, write: Write, checked: bool) -> Result<Ann
         check_source(ex0, name, *feed, source.as_ref()).await?;
     }
     ex0.log(&write).await?;
-    let block = ex0.config().block_size;
+    let block = ex0.settings().index.block_size;
     let registered = ex0.registry().register(name, lanes, *feed, block);
     let (entry, outcome) = registered.map_err(Failure::Roster)?;
     let worker = entry.id;

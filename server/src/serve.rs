@@ -229,7 +229,7 @@ pub(crate) async fn serve(
     let (core, registry, states) = restored?;
     let (jobs, queue) = glommio::channels::local_channel::new_unbounded();
     let ex = Executor::new(
-        config.clone(),
+        config.executor_settings(),
         shared.metrics.clone(),
         mesh,
         core,

@@ -112,7 +112,7 @@ async fn feed_step(ex: &Rc<Executor>, write: Write, u: &mut Update) -> Result<Ou
         // the delivery applied all the same (a restart replays the engine's buffer after
         // the last batch the log holds).
         ingest @ Write::Ingest { worker, .. } => {
-            let block = ex.config().block_size;
+            let block = ex.settings().index.block_size;
             let begun =
                 ex.ingest_states()
                     .begin(&mut ex.core(), block, ingest, SLICE_BLOCKS as usize, u);
@@ -212,7 +212,7 @@ async fn events(ex: &Executor, body: &Body, u: &mut Update) -> Result<Outcome, F
     let m = ex.metrics();
     ExecutorMetrics::add(&m.batches, 1);
     let (worker, seq) = (b.worker.to_native(), b.seq.to_native());
-    let (max, held) = (ex.config().max_blocks, ex.core().index().blocks());
+    let (max, held) = (ex.settings().index.max_blocks, ex.core().index().blocks());
     let stores = || {
         b.events
             .iter()
@@ -233,7 +233,7 @@ async fn events(ex: &Executor, body: &Body, u: &mut Update) -> Result<Outcome, F
         return Err(Failure::IndexFull { held, max });
     }
     let ks = Ks {
-        seed: b.keyspace.seed(ex.config().block_size),
+        seed: b.keyspace.seed(ex.settings().index.block_size),
         kind: b.keyspace.kind(),
     };
     // In slices: a 4 MiB batch is half a million blocks, tens of milliseconds of feed
@@ -263,7 +263,7 @@ async fn events(ex: &Executor, body: &Body, u: &mut Update) -> Result<Outcome, F
 /// as a slice of the feed (a long prompt's prefill stores thousands of blocks at once,
 /// an engine step many prompts).
 async fn ingest_steps(ex: &Executor, worker: WorkerId, steps: &[Vec<EngineEvent>], u: &mut Update) {
-    let max_blocks = ex.config().max_blocks;
+    let max_blocks = ex.settings().index.max_blocks;
     for (i, events) in steps.iter().enumerate() {
         if i > 0 {
             slice_done(ex).await;
@@ -319,7 +319,7 @@ async fn place(ex: &Executor, body: &Body, u: &mut Update) -> Result<(), Failure
     let m = ex.metrics();
     ExecutorMetrics::add(&m.placements, 1);
     let ks = Ks {
-        seed: p.keyspace.seed(ex.config().block_size),
+        seed: p.keyspace.seed(ex.settings().index.block_size),
         kind: p.keyspace.kind(),
     };
     let (worker, chain) = (p.worker.to_native(), kvix_wire::u64s(&p.chain));
