@@ -150,10 +150,8 @@ impl PlacementFeed {
                 Step::Refresh if job.at < job.n => {
                     let (pos, hash) = (job.at as u32, chain[job.at]);
                     job.at += 1;
-                    let s = match self.find(ksi, pos, hash) {
-                        Some(s) => s,
-                        None if held(pos, hash) => continue,
-                        None => self.slot_of(ksi, pos, hash),
+                    let Some(s) = self.slot_of(ksi, pos, hash, || held(pos, hash)) else {
+                        continue;
                     };
                     self.unlink(s);
                     self.scratch.push(s);
@@ -205,8 +203,15 @@ impl PlacementFeed {
         }
     }
 
-    /// The slot of block (`ksi`, `pos`, `hash`), created (unlinked) when new.
-    fn slot_of(&mut self, ksi: u32, pos: u32, hash: u64) -> u32 {
+    /// The slot of block (`ksi`, `pos`, `hash`), created (unlinked) when new unless
+    /// `held_elsewhere` says the worker's other feed holds it (then None).
+    fn slot_of(
+        &mut self,
+        ksi: u32,
+        pos: u32,
+        hash: u64,
+        held_elsewhere: impl FnOnce() -> bool,
+    ) -> Option<u32> {
         let slots = &self.slots;
         let entry = self.map.entry(
             block_hash(ksi as u64, hash),
@@ -217,7 +222,8 @@ impl PlacementFeed {
             |&s| slot_hash(slots, s),
         );
         let e = match entry {
-            Entry::Occupied(e) => return *e.get(),
+            Entry::Occupied(e) => return Some(*e.get()),
+            Entry::Vacant(_) if held_elsewhere() => return None,
             Entry::Vacant(e) => e,
         };
         let slot = Slot {
@@ -242,7 +248,7 @@ impl PlacementFeed {
             self.slots[s as usize] = slot;
         }
         self.len += 1;
-        s
+        Some(s)
     }
 
     /// The placed blocks, oldest-used first, with their ages at `now_ms`.
@@ -273,7 +279,7 @@ impl PlacementFeed {
             .saturating_sub(self.capacity.min(u32::MAX as u64) as usize);
         for p in &image.placed[skip..] {
             let ksi = self.keyspaces.intern(&p.ks);
-            let s = self.slot_of(ksi, p.pos, p.hash);
+            let s = (self.slot_of(ksi, p.pos, p.hash, || false)).expect("made when absent");
             self.unlink(s);
             self.slots[s as usize].time = self.clock.saturating_sub(p.age_ms);
             self.push_newest(s);
