@@ -193,6 +193,7 @@ impl Stream {
     /// The answer to the replay the stream asked for; it may ask for another (a
     /// publisher found to be a new process is replayed from 0).
     pub fn replayed(&mut self, got: Replayed, out: &mut Vec<Delivery>, t: &mut Tally) -> Ask {
+        let replayed_before = t.replayed;
         let ask = match self.waiting.take() {
             Some(Then::Verify(l)) => self.verified(l, got, out, t),
             Some(Then::Resync) => self.resynced(got, out, t),
@@ -202,6 +203,15 @@ impl Stream {
             return ask;
         }
         if let Some((seq, payload, decoded)) = self.held.take() {
+            // A replay whose last replies and end marker were dropped ends short of the
+            // held message: asked again from where it ended while replays bring batches
+            // (one that brought none is applied past, so a publisher that keeps losing
+            // the same replies cannot hold its stream).
+            let short = self.last.is_some_and(|l| seq > l.seq + 1);
+            if short && self.has_replay && t.replayed > replayed_before {
+                self.held = Some((seq, payload, decoded));
+                return self.verify();
+            }
             self.after_catch_up(seq, &payload, decoded, out, t);
         }
         None
@@ -746,6 +756,31 @@ mod tests {
         assert_eq!((t.holes, t.gaps, t.replayed), (1, 0, 10));
         // Asked again from the last batch before the hole, still the same process.
         assert_eq!(t.restarts, 0);
+    }
+
+    /// A replay whose last replies and end marker were dropped (the publisher's send
+    /// queue overflowed at its end) ends short of the live message that asked for it:
+    /// asked again from where it ended, so nothing is applied past the missing batches.
+    /// Applied past them, the worker lost their removals (`engines.rs`:
+    /// `a_long_replay_that_loses_replies_is_asked_again_and_nothing_is_missed`).
+    #[test]
+    fn a_replay_that_ends_short_of_the_held_message_is_asked_again() {
+        let mut p = Publisher::default();
+        let (mut s, mut out, mut t) = (Stream::new(None, false), Vec::new(), Tally::default());
+        for i in 0..3 {
+            let (q, b) = p.publish(i as f64, i + 1);
+            s.live_from(q, &b, &mut p, &mut out, &mut t);
+        }
+        s.has_replay = true;
+        p.publish(3.0, 4);
+        p.publish(4.0, 5);
+        let (q, b) = p.publish(5.0, 6);
+        // 3 and 4 went by; the replay from 2 brings 3 and ends (4 and 5 dropped).
+        p.drops = Some(4..6);
+        s.live_from(q, &b, &mut p, &mut out, &mut t);
+        let want: Vec<(bool, u64)> = (0..6).map(|i| (false, i)).collect();
+        assert_eq!(seqs(&out), want);
+        assert_eq!((t.gaps, t.replayed, t.duplicates), (1, 3, 1));
     }
 
     /// A publisher that drops the same replies every time, right after the last batch

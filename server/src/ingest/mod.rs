@@ -582,7 +582,7 @@ pub fn render(out: &mut Exposition) {
         ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", Counter, &m.malformed),
         ("kvix_ingest_gaps_total", "Publisher sequence gaps seen (filled by a replay where the publisher has one).", Counter, &m.gaps),
         ("kvix_ingest_replayed_total", "Event batches recovered from a replay socket.", Counter, &m.replayed),
-        ("kvix_ingest_replay_holes_total", "Replays that came back with replies missing (a publisher whose send queue overflowed): in the middle, applied up to the hole and asked again from there; at the end (no end marker), applied as far as they came and continued at the next gap.", Counter, &m.replay_holes),
+        ("kvix_ingest_replay_holes_total", "Replays that came back with replies missing (a publisher whose send queue overflowed): in the middle, applied up to the hole and asked again from there; at the end (no end marker), applied as far as they came and asked again from there when a live batch waits past it, else at the next gap.", Counter, &m.replay_holes),
         ("kvix_ingest_replay_failures_total", "Replays that got no answer or did not finish (retried at the next gap or reconnect).", Counter, &m.replay_failures),
         ("kvix_ingest_restarts_total", "New publisher processes detected (or buffers that no longer reached back): the worker was cleared and rebuilt from the replay.", Counter, &m.restarts),
         ("kvix_ingest_duplicates_total", "Batches already applied (seen again live after a replay).", Counter, &m.duplicates),

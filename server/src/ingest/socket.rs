@@ -226,7 +226,8 @@ impl ReplayCall {
             if !self.got.is_empty() && Instant::now() < self.end {
                 // Replies stopped without the end marker: a publisher whose send queue
                 // overflowed drops it like any reply. What came is applied; the rest is
-                // asked for at the next gap. Counted: no gap may come for a while.
+                // asked for by the stream (at once when a live batch waits past it, else at
+                // the next gap). Counted: no gap may come for a while.
                 super::METRICS.replay_holes.fetch_add(1, Relaxed);
                 return Ok(std::mem::take(&mut self.got));
             }
