@@ -6,11 +6,13 @@
 #
 #   scripts/wal-replay.sh                     # 20 s of 20,000 batches/s
 #   DURATION=30 EVENT_RATE=40000 scripts/wal-replay.sh
+#   CORES=1 scripts/wal-replay.sh             # one executor (default: one per CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target-bench}"
 DURATION="${DURATION:-20}"
 EVENT_RATE="${EVENT_RATE:-20000}"
+CORES="${CORES:-0}"
 BIN="$CARGO_TARGET_DIR/release"
 cargo build --release -p kvix-server -p kvix-bench
 DIR=$(mktemp -d)
@@ -21,7 +23,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 PORT=$(free_port); METRICS=$(free_port)
 start() {
   KVIX_LOG=info "$BIN/kvix-server" --listen "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" \
-    --unix "" --snapshot "$DIR/index.snapshot" --snapshot-every 0 --wal >"$DIR/$1.out" 2>"$DIR/$1.err" &
+    --unix "" --cores "$CORES" --snapshot "$DIR/index.snapshot" --snapshot-every 0 --wal >"$DIR/$1.out" 2>"$DIR/$1.err" &
   PID=$!
   for _ in $(seq 1 6000); do grep -q "metrics on" "$DIR/$1.out" 2>/dev/null && return; sleep 0.05; done
   echo "server did not start" >&2; cat "$DIR/$1.err" >&2; ss -tanp | grep ":$PORT " | head -5 >&2; exit 1

@@ -1215,6 +1215,123 @@ fn a_stream_past_its_replay_buffer_has_lost_its_history_until_the_engine_clears(
     }
 }
 
+/// A fill-in lasts `--fill-in-ttl` after its last placement, measured on a clock only
+/// the test moves (the server runs in this process on a `ManualClock`): the placed
+/// blocks go from every executor's copy once it passes, the blocks the worker's events
+/// report stay.
+#[test]
+fn filled_in_blocks_expire_after_the_fill_in_ttl_and_the_events_blocks_stay() {
+    use clap::Parser;
+    if available("fill_in_ttl").is_none() {
+        return;
+    }
+    let name = "vllm-0.34.0";
+    let rel = Rel(name);
+    let ports = Ports::choose(1);
+    let mut publisher = Publisher::try_start_args(
+        name,
+        &format!("tcp://*:{}", ports.publish),
+        Some(&ports.replay(0)),
+        0,
+        "kv",
+        &["--buffer", "4"],
+    )
+    .expect("free ports");
+    let clock = std::sync::Arc::new(kvix_server::clock::ManualClock::default());
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let listen = addr.to_string();
+    let args = [
+        "kvix-server",
+        "--listen",
+        &listen,
+        "--unix",
+        "",
+        "--metrics",
+        "",
+    ];
+    // One connection per executor: the second is handed to the other one.
+    let config = kvix_server::Config::parse_from(args.iter().chain(&[
+        "--cores",
+        "2",
+        "--max-connections",
+        "1",
+        "--fill-in-ttl",
+        "10",
+    ]));
+    let server_clock = clock.clone();
+    std::thread::spawn(move || kvix_server::run_with(config, server_clock));
+    let first = eventually("the server listens", || {
+        std::net::TcpStream::connect(addr).ok()
+    });
+    let mut c = Conn::over(first);
+    c.hello(16, None).expect("welcome");
+    for p in 0..8 {
+        publisher.publish(vec![rel.blocks(p, 0, 1, 100 * u64::from(p + 1))]);
+    }
+    let w = c
+        .announce_source("late", full(), ports.source(0, ""))
+        .unwrap()
+        .worker;
+    let base = ks("", "");
+    expect(
+        &mut c,
+        &base,
+        &chain(&base, 7, 1),
+        &[(w, 1)],
+        "the buffer's last",
+    );
+    assert_eq!(c.query(&base, &chain(&base, 7, 1)).history_lost, vec![w]);
+    let placed = c.ask(&Placement {
+        worker: w,
+        keyspace: base.clone(),
+        chain: chain(&base, 0, 2),
+    });
+    assert_eq!(placed.kind, Kind::Ack);
+    let mut other = Conn::open(addr);
+    other.hello(16, None).expect("welcome");
+    for (i, conn) in [&mut c, &mut other].into_iter().enumerate() {
+        expect(
+            conn,
+            &base,
+            &chain(&base, 0, 2),
+            &[(w, 2)],
+            &format!("filled in, {i}"),
+        );
+    }
+    // Before the TTL: expiry runs every second of wall time; give it two.
+    clock.advance(9_000);
+    std::thread::sleep(Duration::from_millis(2200));
+    for conn in [&mut c, &mut other] {
+        let scores = conn.query(&base, &chain(&base, 0, 2)).scores;
+        assert_eq!(
+            scores,
+            vec![Score {
+                worker: w,
+                blocks: 2
+            }],
+            "nothing expires before its TTL"
+        );
+    }
+    clock.advance(2_000);
+    for (i, conn) in [&mut c, &mut other].into_iter().enumerate() {
+        expect(
+            conn,
+            &base,
+            &chain(&base, 0, 2),
+            &[],
+            &format!("expired, {i}"),
+        );
+        expect(
+            conn,
+            &base,
+            &chain(&base, 7, 1),
+            &[(w, 1)],
+            &format!("events stay, {i}"),
+        );
+    }
+    publisher.stop();
+}
+
 /// A late join onto an engine that stored and then removed 2,500 prompts: the replay
 /// from 0 is 5,000 batches, more than vLLM 0.9.2's and SGLang's replay socket queues
 /// (libzmq's default of 1,000 sends), so behind a reader that falls behind (the server
