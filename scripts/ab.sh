@@ -10,6 +10,8 @@
 #   ONLY=wal scripts/ab.sh d194821            # the write path's rate alone
 #   ONLY=load EVENT_ENGINE=1 EVENT_BLOCKS=200000 EVENT_RATE=1 scripts/ab.sh 1fe11aa
 #                                             # queries while huge batches are written
+#   BENCH_PER_SIDE=1 scripts/ab.sh d194821    # each side measured by its own commit's
+#                                             # kvix-bench (the protocol changed between)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -44,12 +46,19 @@ build() { # name, commit ("" = the work tree): builds kvix-server into $WORK/nam
   fi
   (cd "$dir" && CARGO_TARGET_DIR="$TARGETS/$name" cargo build -q --release -p kvix-server)
   cp "$TARGETS/$name/release/kvix-server" "$WORK/$name.bin"
+  if [ -n "${BENCH_PER_SIDE:-}" ]; then
+    (cd "$dir" && CARGO_TARGET_DIR="$TARGETS/$name" cargo build -q --release -p kvix-bench)
+    cp "$TARGETS/$name/release/kvix-bench" "$WORK/$name.bench"
+  fi
   echo "$name: $(cd "$dir" && git rev-parse --short HEAD)$([ -z "$commit" ] && ! git diff --quiet && echo '+dirty')"
 }
 build base "$BASE"
 build head "$HEAD_REF"
 CARGO_TARGET_DIR="$TARGETS/head" cargo build -q --release -p kvix-bench
 BENCH="$TARGETS/head/release/kvix-bench"
+bench_of() { # build: the kvix-bench that measures it
+  if [ -n "${BENCH_PER_SIDE:-}" ]; then echo "$WORK/$1.bench"; else echo "$BENCH"; fi
+}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 start() { # binary, log name, extra args...
@@ -65,6 +74,7 @@ stop() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true;
 
 for round in $(seq 1 "$ROUNDS"); do
   for build in base head; do
+    BENCH=$(bench_of "$build")
     if [ "$ONLY" != wal ]; then
       start "$WORK/$build.bin" "$build-$round"
       if [ "$ONLY" != load ]; then
