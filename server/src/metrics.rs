@@ -213,7 +213,7 @@ pub fn render(
         ),
         (
             "kvix_placements_total",
-            "Placements applied.",
+            "Placements taken (placed, filling in for a lost history, or passed over).",
             Counter,
             |s| &s.placements,
         ),
