@@ -6,7 +6,6 @@ mod common;
 
 use std::sync::Arc;
 
-use clap::Parser;
 use common::*;
 use kvix_server::clock::ManualClock;
 use kvix_wire::*;
@@ -14,29 +13,9 @@ use kvix_wire::*;
 #[test]
 fn placements_expire_after_their_ttl_on_every_executor_and_not_before() {
     let clock = Arc::new(ManualClock::default());
-    let addr: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
     // One connection per executor: the second is handed to the other one.
-    let listen = addr.to_string();
-    let args = [
-        "kvix-server",
-        "--listen",
-        &listen,
-        "--unix",
-        "",
-        "--metrics",
-        "",
-    ];
-    let config = kvix_server::Config::parse_from(args.iter().chain(&[
-        "--cores",
-        "2",
-        "--max-connections",
-        "1",
-    ]));
-    let server_clock = clock.clone();
-    std::thread::spawn(move || kvix_server::run_with(config, server_clock));
-    let first = eventually("the server listens", || {
-        std::net::TcpStream::connect(addr).ok()
-    });
+    let args = ["--cores", "2", "--max-connections", "1"];
+    let (addr, first) = in_process(&args, clock.clone());
     let mut on = [Conn::over(first), Conn::open(addr)];
     for c in &mut on {
         c.hello(16, None).expect("welcome");

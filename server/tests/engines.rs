@@ -1114,6 +1114,25 @@ fn an_idle_engine_that_joins_late_is_caught_up_from_its_replay() {
     }
 }
 
+/// A publisher of `rel` whose replay buffer keeps 4 batches (`buffer_steps`), after 8
+/// one-block prompts: a worker that joins now has lost the first 4.
+fn past_its_buffer(rel: Rel) -> (Ports, Publisher) {
+    let ports = Ports::choose(1);
+    let mut publisher = Publisher::try_start_args(
+        rel.0,
+        &format!("tcp://*:{}", ports.publish),
+        Some(&ports.replay(0)),
+        0,
+        "kv",
+        &["--buffer", "4"],
+    )
+    .expect("free ports");
+    for p in 0..8 {
+        publisher.publish(vec![rel.blocks(p, 0, 1, 100 * u64::from(p + 1))]);
+    }
+    (ports, publisher)
+}
+
 /// A late join onto an engine whose replay buffer (4 batches here, `buffer_steps`) no
 /// longer reaches its first batch, as after an outage longer than the buffer: the
 /// worker's history is lost, counted in `kvix_ingest_workers_history_lost` (the engine
@@ -1126,20 +1145,8 @@ fn a_stream_past_its_replay_buffer_has_lost_its_history_until_the_engine_clears(
     }
     for name in RELEASES {
         let rel = Rel(name);
-        let ports = Ports::choose(1);
-        let mut publisher = Publisher::try_start_args(
-            name,
-            &format!("tcp://*:{}", ports.publish),
-            Some(&ports.replay(0)),
-            0,
-            "kv",
-            &["--buffer", "4"],
-        )
-        .expect("free ports");
+        let (ports, mut publisher) = past_its_buffer(rel);
         let server = Server::start(&["--cores", "2"]);
-        for p in 0..8 {
-            publisher.publish(vec![rel.blocks(p, 0, 1, 100 * u64::from(p + 1))]);
-        }
         let mut c = server.session();
         let w = c
             .announce_source("late", full(), ports.source(0, ""))
@@ -1221,53 +1228,23 @@ fn a_stream_past_its_replay_buffer_has_lost_its_history_until_the_engine_clears(
 /// report stay.
 #[test]
 fn filled_in_blocks_expire_after_the_fill_in_ttl_and_the_events_blocks_stay() {
-    use clap::Parser;
     if available("fill_in_ttl").is_none() {
         return;
     }
-    let name = "vllm-0.34.0";
-    let rel = Rel(name);
-    let ports = Ports::choose(1);
-    let mut publisher = Publisher::try_start_args(
-        name,
-        &format!("tcp://*:{}", ports.publish),
-        Some(&ports.replay(0)),
-        0,
-        "kv",
-        &["--buffer", "4"],
-    )
-    .expect("free ports");
+    let (ports, publisher) = past_its_buffer(Rel("vllm-0.34.0"));
     let clock = std::sync::Arc::new(kvix_server::clock::ManualClock::default());
-    let addr: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let listen = addr.to_string();
-    let args = [
-        "kvix-server",
-        "--listen",
-        &listen,
-        "--unix",
-        "",
-        "--metrics",
-        "",
-    ];
     // One connection per executor: the second is handed to the other one.
-    let config = kvix_server::Config::parse_from(args.iter().chain(&[
+    let args = [
         "--cores",
         "2",
         "--max-connections",
         "1",
         "--fill-in-ttl",
         "10",
-    ]));
-    let server_clock = clock.clone();
-    std::thread::spawn(move || kvix_server::run_with(config, server_clock));
-    let first = eventually("the server listens", || {
-        std::net::TcpStream::connect(addr).ok()
-    });
+    ];
+    let (addr, first) = in_process(&args, clock.clone());
     let mut c = Conn::over(first);
     c.hello(16, None).expect("welcome");
-    for p in 0..8 {
-        publisher.publish(vec![rel.blocks(p, 0, 1, 100 * u64::from(p + 1))]);
-    }
     let w = c
         .announce_source("late", full(), ports.source(0, ""))
         .unwrap()

@@ -13,6 +13,31 @@ pub mod engines;
 pub mod redis;
 pub mod tls;
 
+/// A server run in this process (`kvix_server::run_with`) on `clock`, a clock only the
+/// test moves, with `args` besides its addresses: its address, and the connection that
+/// found it listening (made first, so it lands on executor 0).
+pub fn in_process(
+    args: &[&str],
+    clock: std::sync::Arc<kvix_server::clock::ManualClock>,
+) -> (SocketAddr, TcpStream) {
+    use clap::Parser;
+    let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let listen = addr.to_string();
+    let own = [
+        "kvix-server",
+        "--listen",
+        &listen,
+        "--unix",
+        "",
+        "--metrics",
+        "",
+    ];
+    let config = kvix_server::Config::parse_from(own.iter().chain(args));
+    std::thread::spawn(move || kvix_server::run_with(config, clock));
+    let first = eventually("the server listens", || TcpStream::connect(addr).ok());
+    (addr, first)
+}
+
 pub struct Server {
     child: Child,
     pub addr: SocketAddr,
