@@ -244,11 +244,7 @@ impl Core {
         now_ms: u64,
     ) -> Result<Option<Placing>, EngineError> {
         let (_, feed) = home_feed(&self.roster, &mut self.feeds, worker, ks)?;
-        let placements = match feed {
-            FeedState::Placements(f) => Some(f),
-            FeedState::Events(f) => f.fill(),
-        };
-        Ok(placements.map(|f| f.start(chain.len(), now_ms)))
+        Ok(feed.placements().map(|f| f.start(chain.len(), now_ms)))
     }
 
     /// Home: about `budget` blocks of a placement `job`; true once it is done. A fill-in
@@ -289,9 +285,16 @@ impl Core {
             .roster
             .get(worker)
             .is_some_and(|e| e.lanes.len() == 1 && e.lanes[0].kind.is_full());
-        let feed = self.feeds.get_mut(worker as usize).and_then(Option::as_mut);
-        match (feed, self.fill_in.feed()) {
-            (Some(FeedState::Events(f)), Some(fill)) if one_full_lane => {
+        let Some(Some(FeedState::Events(f))) = self.feeds.get_mut(worker as usize) else {
+            return false;
+        };
+        if f.fills() {
+            return true;
+        }
+        // A new empty feed only where none is under way (this runs at every delivery
+        // of a worker whose history is lost).
+        match self.fill_in.feed() {
+            Some(fill) if one_full_lane => {
                 f.start_fill(fill);
                 true
             }
@@ -311,12 +314,7 @@ impl Core {
     /// fill-in's too).
     pub fn expire(&mut self, now_ms: u64, out: &mut Update) {
         for (w, feed) in self.feeds.iter_mut().enumerate() {
-            let placements = match feed {
-                Some(FeedState::Placements(f)) => Some(f),
-                Some(FeedState::Events(f)) => f.fill(),
-                None => None,
-            };
-            if let Some(f) = placements {
+            if let Some(f) = feed.as_mut().and_then(FeedState::placements) {
                 f.expire(w as WorkerId, now_ms, &mut out.ops);
             }
         }

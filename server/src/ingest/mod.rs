@@ -290,14 +290,9 @@ impl Ingest {
                 // last batch, so that a new process behind it (counting from 0 again,
                 // or unknown to the replay) is told apart and the old blocks cleared.
                 let last = if fresh { None } else { self.lasts.get(worker) };
-                self.pool.subscribe(StreamSpec {
-                    worker,
-                    name: name.to_string(),
-                    source: Arc::new(SourceSpec::from(&s)),
-                    last,
-                    epoch: 0,
-                });
-                sources.insert(worker, sourced(s));
+                let s = sourced(s);
+                self.pool.subscribe(stream_spec(worker, &s, last, 0));
+                sources.insert(worker, s);
             }
         }
     }
@@ -319,13 +314,8 @@ impl Ingest {
         let sources = self.sources.lock().expect("not poisoned");
         if !self.leased.load(Relaxed) {
             for (&worker, s) in sources.iter() {
-                self.pool.subscribe(StreamSpec {
-                    worker,
-                    name: s.name.clone(),
-                    source: Arc::new(SourceSpec::from(&s.source)),
-                    last: self.lasts.get(worker),
-                    epoch: 0,
-                });
+                let last = self.lasts.get(worker);
+                self.pool.subscribe(stream_spec(worker, s, last, 0));
             }
         }
         drop(sources);
@@ -396,13 +386,7 @@ impl Ingest {
             return;
         };
         let last = self.lasts.get(worker);
-        self.pool.subscribe(StreamSpec {
-            worker,
-            name: s.name,
-            source: Arc::new(SourceSpec::from(&s.source)),
-            last,
-            epoch,
-        });
+        self.pool.subscribe(stream_spec(worker, &s, last, epoch));
     }
 
     /// Whether this replica leads the worker's stream.
@@ -570,6 +554,22 @@ impl Metrics {
 
     pub fn block_events(&self, n: u64) {
         self.block_events.fetch_add(n, Relaxed);
+    }
+}
+
+/// The subscription of `worker`'s source, its stream resuming after `last`.
+fn stream_spec(
+    worker: WorkerId,
+    s: &fleet::Sourced,
+    last: Option<stream::LastBatch>,
+    epoch: u64,
+) -> StreamSpec {
+    StreamSpec {
+        worker,
+        name: s.name.clone(),
+        source: Arc::new(SourceSpec::from(&s.source)),
+        last,
+        epoch,
     }
 }
 

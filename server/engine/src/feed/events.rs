@@ -655,16 +655,13 @@ impl EventFeed {
     }
 
     /// Restores an exported feed into a fresh one at `now_ms`; names of lanes beyond the
-    /// roster are skipped. A fill-in goes into `fill` (None: not taken).
-    pub fn import(
-        &mut self,
-        image: &crate::EventFeedImage,
-        now_ms: u64,
-        fill: Option<PlacementFeed>,
-    ) {
-        if let (Some(placed), Some(mut fill)) = (&image.fill, fill) {
-            fill.import(placed, now_ms);
-            self.fill = Some(fill);
+    /// roster are skipped. A fill-in is taken as `fill_in` says (not at all: off).
+    pub fn import(&mut self, image: &crate::EventFeedImage, now_ms: u64, fill_in: super::FillIn) {
+        if let Some(placed) = &image.fill {
+            self.fill = fill_in.feed().map(|mut fill| {
+                fill.import(placed, now_ms);
+                fill
+            });
         }
         self.seq.restore(image.last_seq);
         for n in &image.names {

@@ -125,6 +125,14 @@ impl FeedState {
         }
     }
 
+    /// The placements this feed keeps: a placement feed's, or an event feed's fill-in.
+    pub fn placements(&mut self) -> Option<&mut PlacementFeed> {
+        match self {
+            FeedState::Placements(f) => Some(f),
+            FeedState::Events(f) => f.fill(),
+        }
+    }
+
     /// The feed as plain data at `now_ms`.
     pub fn export(&self, now_ms: u64) -> crate::FeedImage {
         match self {
@@ -137,9 +145,7 @@ impl FeedState {
     /// says; false (nothing restored) for another kind.
     pub fn import(&mut self, image: &crate::FeedImage, now_ms: u64, fill_in: FillIn) -> bool {
         match (self, image) {
-            (FeedState::Events(f), crate::FeedImage::Events(i)) => {
-                f.import(i, now_ms, fill_in.feed())
-            }
+            (FeedState::Events(f), crate::FeedImage::Events(i)) => f.import(i, now_ms, fill_in),
             (FeedState::Placements(f), crate::FeedImage::Placements(i)) => f.import(i, now_ms),
             _ => return false,
         }
