@@ -231,7 +231,7 @@ impl Executor {
     }
 
     /// The registry of names, on executor 0 (announces, retires and their checks are
-    /// routed there: [`crate::route`]).
+    /// routed there: [`crate::writer`]).
     pub fn registry(&self) -> RefMut<'_, Registry> {
         self.registry
             .as_ref()

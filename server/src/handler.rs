@@ -15,7 +15,7 @@ use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::mesh::LocalFuture;
 use crate::metrics::Rejected;
-use crate::route::{route_write, Origin};
+use crate::writer::{route_write, Origin};
 
 /// Longest worker name accepted (names are kept for the life of the server).
 pub const MAX_NAME: usize = 256;

@@ -4,7 +4,7 @@
 //! → [`handler`] (messages) → [`executor`] (this core's copy of the engine) →
 //! `kvix_engine` → the answer frame back through [`conn`]. A query never leaves the
 //! executor that read it; every write ([`durable::write::Write`], whoever sent it) takes
-//! [`route::route_write`] to its worker's home [`writer`] queue, which publishes it to
+//! [`writer::route_write`] to its worker's home [`writer`] queue, which publishes it to
 //! every executor over the [`mesh`].
 
 pub mod admit;
@@ -28,7 +28,6 @@ pub mod loud;
 pub mod mesh;
 pub mod metrics;
 pub mod rlimit;
-pub mod route;
 pub mod serve;
 pub mod start;
 pub mod steering;

@@ -19,7 +19,7 @@ use crate::durable::{replica, snapshot, write};
 use crate::executor::Executor;
 use crate::ingest::states::IngestStates;
 use crate::metrics::ExecutorMetrics;
-use crate::{admit, executor, http, listener, mesh, route, writer};
+use crate::{admit, executor, http, listener, mesh, writer};
 
 /// What every executor starts from.
 pub(crate) struct Shared {
@@ -146,7 +146,7 @@ async fn replay(ex: &Rc<Executor>, records: Vec<write::Write>) {
             queued = 0;
         }
         if r.changes_roster() {
-            let _ = route::route_write(ex, r, route::Origin::Logged).await;
+            let _ = writer::route_write(ex, r, writer::Origin::Logged).await;
             continue;
         }
         // A record that does not read was refused when it was first taken too.
@@ -251,12 +251,12 @@ pub(crate) async fn serve(
         .get_mut(me)
         .and_then(Option::take);
     if let (Some(rx), Some(_)) = (log_inbox, ex.replica()) {
-        glommio::spawn_local_into(route::serve_log(ex.clone(), rx), writes)
+        glommio::spawn_local_into(writer::serve_log(ex.clone(), rx), writes)
             .map_err(|e| anyhow::anyhow!("starting the log inbox: {e}"))?
             .detach();
     }
     if let Some(deliveries) = shared.services.ingest.take_inbox(me) {
-        glommio::spawn_local_into(route::serve_deliveries(ex.clone(), deliveries), writes)
+        glommio::spawn_local_into(writer::serve_deliveries(ex.clone(), deliveries), writes)
             .map_err(|e| anyhow::anyhow!("starting the ingest inbox: {e}"))?
             .detach();
     }

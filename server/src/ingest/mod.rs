@@ -4,7 +4,7 @@
 //! The path of one batch: [`pool`] (a bounded set of plain threads, each polling many
 //! [`socket`] subscriptions) → [`stream`] (sequence, replay, restart detection; the
 //! payload decoded by [`payload`]) → the worker's home executor over a bounded channel
-//! (`route::serve_deliveries`, then `route::route_write`) → its write queue, where
+//! (`writer::serve_deliveries`, then `writer::route_write`) → its write queue, where
 //! [`states`] translates the engine events ([`translate`]) and the engine's feed turns them into block operations for every
 //! executor, like any other write. Nothing goes through the network to the server
 //! itself, and an ingest fault never takes an executor down.
