@@ -3,7 +3,10 @@
 # run on this machine's noise: `kvix-bench writes` (one-block event batches, reply wanted,
 # each paired with an Echo of the same sizes) against a plain server, then against
 # replica A of a two-replica log with the lag until each write is visible on replica B.
-# Rounds alternate plain and replicated. Needs redis-server.
+# Both runs also append each write's bytes to the same Redis (XADD, interleaved): the
+# round trip a write with --log cannot do without, so "plain + XADD" is the least an
+# acknowledged write with --log can cost here. Rounds alternate plain and replicated.
+# Needs redis-server.
 #
 #   ROUNDS=3 WRITES=5000 scripts/write-cost.sh
 set -euo pipefail
@@ -40,19 +43,20 @@ start() { # name, args...: starts kvix-server, sets PORT
 stop_all() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; PIDS=(); }
 
 for round in $(seq 1 "$ROUNDS"); do
-  start plain
-  "$BENCH" --quiet --json writes --server "127.0.0.1:$PORT" --writes "$WRITES" >"$WORK/plain-$round.json"
-  stop_all
   RPORT=$(free_port)
   redis-server --port "$RPORT" --save "" --appendonly yes --dir "$WORK" --daemonize no \
     >"$WORK/redis.out" 2>&1 &
   REDIS=$!
   for _ in $(seq 1 200); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  start plain
+  "$BENCH" --quiet --json writes --server "127.0.0.1:$PORT" --redis "127.0.0.1:$RPORT" \
+    --writes "$WRITES" >"$WORK/plain-$round.json"
+  stop_all
   start a --log "redis://127.0.0.1:$RPORT/kvix-$round"
   A=$PORT
   start b --log "redis://127.0.0.1:$RPORT/kvix-$round"
   "$BENCH" --quiet --json writes --server "127.0.0.1:$A" --replica "127.0.0.1:$PORT" \
-    --writes "$WRITES" >"$WORK/log-$round.json"
+    --redis "127.0.0.1:$RPORT" --writes "$WRITES" >"$WORK/log-$round.json"
   stop_all
   kill -TERM "$REDIS"; wait "$REDIS" 2>/dev/null || true
   echo "round $round done" >&2
@@ -61,15 +65,16 @@ done
 python3 - "$WORK" "$ROUNDS" <<'PY'
 import json, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
-print("| round | plain write p50 / p99 µs (floor p50) | --log write p50 / p99 µs (floor p50) | --log / plain p50 | p99 | lag to replica B p50 / p99 µs |")
-print("|---|---|---|---|---|---|")
+print("| round | plain write p50 / p99 µs (echo floor p50) | XADD p50 µs | plain + XADD, p50 / plain | --log write p50 / p99 µs | --log / plain p50 | p99 | lag to replica B p50 / p99 µs |")
+print("|---|---|---|---|---|---|---|---|")
 for r in range(1, rounds + 1):
     p = json.load(open(f"{work}/plain-{r}.json"))
     l = json.load(open(f"{work}/log-{r}.json"))
     pw, lw = p["write"], l["write"]
-    lag = l["lag"]
-    print(f"| {r} | {pw['p50_us']:.0f} / {pw['p99_us']:.0f} ({p['floor']['p50_us']:.0f}) | "
-          f"{lw['p50_us']:.0f} / {lw['p99_us']:.0f} ({l['floor']['p50_us']:.0f}) | "
+    xadd, lag = p["append"]["p50_us"], l["lag"]
+    print(f"| {r} | {pw['p50_us']:.0f} / {pw['p99_us']:.0f} ({p['floor']['p50_us']:.0f}) | {xadd:.0f} | "
+          f"{(pw['p50_us'] + xadd) / pw['p50_us']:.2f} | "
+          f"{lw['p50_us']:.0f} / {lw['p99_us']:.0f} | "
           f"{lw['p50_us'] / pw['p50_us']:.2f} | {lw['p99_us'] / pw['p99_us']:.2f} | "
           f"{lag['p50_us']:.0f} / {lag['p99_us']:.0f} |")
 PY

@@ -252,6 +252,10 @@ struct WritesArgs {
     /// Another replica of the server's --log: each write is looked for there after its ack.
     #[arg(long)]
     replica: Option<String>,
+    /// A Redis (the log's): each write's bytes are also appended there (XADD to a scratch
+    /// stream), the round trip an acknowledged write with --log cannot do without.
+    #[arg(long)]
+    redis: Option<String>,
     /// Measured writes (and as many echoes).
     #[arg(long, default_value_t = 5000)]
     writes: usize,
@@ -725,16 +729,18 @@ fn cmd_soak(a: SoakArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
 fn cmd_writes(a: WritesArgs, json: bool) -> anyhow::Result<()> {
     let addr = net::loopback(&a.server)?;
     let replica = a.replica.as_deref().map(net::loopback).transpose()?;
+    let redis = a.redis.as_deref().map(net::loopback).transpose()?;
     let cfg = writes::WritesConfig {
         server: a.server.clone(),
         replica: a.replica.clone(),
+        redis: a.redis.clone(),
         writes: a.writes,
         warmup: a.warmup,
         token_block: a.token_block,
         seed: a.seed,
     };
     let rt = runtime(1)?;
-    let report = rt.block_on(writes::run(&cfg, addr, replica))?;
+    let report = rt.block_on(writes::run(&cfg, addr, replica, redis))?;
     emit(json, &report, |r| {
         let mut t = Table::new(&["what", "p50 us", "p90 us", "p99 us", "p99.9 us", "count"]);
         let mut add = |what: &str, s: &stats::Summary| {
@@ -746,6 +752,9 @@ fn cmd_writes(a: WritesArgs, json: bool) -> anyhow::Result<()> {
         add("floor (echo)", &r.floor);
         if let Some(lag) = &r.lag {
             add("visible on the replica after the ack", lag);
+        }
+        if let Some(append) = &r.append {
+            add("XADD of its bytes to Redis", append);
         }
         format!(
             "writes: {} one-block event batches ({} B) to {}\n{}write / floor: p50 {:.2}, p99 {:.2}, p99.9 {:.2}\n",

@@ -2,7 +2,10 @@
 //! paired with an Echo of the same request and reply sizes over the same connection (the
 //! transport floor), interleaved so noise hits both alike. With `--replica`, every write
 //! acknowledged by the server is then looked for in queries on another replica of its
-//! log: how long after the ack it is visible there (the replication lag).
+//! log: how long after the ack it is visible there (the replication lag). With `--redis`,
+//! each write's bytes are also appended to a scratch stream of that Redis (XADD, the
+//! command a replica's append is), interleaved the same way: the Redis round trip an
+//! acknowledged write with `--log` cannot do without.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -21,6 +24,7 @@ use crate::stats::{histogram, record, Ratios, Summary};
 pub struct WritesConfig {
     pub server: String,
     pub replica: Option<String>,
+    pub redis: Option<String>,
     pub writes: usize,
     pub warmup: usize,
     pub token_block: u32,
@@ -38,7 +42,12 @@ pub struct WritesReport {
     pub ratio: Ratios,
     /// From the ack on the server to the write answered by the replica.
     pub lag: Option<Summary>,
+    /// An XADD of the write's bytes to the `--redis` server (`MAXLEN ~ 1000`).
+    pub append: Option<Summary>,
 }
+
+/// The scratch stream the append floor writes to.
+const FLOOR_KEY: &[u8] = b"kvix-bench-append-floor";
 
 /// How long a write may take to show on the replica before the run gives up.
 const LAG_LIMIT: Duration = Duration::from_secs(5);
@@ -47,12 +56,17 @@ pub async fn run(
     cfg: &WritesConfig,
     addr: SocketAddr,
     replica: Option<SocketAddr>,
+    redis: Option<SocketAddr>,
 ) -> anyhow::Result<WritesReport> {
     let mut conn = WireConn::connect(addr, cfg.token_block).await?;
     let name = format!("writes-{:x}", cfg.seed ^ u64::from(std::process::id()));
     let worker = conn.announce(&name, Feed::Events).await?;
     let mut other = match replica {
         Some(r) => Some(WireConn::connect(r, cfg.token_block).await?),
+        None => None,
+    };
+    let mut redis = match redis {
+        Some(r) => Some(crate::resp::Redis::connect(r).await?),
         None => None,
     };
     let ks = Keyspace::tokens("kvix-bench-writes");
@@ -77,6 +91,7 @@ pub async fn run(
         reply_len: 8,
     };
     let (mut writes, mut floor, mut lag) = (histogram(), histogram(), histogram());
+    let (mut append, mut replies, mut xadd) = (histogram(), Vec::new(), Vec::new());
     for i in 0..cfg.warmup + cfg.writes {
         let b = batch(i as u64);
         let chain = match &b.events[0] {
@@ -97,6 +112,23 @@ pub async fn run(
                 record(&mut lag, acked.elapsed().as_nanos() as u64);
             }
         }
+        if let Some(redis) = redis.as_mut() {
+            xadd.clear();
+            let bytes = encode(&b, i as u64, 0)?;
+            // As a replica appends it: the record, and its origin (replica id and token).
+            let args: [&[u8]; 10] = [
+                b"XADD", FLOOR_KEY, b"MAXLEN", b"~", b"1000", b"*", b"r", &bytes, b"o", b"1:1234",
+            ];
+            crate::resp::command(&mut xadd, &args);
+            let t = Instant::now();
+            redis.pipeline(&xadd, 1, &mut replies).await?;
+            if measured {
+                record(&mut append, t.elapsed().as_nanos() as u64);
+            }
+            if let Some(crate::resp::Reply::Error(e)) = replies.first() {
+                bail!("redis refused the XADD: {e}");
+            }
+        }
         let t = Instant::now();
         conn.send(&echo, 0).await?;
         conn.recv().await?;
@@ -113,6 +145,7 @@ pub async fn run(
         write,
         floor,
         lag: replica.map(|_| Summary::of(&lag)),
+        append: redis.map(|_| Summary::of(&append)),
     })
 }
 
