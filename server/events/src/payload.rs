@@ -190,6 +190,14 @@ pub fn decode(payload: &[u8]) -> Result<Batch, DecodeError> {
     decode_general(payload)
 }
 
+/// Both readers of one payload: the tree-less reader's batch, where it takes the
+/// payload, and the general reader's result. For the fuzz target
+/// (`server/events/fuzz`), which checks that they agree wherever the first answers.
+#[doc(hidden)]
+pub fn both_readers(payload: &[u8]) -> (Option<Batch>, Result<Batch, DecodeError>) {
+    (crate::known::batch(payload), decode_general(payload))
+}
+
 /// [`decode`] through the `Value` tree, whatever the payload.
 fn decode_general(payload: &[u8]) -> Result<Batch, DecodeError> {
     let (read, rest) = msgpack::read(payload, MAX_DEPTH).map_err(DecodeError::Msgpack)?;
