@@ -3,7 +3,7 @@
 //! `workers` placement-fed workers, each capped at `capacity` blocks, receive
 //! fire-and-forget placements of fresh chains (a shared system prefix, then blocks of
 //! their own) at `rate` per second until every cap is reached and then beyond: the block
-//! count goes flat, and so must the memory (BRIEF trap 9). The server's metrics endpoint
+//! count goes flat, and so must the memory. The server's metrics endpoint
 //! gives its resident bytes, its block count and how many executors hold a copy.
 
 use std::net::SocketAddr;

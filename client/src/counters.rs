@@ -161,7 +161,7 @@ pub struct CountersSnapshot {
     /// Queries the server answered with an error.
     pub rejected: u64,
     /// Sum over answers of workers that held part of the chain but could reuse none of
-    /// it jointly (brief, trap 6): a fleet where this grows is not healthy.
+    /// it jointly: a fleet where this grows is not healthy.
     pub unscorable: u64,
     /// Placement frames written (one per server they went to).
     pub placements_sent: u64,

@@ -37,7 +37,7 @@ pub struct Config {
     pub metrics: String,
 
     /// Executors, each with a whole copy of the index (memory grows with it); 0 = one per
-    /// online CPU.
+    /// CPU the process may use.
     #[arg(long, default_value_t = 0)]
     pub cores: usize,
 
@@ -58,7 +58,8 @@ pub struct Config {
     #[arg(long, default_value_t = 256)]
     pub max_inflight: usize,
 
-    /// Connections one executor accepts; further ones get an Overloaded error and are closed.
+    /// Connections one executor serves; one more is handed to the least loaded executor
+    /// with room, and gets an Overloaded error and is closed only when every one is full.
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
 

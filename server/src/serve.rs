@@ -213,8 +213,9 @@ pub(crate) async fn serve(
     // SAFETY: the fd is a listening TCP socket created for this executor alone.
     let tcp = unsafe { glommio::net::TcpListener::from_raw_fd(fd) };
     let gx = glommio::executor();
-    // Queries (every connection) before writes: connections run in a latency-sensitive
-    // queue, the write queue in a throughput one, and long writes yield between slices.
+    // Queries (every connection) before writes: connections run in a queue with ten
+    // times the write queue's shares, and long writes yield between slices. Neither is
+    // `Latency::Matters`: with it, glommio lost wakeups here (docs/design.md).
     let queries = gx.create_task_queue(Shares::Static(1000), Latency::NotImportant, "queries");
     let writes = gx.create_task_queue(Shares::Static(100), Latency::NotImportant, "writes");
     let hops = |me: usize| shared.metrics[me].query_hops.clone();

@@ -11,9 +11,10 @@
 //! sent it, before the returned future is first polled; the future answers once every
 //! executor applied it.
 //!
-//! **The write queue.** One task per executor, in the throughput task queue, runs write
-//! jobs one after another ([`run`]). Queries never wait in it: they run in the latency
-//! task queue and read the index between the slices a long job is cut into. A write of
+//! **The write queue.** One task per executor, in the write task queue, runs write jobs
+//! one after another ([`run`]). Queries never wait in it: they run in the query task
+//! queue (ten times its shares) and read the index between the slices a long job is
+//! cut into. A write of
 //! a worker homed here ([`home_write`], [`install`], [`forget`], [`expire`]) is turned
 //! into an update by the engine's feed step; [`publish`] then hands the update to every
 //! other executor (their queues apply it in the order this one sends), applies it here

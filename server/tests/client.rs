@@ -1,6 +1,6 @@
 //! kvix-client against the real kvix-server binary: announce + feed + query by tokens
 //! (names in the answers), fail-open while the server is killed mid-load, reconnect to a
-//! fresh server on the same port with every announced worker re-announced (trap 5),
+//! fresh server on the same port with every announced worker re-announced,
 //! the Unix socket transport, the blocking client, and a query whose server is killed
 //! under it answered by the next server. No assertion on durations
 //! tighter than deadline + 1 s; every wait is a bounded loop.

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -110,8 +110,9 @@ fn every_metric_the_dashboard_and_the_alert_rules_use_is_served() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The Alerts table's first column, from docs/operations.md.
-fn documented_alerts() -> BTreeSet<String> {
+/// The Alerts table of docs/operations.md: each alert's name (first column) and its
+/// expression (the first `code` span of the second).
+fn documented_alerts() -> BTreeMap<String, String> {
     let doc = read("docs/operations.md");
     let table = doc
         .split("\n## Alerts\n")
@@ -121,9 +122,35 @@ fn documented_alerts() -> BTreeSet<String> {
     table
         .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| alert |"))
-        .filter_map(|l| l.split('|').nth(1))
-        .map(|name| name.trim().to_string())
+        .map(|l| {
+            let mut cells = l.split('|').skip(1);
+            let name = cells.next().unwrap_or_default().trim().to_string();
+            let expr = cells
+                .next()
+                .and_then(|c| c.split('`').nth(1))
+                .unwrap_or_else(|| panic!("alert {name:?}: no `expression` in its row"))
+                .to_string();
+            (name, expr)
+        })
         .collect()
+}
+
+/// The rules file's alerts: each one's summary and its expression.
+fn rule_alerts() -> BTreeMap<String, String> {
+    let mut alerts = BTreeMap::new();
+    let mut expr = None;
+    for line in read("deploy/prometheus/kvix-alerts.yml").lines() {
+        let line = line.trim();
+        if let Some(e) = line.strip_prefix("expr: ") {
+            expr = Some(e.to_string());
+        } else if let Some(summary) = line.strip_prefix("summary: ") {
+            let expr = expr
+                .take()
+                .expect("each rule's expr comes before its summary");
+            alerts.insert(summary.to_string(), expr);
+        }
+    }
+    alerts
 }
 
 #[test]
@@ -153,12 +180,9 @@ fn the_alert_rules_pass_promtool_and_are_the_documented_alerts() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "promtool check rules: {said}");
-    let summaries: BTreeSet<String> = read("deploy/prometheus/kvix-alerts.yml")
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("summary: "))
-        .map(str::to_string)
-        .collect();
-    assert_eq!(summaries, documented_alerts());
+    // The same alerts, each with the same expression (the table is what an operator
+    // copies from).
+    assert_eq!(rule_alerts(), documented_alerts());
 }
 
 /// The ConfigMap's `kvix.toml` (the block under `kvix.toml: |`).

@@ -2,7 +2,7 @@
 //!
 //! A lane is one independently evicted cache group of a worker (vLLM's KV cache
 //! group). Every other crate parses and prints lanes through this module, so the
-//! names below exist exactly once (trap 2 of the brief).
+//! names below exist exactly once.
 
 use std::fmt;
 

@@ -1,6 +1,7 @@
 //! kvix-wire: the one place the kvix protocol is spelled.
 //!
 //! - [`frame`]: the fixed header and frame validation,
+//! - [`reader`]: [`FrameReader`], the one reader that turns a byte stream into frames,
 //! - [`message`]: the rkyv message bodies,
 //! - [`codec`]: encoding messages into frames and reading them in place,
 //! - [`chain`]: the chain hasher, [`keyspace`]: keyspace seeds,

@@ -24,6 +24,7 @@ pub struct Welcome {
     pub server: String,
     pub token_block: u32,
     pub byte_chunk: u32,
+    /// The server's executors, each holding a whole copy of the index.
     pub shards: u32,
     /// Largest frame (header + body) the server accepts.
     pub max_frame: u32,
@@ -222,7 +223,7 @@ pub struct Stats {
     pub memberships: u64,
     pub queries: u64,
     pub events: u64,
-    /// Work done per shard (blocks visited), for the skew view.
+    /// Queries each executor answered, for the skew view.
     pub shard_load: Vec<u64>,
 }
 
@@ -287,9 +288,10 @@ pub enum ErrorCode {
     UnknownWorker,
     /// A lane roster or a lane index was refused.
     BadLane,
-    /// Lanes other than one full lane cannot feed a byte keyspace (trap 4).
+    /// Lanes other than one full lane cannot feed a byte keyspace.
     LanesInByteKeyspace,
-    /// Too many requests in flight, or too many connections.
+    /// Too many connections (the connection is closed), or the index is at
+    /// `--max-blocks` and a batch that stores blocks is refused (retry later).
     Overloaded,
     /// The request is valid but the server cannot do it (a bug if it shows up).
     Internal,

@@ -1,5 +1,5 @@
 //! The worker registry: names cross the wire once, here; everything else uses small
-//! integer ids (trap 7). Validates lane rosters and derives each worker's scoring rules.
+//! integer ids. Validates lane rosters and derives each worker's scoring rules.
 
 use kvix_wire::{ChunkKind, Feed, Lane, LaneError, LaneKind, WorkerId};
 
@@ -28,7 +28,7 @@ impl WorkerEntry {
     }
 
     /// Engine block sizes per lane in keyspace blocks of `kind`; refuses lanes in a byte
-    /// keyspace (trap 4), where a plain worker's one lane counts 1 chunk per block.
+    /// keyspace, where a plain worker's one lane counts 1 chunk per block.
     pub fn lane_blocks_in(&self, kind: ChunkKind) -> Result<&[u32], EngineError> {
         match kind {
             ChunkKind::Tokens => Ok(&self.lane_blocks),

@@ -1,10 +1,10 @@
-//! Joint scoring: the reuse rules of BRIEF §4 over a worker's whole lane roster, and the
+//! Joint scoring: the reuse rules over a worker's whole lane roster, and the
 //! ranking of an answer. Pure functions over covered runs; positions in keyspace blocks.
 //!
 //! Each lane accepts a set of hit lengths `p` that is a union of intervals (chunked local
 //! adds a lattice of chunk boundaries). The score is the largest `p` on the grid of
 //! multiples of `step` (the lcm of the lanes' engine blocks) that every lane accepts. It
-//! is found by a descending fixpoint: full lanes cap the start (they are monotone, trap 8),
+//! is found by a descending fixpoint: full lanes cap the start (they are monotone),
 //! then each other lane lowers `p` to the largest value it accepts, until all agree. Each
 //! lane keeps a cursor into its runs that only moves down, so a score costs
 //! O(lanes × runs) however long the prompt is.
@@ -110,7 +110,7 @@ impl Rules {
 
     /// The largest hit length `p ≤ n` (a multiple of `step`) every lane accepts, given
     /// each lane's covered runs (`runs[i]` for lane `i`: sorted, disjoint, coalesced).
-    /// A lane with no runs accepts only `p = 0` (trap 1).
+    /// A lane with no runs accepts only `p = 0`.
     pub fn score(&self, runs: &[&[Run]], n: u32) -> u32 {
         self.score_with(|i| runs.get(i).copied().unwrap_or(&[]), n)
     }
@@ -214,7 +214,7 @@ fn lcm(a: u64, b: u64) -> u64 {
 pub struct Answer {
     /// (worker, joint reusable blocks), blocks > 0, best first, ties by lower id.
     pub scores: Vec<(WorkerId, u32)>,
-    /// Workers that hold some of the chain on some lane yet score 0 (trap 6).
+    /// Workers that hold some of the chain on some lane yet score 0.
     pub unscorable: u32,
     /// When asked for: every covered worker (by id), every lane of its roster.
     pub runs: Vec<WorkerRuns>,

@@ -1,4 +1,4 @@
-//! Table tests for the joint reuse rules (BRIEF §4) and the feed rules, through [`Engine`].
+//! Table tests for the joint reuse rules and the feed rules, through [`Engine`].
 
 use std::ops::Range;
 
@@ -91,7 +91,7 @@ fn chunked_local_needs_its_chunk_up_to_the_hit() {
     assert_eq!(score(&ch, &[(0, 0..10), (1, 4..6)], 10), (8, 0));
     assert_eq!(score(&ch, &[(0, 0..10), (1, 4..7)], 7), (7, 0));
     assert_eq!(score(&ch, &[(0, 0..10), (1, 5..7)], 7), (4, 0));
-    // No coverage at all on the chunked lane: only p = 0 (trap 1), though the literal
+    // No coverage at all on the chunked lane: only p = 0, though the literal
     // rule would accept chunk boundaries.
     assert_eq!(score(&ch, &[(0, 0..10)], 10), (0, 1));
 }
@@ -123,7 +123,7 @@ fn mixed_rosters_take_the_largest_hit_all_lanes_accept() {
     assert_eq!(with(&[7]), (8, 0));
     // The window does not reach back to a state at 3.
     assert_eq!(with(&[2]), (0, 1));
-    // A lane absent from the query path is not "no constraint" (trap 1).
+    // A lane absent from the query path is not "no constraint".
     assert_eq!(score(&mix, &base, 12), (0, 1));
     // lcm alignment: engine blocks of 2 and 3 keyspace blocks → hits at multiples of 6.
     let lcm = ["full_attention@32", "mamba@48"];

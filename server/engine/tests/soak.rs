@@ -1,4 +1,4 @@
-//! Placement soak (trap 9): a placement worker with a fixed capacity is fed many distinct
+//! Placement soak: a placement worker with a fixed capacity is fed many distinct
 //! chains for many rounds; live heap bytes (counted, so deterministic) must stay flat.
 
 #[path = "../benches/common/counting.rs"]

@@ -1,6 +1,8 @@
 //! One publisher's stream, as a state machine: which batches to apply, which to drop
 //! as duplicates, when to replay, and when the publisher is a new process. Pure logic:
-//! the sockets are behind [`Replay`], the output is a list of [`Delivery`].
+//! the stream says which seq to ask a replay from (an [`Ask`]), the caller's socket
+//! fetches it and hands back what came ([`Stream::replayed`]), and the output is a list
+//! of [`Delivery`].
 //!
 //! A publisher numbers its batches 0, 1, 2, … per process and keeps the last ones for
 //! replay. The stream remembers the last batch it applied as a [`LastBatch`]: its seq, its

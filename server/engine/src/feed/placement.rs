@@ -4,7 +4,7 @@
 //! A placement refreshes every block of its chain at once. Within one placement the
 //! deepest block counts as the oldest, so cuts eat chains from their ends and a held
 //! prefix stays contiguous. The list and its map hold at most `capacity + chain length`
-//! entries at any time, so memory is bounded by the capacity (trap 9).
+//! entries at any time, so memory is bounded by the capacity.
 
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
