@@ -182,7 +182,18 @@ fn the_alert_rules_pass_promtool_and_are_the_documented_alerts() {
     assert!(out.status.success(), "promtool check rules: {said}");
     // The same alerts, each with the same expression (the table is what an operator
     // copies from).
-    assert_eq!(rule_alerts(), documented_alerts());
+    let (rules, documented) = (rule_alerts(), documented_alerts());
+    assert_eq!(
+        rules.keys().collect::<Vec<_>>(),
+        documented.keys().collect::<Vec<_>>()
+    );
+    for (alert, expr) in &rules {
+        assert_eq!(
+            Some(expr),
+            documented.get(alert),
+            "alert {alert:?}: the rules file's expression, then the table's"
+        );
+    }
 }
 
 /// The ConfigMap's `kvix.toml` (the block under `kvix.toml: |`).
