@@ -403,15 +403,11 @@ async fn events(ex: &Executor, body: &Body, u: &mut Update) -> Result<Outcome, F
             .any(|e| matches!(e, kvix_wire::ArchivedEvent::Stored { .. }))
     };
     if max > 0 && held >= max && stores() {
-        let refused = m
-            .stores_refused
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if (refused + 1).is_power_of_two() {
+        if let Some(refused) = crate::loud::count_loudly(&m.stores_refused) {
             tracing::warn!(
                 held,
                 max,
-                "index full: {} event batches with stores refused so far",
-                refused + 1
+                "index full: {refused} event batches with stores refused so far"
             );
         }
         return Err(Failure::IndexFull { held, max });

@@ -32,6 +32,13 @@ struct Slot {
     newer: u32,
 }
 
+impl Slot {
+    /// Whether this slot keeps block (`ksi`, `pos`, `hash`).
+    fn is(&self, ksi: u32, pos: u32, hash: u64) -> bool {
+        (self.ks, self.pos, self.hash) == (ksi, pos, hash)
+    }
+}
+
 fn slot_hash(slots: &[Slot], s: u32) -> u64 {
     let slot = &slots[s as usize];
     block_hash(slot.ks as u64, slot.hash)
@@ -183,8 +190,7 @@ impl PlacementFeed {
         let slots = &self.slots;
         self.map
             .find(block_hash(ksi as u64, hash), |&s| {
-                let x = &slots[s as usize];
-                (x.ks, x.pos, x.hash) == (ksi, pos, hash)
+                slots[s as usize].is(ksi, pos, hash)
             })
             .copied()
     }
@@ -215,10 +221,7 @@ impl PlacementFeed {
         let slots = &self.slots;
         let entry = self.map.entry(
             block_hash(ksi as u64, hash),
-            |&s| {
-                let x = &slots[s as usize];
-                (x.ks, x.pos, x.hash) == (ksi, pos, hash)
-            },
+            |&s| slots[s as usize].is(ksi, pos, hash),
             |&s| slot_hash(slots, s),
         );
         let e = match entry {
