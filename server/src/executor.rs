@@ -21,7 +21,7 @@ use kvix_engine::{Answer, Core, Ks, Registry};
 use kvix_wire::{ArchivedQuery, WorkerId};
 
 use crate::config::ExecutorSettings;
-use crate::durable::replica::Replica;
+use crate::durable::replica::{appender::Appender, Replica};
 use crate::durable::wal::Wal;
 use crate::durable::write::Write;
 use crate::failure::Failure;
@@ -143,6 +143,8 @@ pub struct Executor {
     registry: Option<RefCell<Registry>>,
     mesh: Mesh,
     writes: LocalSender<Queued>,
+    /// This executor's appends to the replicated write log (`--log`).
+    log_appender: Option<Appender>,
     /// What the executors share with the rest of the process.
     services: Services,
     /// Ingest state of the event-source workers homed here.
@@ -164,6 +166,7 @@ impl Executor {
         ingest_states: IngestStates,
         services: Services,
         writes: LocalSender<Queued>,
+        log_appender: Option<Appender>,
     ) -> Rc<Self> {
         Rc::new(Executor {
             me: mesh.me(),
@@ -174,6 +177,7 @@ impl Executor {
             registry: (mesh.me() == 0).then(|| RefCell::new(registry)),
             mesh,
             writes,
+            log_appender,
             services,
             ingest_states: RefCell::new(ingest_states),
             answer: RefCell::new(Answer::default()),
@@ -250,6 +254,11 @@ impl Executor {
 
     pub fn replica(&self) -> Option<&Arc<Replica>> {
         self.services.replica.as_ref()
+    }
+
+    /// Where this executor's clients' writes go to the replicated log, with `--log`.
+    pub fn log_appender(&self) -> Option<&Appender> {
+        self.log_appender.as_ref()
     }
 
     pub fn wal(&self) -> Option<&Arc<Wal>> {

@@ -229,6 +229,12 @@ pub(crate) async fn serve(
     }
     let (core, registry, states) = restored?;
     let (jobs, queue) = glommio::channels::local_channel::new_unbounded();
+    let log_appender = shared
+        .services
+        .replica
+        .clone()
+        .map(|r| replica::appender::Appender::start(r, writes))
+        .transpose()?;
     let ex = Executor::new(
         config.executor_settings(),
         shared.metrics.clone(),
@@ -238,6 +244,7 @@ pub(crate) async fn serve(
         states,
         shared.services.clone(),
         jobs,
+        log_appender,
     );
     ex.refresh_gauges();
     admit::set_conn_queue(queries);
@@ -251,10 +258,15 @@ pub(crate) async fn serve(
         .unwrap_or_else(|p| p.into_inner())
         .get_mut(me)
         .and_then(Option::take);
-    if let (Some(rx), Some(_)) = (log_inbox, ex.replica()) {
+    if let (Some(rx), Some(r)) = (log_inbox, ex.replica()) {
         glommio::spawn_local_into(writer::serve_log(ex.clone(), rx), writes)
             .map_err(|e| anyhow::anyhow!("starting the log inbox: {e}"))?
             .detach();
+        if let Some(follow) = r.take_follow() {
+            glommio::spawn_local_into(replica::follower::run(r.clone(), follow), writes)
+                .map_err(|e| anyhow::anyhow!("starting the log follower: {e}"))?
+                .detach();
+        }
     }
     if let Some(deliveries) = shared.services.ingest.take_inbox(me) {
         glommio::spawn_local_into(writer::serve_deliveries(ex.clone(), deliveries), writes)

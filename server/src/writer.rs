@@ -33,7 +33,7 @@ use kvix_wire::{
     Announced, Applied, ApplyStatus, Event, EventBatch, EventSource, Feed, Placement, WorkerId,
 };
 
-use crate::durable::replica::Replica;
+use crate::durable::replica::appender::Appender;
 use crate::durable::snapshot::Part;
 use crate::durable::write::{Body, Outcome, Write};
 use crate::executor::{answer, Acks, Executor, Queued, Tally, Written};
@@ -63,7 +63,7 @@ pub fn route_write(
     write: Write,
     origin: Origin,
 ) -> LocalFuture<Result<Outcome, Failure>> {
-    match (origin, ex.replica()) {
+    match (origin, ex.log_appender()) {
         (Origin::Accepted, Some(log)) => to_log(ex, log.clone(), write),
         _ => to_executor(ex, write, origin == Origin::Logged),
     }
@@ -73,11 +73,7 @@ pub fn route_write(
 /// sent it; an announce's source is checked first, before the log takes it (every
 /// replica then registers what the log holds, and a client waits for an announce's
 /// reply before writing for its worker).
-fn to_log(
-    ex: &Rc<Executor>,
-    log: Arc<Replica>,
-    write: Write,
-) -> LocalFuture<Result<Outcome, Failure>> {
+fn to_log(ex: &Rc<Executor>, log: Appender, write: Write) -> LocalFuture<Result<Outcome, Failure>> {
     let stopping = || Err(Failure::Stopping);
     if let Write::Announce {
         name,

@@ -461,6 +461,38 @@ fn a_replica_of_another_fleet_refuses_to_start_on_its_key() {
     assert_identical(&[&a, &b]);
 }
 
+/// A Redis that requires a password: replicas whose URL carries it log in on every
+/// connection (the start's, each executor's appender, the follower, the lease, the
+/// snapshot store) and agree; a wrong password refuses the start, saying so without
+/// showing it.
+#[test]
+fn replicas_log_in_to_a_redis_that_requires_a_password() {
+    if available("password").is_none() {
+        return;
+    }
+    let redis = Redis::with_password("password", "s3cret");
+    let url = redis.url_with_password("s3cret", "kvix");
+    let a = Server::start(&["--cores", "2", "--log", &url]);
+    let b = Server::start(&["--cores", "2", "--log", &url]);
+    write_fleet(&[&a, &b], "pw");
+    settle(&[&a, &b]);
+    assert_identical(&[&a, &b]);
+    assert_eq!(
+        a.metric("kvix_log_read_failures_total"),
+        0,
+        "{}",
+        a.scrape()
+    );
+    let wrong = redis.url_with_password("wrong", "kvix");
+    let out = bare_command(&["--cores", "1", "--log", &wrong])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with a wrong password");
+    assert!(err.contains("authentication failed"), "{err}");
+    assert!(!err.contains("wrong"), "the password is shown: {err}");
+}
+
 /// SIGTERM while Redis is down: the last snapshot is cut without Redis (its store in
 /// Redis fails, counted) and the replica exits cleanly, with and without a snapshot file.
 /// The cut waited for a follower that served it only while connected: the stop hung.

@@ -59,6 +59,11 @@ impl Redis {
         Self::start_with(tag, |_, _| Vec::new())
     }
 
+    /// One that serves only clients that log in with `password` (`--requirepass`).
+    pub fn with_password(tag: &str, password: &str) -> Redis {
+        Self::start_with(tag, |_, _| vec!["--requirepass".into(), password.into()])
+    }
+
     /// A replica of `primary`.
     pub fn replica_of(tag: &str, primary: &Redis) -> Redis {
         let port = primary.port.to_string();
@@ -110,6 +115,11 @@ impl Redis {
 
     pub fn url(&self, key: &str) -> String {
         format!("redis://127.0.0.1:{}/{key}", self.port)
+    }
+
+    /// The log URL that logs in with `password`.
+    pub fn url_with_password(&self, password: &str, key: &str) -> String {
+        format!("redis://:{password}@127.0.0.1:{}/{key}", self.port)
     }
 
     /// Starts (again) on the same port and directory; waits until it answers.

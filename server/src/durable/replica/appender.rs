@@ -1,40 +1,83 @@
-//! The appender thread: this replica's writes go to the stream in the order they were
-//! submitted, many per round trip (one pipeline of XADDs per batch). An append that
-//! fails is answered `LogUnavailable` at once; the connection is made again for the next.
+//! The appender, one per executor: the writes this executor's connections send go to the
+//! stream in the order they were submitted, many per round trip (one pipeline of XADDs
+//! per batch), on the executor's own connection to Redis: no hand-off to another thread
+//! on an acknowledged write's path. An append refused or lost is answered
+//! `LogUnavailable` at once; the connection is made again for the next batch.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 
+use futures::channel::{mpsc, oneshot};
+use futures::StreamExt;
+
+use super::resp::Resp;
 use super::Replica;
+use crate::durable::write::{Outcome, Write};
+use crate::failure::Failure;
 
 /// One record to append, and the token its reply waits under.
-pub struct Append {
-    pub bytes: Vec<u8>,
-    pub token: u64,
+struct Append {
+    bytes: Vec<u8>,
+    token: u64,
 }
 
 /// Most records in one pipeline.
 const BATCH: usize = 256;
 
-pub fn run(r: &Replica, rx: Receiver<Append>) {
-    let mut conn: Option<redis::Connection> = None;
-    while let Ok(first) = rx.recv() {
+/// This executor's way into the log.
+#[derive(Clone)]
+pub struct Appender {
+    replica: Arc<Replica>,
+    queue: mpsc::UnboundedSender<Append>,
+}
+
+impl Appender {
+    /// Starts this executor's appending task in `tq`.
+    pub fn start(replica: Arc<Replica>, tq: glommio::TaskQueueHandle) -> anyhow::Result<Appender> {
+        let (queue, appends) = mpsc::unbounded();
+        glommio::spawn_local_into(run(replica.clone(), appends), tq)
+            .map_err(|e| anyhow::anyhow!("starting the log appender: {e}"))?
+            .detach();
+        Ok(Appender { replica, queue })
+    }
+
+    /// Appends `record`; the receiver answers once this replica applied it (or with
+    /// `LogUnavailable` when it could not be appended).
+    pub fn submit(&self, record: &Write) -> oneshot::Receiver<Result<Outcome, Failure>> {
+        let r = &self.replica;
+        let (tx, rx) = oneshot::channel();
+        if let Some(why) = r.broken() {
+            r.metrics.append_failures.fetch_add(1, Relaxed);
+            let _ = tx.send(Err(Failure::LogUnavailable(why)));
+            return rx;
+        }
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(record)
+            .expect("plain data serializes")
+            .to_vec();
+        let token = r.expect(tx);
+        if self.queue.unbounded_send(Append { bytes, token }).is_err() {
+            r.fail(token, "the log appender has stopped".into());
+        }
+        rx
+    }
+}
+
+async fn run(r: Arc<Replica>, mut appends: mpsc::UnboundedReceiver<Append>) {
+    let mut conn: Option<Resp> = None;
+    while let Some(first) = appends.next().await {
         let mut batch = vec![first];
         while batch.len() < BATCH {
-            match rx.try_recv() {
+            match appends.try_recv() {
                 Ok(a) => batch.push(a),
-                Err(_) => break,
+                _ => break,
             }
         }
         if conn.is_none() {
-            match r.connect() {
+            match Resp::open(&r.link).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
-                    fail_all(
-                        r,
-                        &batch,
-                        &format!("the write log at {} is unreachable: {e}", r.url.server),
-                    );
+                    let why = format!("the write log at {} is unreachable: {e}", r.url.server);
+                    fail(&r, &batch, &why);
                     continue;
                 }
             }
@@ -49,15 +92,29 @@ pub fn run(r: &Replica, rx: Receiver<Append>) {
                 .arg("o")
                 .arg(format!("{}:{}", r.id, a.token));
         }
-        let done: redis::RedisResult<Vec<String>> = pipe.query(conn.as_mut().expect("connected"));
-        match done {
-            Ok(_) => {
-                r.metrics.appended.fetch_add(batch.len() as u64, Relaxed);
+        let c = conn.as_mut().expect("connected");
+        let sent = c.send(&pipe.get_packed_pipeline()).await;
+        match sent.and(c.replies(batch.len()).await) {
+            Ok(replies) => {
+                // Each XADD answers for itself: one refused (maxmemory) fails its write
+                // alone.
+                for (a, reply) in batch.iter().zip(replies) {
+                    match reply.extract_error() {
+                        Ok(_) => {
+                            r.metrics.appended.fetch_add(1, Relaxed);
+                        }
+                        Err(e) => fail(
+                            &r,
+                            std::slice::from_ref(a),
+                            &format!("appending to the write log failed: {e}"),
+                        ),
+                    }
+                }
             }
             Err(e) => {
                 conn = None;
-                fail_all(
-                    r,
+                fail(
+                    &r,
                     &batch,
                     &format!("appending to the write log failed: {e}"),
                 );
@@ -66,7 +123,7 @@ pub fn run(r: &Replica, rx: Receiver<Append>) {
     }
 }
 
-fn fail_all(r: &Replica, batch: &[Append], why: &str) {
+fn fail(r: &Replica, batch: &[Append], why: &str) {
     r.metrics
         .append_failures
         .fetch_add(batch.len() as u64, Relaxed);

@@ -1,10 +1,12 @@
-//! The follower thread: reads the stream in order from this replica's position and
-//! hands every record to the executor that applies it (announces and retires to
-//! executor 0, waiting for them; the rest to the worker's home, pipelined). Between
-//! reads it serves snapshot marks, and it reports its position for trimming.
+//! The follower, a task on executor 0: reads the stream in order from this replica's
+//! position and hands every record to the executor that applies it (announces and
+//! retires to executor 0, waiting for them; the rest to the worker's home, pipelined).
+//! Between reads it serves snapshot marks, and it reports its position for trimming.
+//! The trimming and the snapshot store ([`publish_snapshot`]) run on the snapshot's own
+//! thread, on a connection of their own.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::channel::{mpsc, oneshot};
@@ -12,8 +14,10 @@ use futures::SinkExt;
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 use redis::Commands;
 
+use super::resp::Resp;
 use super::{
-    fleet_key, generation_key, id_key, positions_key, snapshot_key, LogJob, Mark, Replica, Stopped,
+    fleet_key, generation_key, id_key, positions_key, snapshot_key, Follow, LogJob, Mark, Replica,
+    Stopped,
 };
 use crate::durable::write::Write;
 
@@ -41,58 +45,62 @@ enum Read {
 ///
 /// Every read also checks the log's generation: entries read from a log that was
 /// replaced in between are not handed on.
-fn read_after(
-    c: &mut redis::Connection,
+async fn read_after(
+    c: &mut Resp,
     key: &str,
     generation: &str,
     position: &str,
     opts: &StreamReadOptions,
 ) -> redis::RedisResult<Read> {
-    let first = |c: &mut redis::Connection| -> redis::RedisResult<String> {
-        let r: StreamRangeReply = c.xrange_count(key, "-", "+", 1)?;
-        Ok(r.ids.first().map_or("nothing".into(), |e| e.id.clone()))
-    };
     let replaced = |now: &Option<String>| now.as_deref() != Some(generation);
+    let generation_now = redis::Cmd::get(generation_key(key));
+    let read = redis::Cmd::xread_options(&[key], &[position], opts);
     if position == "0-0" {
-        let now: Option<String> = c.get(generation_key(key))?;
+        let now: Option<String> = c.query(&generation_now).await?;
         if replaced(&now) {
             return Ok(Read::Replaced(now));
         }
-        if trimmed_from_start(c, key)? {
-            return first(c).map(Read::Trimmed);
+        if trimmed_from_start(c, key).await? {
+            return first(c, key).await.map(Read::Trimmed);
         }
-        let reply = c.xread_options(&[key], &[position], opts)?;
-        let now: Option<String> = c.get(generation_key(key))?;
+        let reply = c.query(&read).await?;
+        let now: Option<String> = c.query(&generation_now).await?;
         if replaced(&now) {
             return Ok(Read::Replaced(now));
         }
         return Ok(Read::Entries(reply));
     }
+    let mut pipe = redis::pipe();
+    pipe.add_command(generation_now.clone())
+        .xrange(key, position, position)
+        .add_command(read)
+        .add_command(generation_now);
     let (now, mine, reply, after): (
         Option<String>,
         StreamRangeReply,
         Option<StreamReadReply>,
         Option<String>,
-    ) = redis::pipe()
-        .get(generation_key(key))
-        .xrange(key, position, position)
-        .xread_options(&[key], &[position], opts)
-        .get(generation_key(key))
-        .query(c)?;
+    ) = c.pipeline(&pipe).await?;
     if replaced(&now) || replaced(&after) {
         return Ok(Read::Replaced(if replaced(&now) { now } else { after }));
     }
     if mine.ids.is_empty() {
-        return first(c).map(Read::Trimmed);
+        return first(c, key).await.map(Read::Trimmed);
     }
     Ok(Read::Entries(reply))
 }
 
+/// The id of the stream's first entry, for the log line.
+async fn first(c: &mut Resp, key: &str) -> redis::RedisResult<String> {
+    let r: StreamRangeReply = c.query(&redis::Cmd::xrange_count(key, "-", "+", 1)).await?;
+    Ok(r.ids.first().map_or("nothing".into(), |e| e.id.clone()))
+}
+
 /// Whether entries were ever removed from the stream (Redis 7's XINFO counts every
 /// entry added: more than it holds).
-fn trimmed_from_start(c: &mut redis::Connection, key: &str) -> redis::RedisResult<bool> {
+async fn trimmed_from_start(c: &mut Resp, key: &str) -> redis::RedisResult<bool> {
     let info: redis::RedisResult<redis::Value> =
-        redis::cmd("XINFO").arg("STREAM").arg(key).query(c);
+        c.query(redis::cmd("XINFO").arg("STREAM").arg(key)).await;
     let fields = match info {
         Ok(redis::Value::Array(f)) => f,
         Ok(redis::Value::Map(m)) => m.into_iter().flat_map(|(k, v)| [k, v]).collect(),
@@ -118,17 +126,32 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJob>>) {
-    let (ms, seq) = id_key(&position);
+/// Follows the log until the process stops, or until this replica cannot follow it any
+/// more ([`Stopped`]).
+pub async fn run(r: Arc<Replica>, follow: Follow) {
+    let Follow {
+        mut position,
+        mut inboxes,
+    } = follow;
+    follow_log(&r, &mut position, &mut inboxes).await;
+    // Stopped following: the executors' inboxes stay open (their ends would read the
+    // log's end as a stop) while this replica refuses writes, until the process stops.
+    while !r.stopped() {
+        glommio::timer::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sender<LogJob>]) {
+    let (ms, seq) = id_key(position);
     r.metrics.position_ms.store(ms, Relaxed);
     r.metrics.position_seq.store(seq, Relaxed);
-    let mut conn: Option<redis::Connection> = None;
+    let mut conn: Option<Resp> = None;
     let mut tail: Option<String> = None;
     let mut backoff = Duration::from_millis(50);
     let mut reported = Instant::now() - Duration::from_secs(60);
     while !r.stopped() {
         if conn.is_none() {
-            match r.connect() {
+            match Resp::open(&r.link).await {
                 Ok(c) => {
                     conn = Some(c);
                     backoff = Duration::from_millis(50);
@@ -137,11 +160,11 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
                     // A cut needs no Redis: a snapshot (the last one, at a stop) is not
                     // held up by its absence.
                     if let Some(req) = r.take_mark_request() {
-                        mark(&mut inboxes, &position, req);
+                        mark(inboxes, position, req).await;
                     }
                     r.metrics.read_failures.fetch_add(1, Relaxed);
                     tracing::warn!("the write log at {} is unreachable: {e}", r.url.server);
-                    std::thread::sleep(backoff);
+                    glommio::timer::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                     continue;
                 }
@@ -149,8 +172,9 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
         }
         let c = conn.as_mut().expect("connected");
         if tail.is_none() {
-            let last: redis::RedisResult<StreamRangeReply> =
-                c.xrevrange_count(&r.url.key, "+", "-", 1);
+            let last: redis::RedisResult<StreamRangeReply> = c
+                .query(&redis::Cmd::xrevrange_count(&r.url.key, "+", "-", 1))
+                .await;
             match last {
                 Ok(reply) => tail = Some(reply.ids.first().map_or("0-0".into(), |e| e.id.clone())),
                 Err(_) => {
@@ -160,21 +184,27 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
             }
         }
         if let Some(req) = r.take_mark_request() {
-            mark(&mut inboxes, &position, req);
+            mark(inboxes, position, req).await;
         }
         if reported.elapsed() > Duration::from_secs(5) {
-            let _: redis::RedisResult<()> = c.hset(
+            let report = redis::Cmd::hset(
                 positions_key(&r.url.key),
                 &r.id,
                 format!("{position} {}", now_ms()),
             );
+            if let Err(e) = c.query::<()>(&report).await {
+                r.metrics.read_failures.fetch_add(1, Relaxed);
+                tracing::warn!("reporting this replica's log position failed: {e}");
+                conn = None;
+                continue;
+            }
             reported = Instant::now();
         }
         // The read goes with a check that this replica's position is still in the
         // stream, in one round trip: a read from a trimmed position would return what
         // follows the hole as if nothing were missing.
         let opts = StreamReadOptions::default().count(COUNT).block(BLOCK_MS);
-        let read = read_after(c, &r.url.key, &r.generation, &position, &opts);
+        let read = read_after(c, &r.url.key, &r.generation, position, &opts).await;
         let reply = match read {
             Ok(Read::Entries(reply)) => reply,
             Ok(Read::Trimmed(first)) => {
@@ -205,6 +235,7 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
                 continue;
             }
         };
+        let mut dispatched = false;
         for entry in reply.into_iter().flat_map(|k| k.keys).flat_map(|k| k.ids) {
             let bytes = match entry.map.get("r") {
                 Some(redis::Value::BulkString(b)) => b.clone(),
@@ -214,7 +245,10 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
                 Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
                 _ => String::new(),
             };
-            if !dispatch(r, &mut inboxes, &bytes, &origin) {
+            // Up to a read's 256 records: queries on this executor are not held up
+            // for all of them.
+            glommio::yield_if_needed().await;
+            if !dispatch(r, inboxes, &bytes, &origin).await {
                 // Skipping it would leave this replica answering otherwise than those
                 // that read it (another kvix version's record, or a foreign writer).
                 let why = format!(
@@ -230,12 +264,20 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
             let (ms, seq) = id_key(&entry.id);
             r.metrics.position_ms.store(ms, Relaxed);
             r.metrics.position_seq.store(seq, Relaxed);
-            position = entry.id;
+            *position = entry.id;
+            dispatched = true;
+        }
+        if dispatched {
+            // The next read waits for the executor's next turn through its reactor: the
+            // writes just handed over are applied and their clients answered first. Its
+            // send (a syscall that wakes Redis: ~20 µs here) would otherwise come before
+            // them, on every acknowledged write's path (docs/benchmarks.md §8).
+            glommio::timer::sleep(Duration::from_micros(1)).await;
         }
         if !r.caught_up.load(Relaxed)
             && tail
                 .as_deref()
-                .is_some_and(|t| id_key(&position) >= id_key(t))
+                .is_some_and(|t| id_key(position) >= id_key(t))
         {
             tracing::info!(%position, "caught up with the write log");
             r.caught_up.store(true, Relaxed);
@@ -245,7 +287,12 @@ pub fn run(r: &Replica, mut position: String, mut inboxes: Vec<mpsc::Sender<LogJ
 }
 
 /// Sends one record to the executor that applies it; false when it does not decode.
-fn dispatch(r: &Replica, inboxes: &mut [mpsc::Sender<LogJob>], bytes: &[u8], origin: &str) -> bool {
+async fn dispatch(
+    r: &Replica,
+    inboxes: &mut [mpsc::Sender<LogJob>],
+    bytes: &[u8],
+    origin: &str,
+) -> bool {
     let mut aligned = kvix_wire::AlignedVec::with_capacity(bytes.len());
     aligned.extend_from_slice(bytes);
     let Ok(mut record) = rkyv::from_bytes::<Write, rkyv::rancor::Error>(&aligned) else {
@@ -265,7 +312,7 @@ fn dispatch(r: &Replica, inboxes: &mut [mpsc::Sender<LogJob>], bytes: &[u8], ori
         Err(_) => return false,
     };
     let (done, wait) = if barrier {
-        let (tx, rx) = std_mpsc::channel();
+        let (tx, rx) = oneshot::channel();
         (Some(tx), Some(rx))
     } else {
         (None, None)
@@ -275,21 +322,21 @@ fn dispatch(r: &Replica, inboxes: &mut [mpsc::Sender<LogJob>], bytes: &[u8], ori
         waiter,
         barrier: done,
     };
-    if futures::executor::block_on(inboxes[to].send(job)).is_err() {
+    if inboxes[to].send(job).await.is_err() {
         return true; // stopping
     }
     if let Some(rx) = wait {
-        let _ = rx.recv();
+        let _ = rx.await;
     }
     true
 }
 
 /// Asks every executor for its part after everything dispatched so far.
-fn mark(inboxes: &mut [mpsc::Sender<LogJob>], position: &str, req: oneshot::Sender<Mark>) {
+async fn mark(inboxes: &mut [mpsc::Sender<LogJob>], position: &str, req: oneshot::Sender<Mark>) {
     let mut parts = Vec::with_capacity(inboxes.len());
     for inbox in inboxes.iter_mut() {
         let (tx, rx) = oneshot::channel();
-        let _ = futures::executor::block_on(inbox.send(LogJob::Export { reply: tx }));
+        let _ = inbox.send(LogJob::Export { reply: tx }).await;
         parts.push(rx);
     }
     let _ = req.send(Mark {

@@ -23,7 +23,7 @@ pub enum LogServer {
 impl fmt::Display for LogServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LogServer::Direct(url) => f.write_str(url),
+            LogServer::Direct(url) => f.write_str(&redact(url)),
             LogServer::Sentinel { sentinels, master } => {
                 let hosts: Vec<&str> = sentinels
                     .iter()
@@ -32,6 +32,20 @@ impl fmt::Display for LogServer {
                 write!(f, "redis+sentinel://{}/{master}", hosts.join(","))
             }
         }
+    }
+}
+
+/// `url` without its password: what is shown goes to logs and error messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.rsplit_once('@') {
+        Some((login, host)) => {
+            let user = login.split_once(':').map_or(login, |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_string(),
     }
 }
 
@@ -55,10 +69,9 @@ impl Link {
         })
     }
 
-    /// A new connection to the primary (asked of the sentinels first), with every
-    /// command bounded by [`IO_TIMEOUT`].
-    pub fn connect(&self) -> redis::RedisResult<redis::Connection> {
-        let client = match self {
+    /// A client of the primary: the one address, or asked of the sentinels now.
+    fn client(&self) -> redis::RedisResult<redis::Client> {
+        Ok(match self {
             Link::Direct(client) => client.clone(),
             Link::Sentinel { sentinel, master } => {
                 let mut s = sentinel.lock().map_err(|_| {
@@ -66,10 +79,39 @@ impl Link {
                 })?;
                 s.master_for(master, None)?
             }
-        };
-        let c = client.get_connection_with_timeout(IO_TIMEOUT)?;
+        })
+    }
+
+    /// Where the primary is and how to log in to it (blocks while sentinels are asked).
+    pub fn primary(&self) -> redis::RedisResult<redis::ConnectionInfo> {
+        Ok(self.client()?.get_connection_info().clone())
+    }
+
+    /// A new connection to the primary (asked of the sentinels first), with every
+    /// command bounded by [`IO_TIMEOUT`].
+    pub fn connect(&self) -> redis::RedisResult<redis::Connection> {
+        let c = self.client()?.get_connection_with_timeout(IO_TIMEOUT)?;
         c.set_read_timeout(Some(IO_TIMEOUT))?;
         c.set_write_timeout(Some(IO_TIMEOUT))?;
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogServer;
+
+    #[test]
+    fn a_shown_log_server_hides_its_password() {
+        let shown = |url: &str| LogServer::Direct(url.into()).to_string();
+        assert_eq!(
+            shown("redis://:s3cret@10.0.0.1:6379"),
+            "redis://:***@10.0.0.1:6379"
+        );
+        assert_eq!(
+            shown("redis://kvix:s3cret@h:6379"),
+            "redis://kvix:***@h:6379"
+        );
+        assert_eq!(shown("redis://h:6379"), "redis://h:6379");
     }
 }

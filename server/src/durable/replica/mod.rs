@@ -7,7 +7,8 @@
 //! reply waits for that, so it sees its write in its next query on that replica. The
 //! follower hands each record to the executor that applies it ([`LogJob`]); announces
 //! and retires are barriers (the records after them wait), the rest are pipelined in
-//! order per worker.
+//! order per worker. Both talk to Redis from the executors ([`resp`]): the appender on
+//! each, the follower on executor 0.
 //!
 //! The log has an identity, its generation (`KEY:generation`, a random id the first
 //! replica to start on an empty key sets): snapshots record it with their position, and
@@ -26,10 +27,11 @@ pub mod appender;
 pub mod follower;
 pub mod lease;
 pub mod link;
+pub mod resp;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::channel::{mpsc, oneshot};
@@ -106,7 +108,7 @@ pub enum LogJob {
     Apply {
         write: Write,
         waiter: Option<Waiter>,
-        barrier: Option<std_mpsc::Sender<()>>,
+        barrier: Option<oneshot::Sender<()>>,
     },
     /// The executor's snapshot part after everything handed over before.
     Export { reply: oneshot::Sender<Part> },
@@ -196,8 +198,9 @@ pub struct ReplicaMetrics {
 pub struct Replica {
     pub id: String,
     pub url: LogUrl,
-    link: Link,
-    appends: Mutex<std_mpsc::Sender<appender::Append>>,
+    link: Arc<Link>,
+    /// Where the follower starts, until executor 0 takes it to run it.
+    follow: Mutex<Option<Follow>>,
     pending: Mutex<HashMap<u64, Waiter>>,
     next_token: AtomicU64,
     snapshot_request: Mutex<Option<oneshot::Sender<Mark>>>,
@@ -215,9 +218,17 @@ pub struct Replica {
     stop: AtomicBool,
 }
 
+/// Where the follower reads from (just after `position`), and the executors' inboxes it
+/// hands records to.
+pub struct Follow {
+    pub position: String,
+    pub inboxes: Vec<mpsc::Sender<LogJob>>,
+}
+
 impl Replica {
-    /// Connects the appender and the follower (reading from just after `position`) and
-    /// hands records to the executors' `inboxes`.
+    /// This replica of the log; its follower (reading from just after `position`, handing
+    /// records to the executors' `inboxes`) runs once executor 0 takes it
+    /// ([`Replica::take_follow`]), its appenders once each executor starts one.
     pub fn start(
         url: LogUrl,
         generation: String,
@@ -226,13 +237,12 @@ impl Replica {
     ) -> anyhow::Result<Arc<Replica>> {
         let link =
             Link::open(&url.server).map_err(|e| anyhow::anyhow!("--log {}: {e}", url.server))?;
-        let (tx, rx) = std_mpsc::channel();
         let id = format!("{:016x}", rand_id());
-        let replica = Arc::new(Replica {
+        Ok(Arc::new(Replica {
             id,
             url,
-            link,
-            appends: Mutex::new(tx),
+            link: Arc::new(link),
+            follow: Mutex::new(Some(Follow { position, inboxes })),
             pending: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(1),
             snapshot_request: Mutex::new(None),
@@ -242,20 +252,12 @@ impl Replica {
             broken: Mutex::new(None),
             metrics: ReplicaMetrics::default(),
             stop: AtomicBool::new(false),
-        });
-        {
-            let r = replica.clone();
-            std::thread::Builder::new()
-                .name("kvix-log-append".into())
-                .spawn(move || appender::run(&r, rx))?;
-        }
-        {
-            let r = replica.clone();
-            std::thread::Builder::new()
-                .name("kvix-log-follow".into())
-                .spawn(move || follower::run(&r, position, inboxes))?;
-        }
-        Ok(replica)
+        }))
+    }
+
+    /// What the follower starts from, taken once (by executor 0, which runs it).
+    pub fn take_follow(&self) -> Option<Follow> {
+        self.follow.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// A connection to the log's Redis (each thread keeps its own).
@@ -275,15 +277,12 @@ impl Replica {
         broken.as_ref().map(|(reason, _)| *reason)
     }
 
-    /// The follower gives up for good (until a restart): refuses writes, fails
-    /// /healthz with `why`, and waits for the process to stop.
+    /// The follower gives up for good (until a restart): this replica refuses writes
+    /// and fails /healthz with `why`.
     fn stop_following(&self, reason: Stopped, why: String) {
         tracing::error!("{why}");
         self.caught_up.store(false, Relaxed);
         *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some((reason, why));
-        while !self.stopped() {
-            std::thread::sleep(Duration::from_millis(100));
-        }
     }
 
     pub fn stopped(&self) -> bool {
@@ -294,32 +293,15 @@ impl Replica {
         self.stop.store(true, Relaxed);
     }
 
-    /// Appends `record`; the receiver answers once this replica applied it (or with
-    /// `LogUnavailable` when it could not be appended).
-    pub fn submit(&self, record: &Write) -> oneshot::Receiver<Result<Outcome, Failure>> {
-        let (tx, rx) = oneshot::channel();
-        if let Some(why) = self.broken() {
-            self.metrics.append_failures.fetch_add(1, Relaxed);
-            let _ = tx.send(Err(Failure::LogUnavailable(why)));
-            return rx;
-        }
+    /// The token under which one of this replica's records is appended: `waiter` hears
+    /// its outcome when the follower reads it back.
+    fn expect(&self, waiter: Waiter) -> u64 {
         let token = self.next_token.fetch_add(1, Relaxed);
-        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(record)
-            .expect("plain data serializes")
-            .to_vec();
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(token, tx);
-        let sent = self
-            .appends
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(appender::Append { bytes, token });
-        if sent.is_err() {
-            self.fail(token, "the log appender has stopped".into());
-        }
-        rx
+            .insert(token, waiter);
+        token
     }
 
     /// The waiter of one of this replica's own records, taken once.

@@ -1,0 +1,207 @@
+//! A connection to the log's Redis on an executor: commands go out and replies come in
+//! on the executor's own io_uring, so a write's append and its return through the
+//! follower cost no hand-off to another thread (each such wake-up cost tens of µs on
+//! the acknowledged write's path, docs/benchmarks.md §8).
+//!
+//! The redis crate encodes the commands and decodes the replies; this file only finds
+//! where a reply ends (RESP2: no HELLO is sent) and moves the bytes.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+use futures::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use redis::{ConnectionAddr, ErrorKind, FromRedisValue, RedisError, RedisResult, Value};
+
+use super::{Link, IO_TIMEOUT};
+
+/// One connection: commands in order, replies in the same order.
+pub struct Resp {
+    stream: TcpStream,
+    /// Bytes read and not yet taken as a reply.
+    buf: Vec<u8>,
+}
+
+fn error(what: &'static str, detail: String) -> RedisError {
+    RedisError::from((ErrorKind::Io, what, detail))
+}
+
+impl Resp {
+    /// Connects to the log's current primary (Sentinel and the name service are asked
+    /// on glommio's blocking thread: neither has another form here) and logs in with the
+    /// URL's password, if it has one; every step bounded by [`IO_TIMEOUT`]. (The log's
+    /// URL names no database: its path is the stream's key.)
+    pub async fn open(link: &Arc<Link>) -> RedisResult<Resp> {
+        let to_ask = link.clone();
+        let (info, addr) = glommio::executor()
+            .spawn_blocking(move || -> RedisResult<_> {
+                let info = to_ask.primary()?;
+                let addr = resolve(info.addr())?;
+                Ok((info, addr))
+            })
+            .await?;
+        let stream = TcpStream::connect_timeout(addr, IO_TIMEOUT)
+            .await
+            .map_err(|e| error("connecting to the log", format!("{addr}: {e}")))?;
+        let io = |e: glommio::GlommioError<()>| error("log socket", e.to_string());
+        stream.set_nodelay(true).map_err(io)?;
+        stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+        stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+        let mut conn = Resp {
+            stream,
+            buf: Vec::with_capacity(64 * 1024),
+        };
+        let settings = info.redis_settings();
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            conn.query::<()>(auth.arg(password)).await?;
+        }
+        Ok(conn)
+    }
+
+    pub async fn query<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> RedisResult<T> {
+        self.send(&cmd.get_packed_command()).await?;
+        let v = self.reply().await?.extract_error()?;
+        Ok(T::from_redis_value(v)?)
+    }
+
+    /// The pipeline's replies as one array (as the redis crate's own connection gives
+    /// them); a command refused fails the whole.
+    pub async fn pipeline<T: FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> RedisResult<T> {
+        self.send(&pipe.get_packed_pipeline()).await?;
+        let replies = self.replies(pipe.len()).await?;
+        Ok(T::from_redis_value(Value::Array(replies).extract_error()?)?)
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) -> RedisResult<()> {
+        self.stream
+            .write_all(bytes)
+            .await
+            .map_err(|e| error("writing to the log", e.to_string()))
+    }
+
+    /// The next `n` replies, each as it came (a refusal is a `Value::ServerError`).
+    pub async fn replies(&mut self, n: usize) -> RedisResult<Vec<Value>> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(self.reply().await?);
+        }
+        Ok(out)
+    }
+
+    async fn reply(&mut self) -> RedisResult<Value> {
+        loop {
+            if let Some(end) = frame_end(&self.buf, 0)? {
+                let v = redis::parse_redis_value(&self.buf[..end]);
+                self.buf.drain(..end);
+                return v;
+            }
+            let at = self.buf.len();
+            self.buf.resize(at + 16 * 1024, 0);
+            let read = self.stream.read(&mut self.buf[at..]).await;
+            let n = match read {
+                Ok(n) => n,
+                Err(e) => {
+                    self.buf.truncate(at);
+                    return Err(error("reading from the log", e.to_string()));
+                }
+            };
+            self.buf.truncate(at + n);
+            if n == 0 {
+                return Err(error(
+                    "reading from the log",
+                    "the connection closed".into(),
+                ));
+            }
+        }
+    }
+}
+
+/// The primary's socket address (a name is resolved here, off the executor).
+fn resolve(addr: &ConnectionAddr) -> RedisResult<SocketAddr> {
+    let ConnectionAddr::Tcp(host, port) = addr else {
+        return Err(error(
+            "unsupported log address",
+            format!("{addr:?}: only plain TCP"),
+        ));
+    };
+    (host.as_str(), *port)
+        .to_socket_addrs()
+        .map_err(|e| error("log address", format!("{host}:{port}: {e}")))?
+        .next()
+        .ok_or_else(|| error("log address", format!("{host}:{port} resolves to nothing")))
+}
+
+/// Where the RESP2 reply starting at `at` ends, if `buf` holds all of it.
+fn frame_end(buf: &[u8], at: usize) -> RedisResult<Option<usize>> {
+    let Some(kind) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some(crlf) = buf[at..].windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let line_end = at + crlf + 2;
+    let count = || -> RedisResult<i64> {
+        std::str::from_utf8(&buf[at + 1..at + crlf])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| {
+                RedisError::from((ErrorKind::Parse, "a malformed length in a Redis reply"))
+            })
+    };
+    match kind {
+        b'+' | b'-' | b':' => Ok(Some(line_end)),
+        b'$' => {
+            let n = count()?;
+            if n < 0 {
+                return Ok(Some(line_end));
+            }
+            let end = usize::try_from(n)
+                .ok()
+                .and_then(|n| line_end.checked_add(n)?.checked_add(2))
+                .ok_or_else(|| RedisError::from((ErrorKind::Parse, "a bulk string too long")))?;
+            Ok((end <= buf.len()).then_some(end))
+        }
+        b'*' => {
+            let n = count()?;
+            let mut end = line_end;
+            for _ in 0..n.max(0) {
+                match frame_end(buf, end)? {
+                    Some(e) => end = e,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(end))
+        }
+        other => Err(RedisError::from((
+            ErrorKind::Parse,
+            "an unknown reply type from Redis",
+            format!("{:?}", *other as char),
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::frame_end;
+
+    #[test]
+    fn a_reply_ends_only_where_all_of_it_arrived() {
+        let whole: &[u8] = b"*2\r\n*2\r\n$3\r\nkey\r\n*1\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\nr\r\n$2\r\nab\r\n$-1\r\n+rest";
+        let end = whole.len() - b"+rest".len();
+        assert_eq!(frame_end(whole, 0).unwrap(), Some(end));
+        for cut in 0..end {
+            assert_eq!(frame_end(&whole[..cut], 0).unwrap(), None, "{cut}");
+        }
+        assert_eq!(frame_end(b"-ERR no\r\n", 0).unwrap(), Some(9));
+        assert_eq!(frame_end(b":12\r\n", 0).unwrap(), Some(5));
+        assert_eq!(frame_end(b"*-1\r\n", 0).unwrap(), Some(5));
+        assert!(frame_end(b"$x\r\n", 0).is_err());
+        assert!(frame_end(b"%1\r\n", 0).is_err());
+        let v = redis::parse_redis_value(&whole[..end]).unwrap();
+        assert!(matches!(v, redis::Value::Array(ref a) if a.len() == 2));
+    }
+}
