@@ -6,14 +6,18 @@
 # Both runs also append each write's bytes to the same Redis (XADD, interleaved): the
 # round trip a write with --log cannot do without, so "plain + XADD" is the least an
 # acknowledged write with --log can cost here. Rounds alternate plain and replicated.
+# With BASE=COMMIT, each round also measures the replicated write of that commit's
+# server (built in a worktree, as scripts/ab.sh does), on the same Redis.
 # Needs redis-server.
 #
 #   ROUNDS=3 WRITES=5000 scripts/write-cost.sh
+#   BASE=8cfb06b ROUNDS=5 scripts/write-cost.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 ROUNDS="${ROUNDS:-3}"
 WRITES="${WRITES:-5000}"
+BASE="${BASE:-}"
 # Its own target directory: scripts/ab.sh builds other commits in target-bench/base and
 # target-bench/head.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-bench/work}"
@@ -26,15 +30,23 @@ PIDS=()
 REDIS=""
 cleanup() {
   for p in "${PIDS[@]}" $REDIS; do kill -9 "$p" 2>/dev/null || true; done
+  [ -n "$BASE" ] && git worktree remove --force "$WORK/base" 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+BASE_SERVER=""
+if [ -n "$BASE" ]; then
+  git worktree add -q --detach "$WORK/base" "$BASE"
+  (cd "$WORK/base" && CARGO_TARGET_DIR="$ROOT/target-bench/base" cargo build -q --release -p kvix-server)
+  BASE_SERVER="$ROOT/target-bench/base/release/kvix-server"
+  echo "base: $(cd "$WORK/base" && git rev-parse --short HEAD), head: $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')" >&2
+fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-start() { # name, args...: starts kvix-server, sets PORT
+start() { # name, args...: starts kvix-server ($RUN, default this tree's), sets PORT
   local name="$1"; shift
   PORT=$(free_port)
-  "$SERVER" --listen "127.0.0.1:$PORT" --metrics "" --unix "" --cores 1 --pin false "$@" \
+  "${RUN:-$SERVER}" --listen "127.0.0.1:$PORT" --metrics "" --unix "" --cores 1 --pin false "$@" \
     >"$WORK/$name.out" 2>"$WORK/$name.err" &
   PIDS+=($!)
   for _ in $(seq 1 6000); do grep -q "listening on" "$WORK/$name.out" 2>/dev/null && return; sleep 0.05; done
@@ -58,23 +70,36 @@ for round in $(seq 1 "$ROUNDS"); do
   "$BENCH" --quiet --json writes --server "127.0.0.1:$A" --replica "127.0.0.1:$PORT" \
     --redis "127.0.0.1:$RPORT" --writes "$WRITES" >"$WORK/log-$round.json"
   stop_all
+  if [ -n "$BASE" ]; then
+    RUN="$BASE_SERVER" start a --log "redis://127.0.0.1:$RPORT/kvix-base-$round"
+    A=$PORT
+    RUN="$BASE_SERVER" start b --log "redis://127.0.0.1:$RPORT/kvix-base-$round"
+    "$BENCH" --quiet --json writes --server "127.0.0.1:$A" --replica "127.0.0.1:$PORT" \
+      --redis "127.0.0.1:$RPORT" --writes "$WRITES" >"$WORK/base-$round.json"
+    stop_all
+  fi
   kill -TERM "$REDIS"; wait "$REDIS" 2>/dev/null || true
   echo "round $round done" >&2
 done
 
-python3 - "$WORK" "$ROUNDS" <<'PY'
-import json, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
-print("| round | plain write p50 / p99 µs (echo floor p50) | XADD p50 µs | plain + XADD, p50 / plain | --log write p50 / p99 µs | --log / plain p50 | p99 | lag to replica B p50 / p99 µs |")
-print("|---|---|---|---|---|---|---|---|")
+python3 - "$WORK" "$ROUNDS" "$BASE" <<'PY'
+import json, os, sys
+work, rounds, base = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+extra = f" `--log` at {base}, p50 µs / ÷ plain |" if base else ""
+print("| round | plain write p50 / p99 µs (echo floor p50) | XADD p50 µs | plain + XADD, p50 / plain | --log write p50 / p99 µs | --log / plain p50 | p99 | lag to replica B p50 / p99 µs |" + extra)
+print("|---|---|---|---|---|---|---|---|" + ("---|" if base else ""))
 for r in range(1, rounds + 1):
     p = json.load(open(f"{work}/plain-{r}.json"))
     l = json.load(open(f"{work}/log-{r}.json"))
     pw, lw = p["write"], l["write"]
     xadd, lag = p["append"]["p50_us"], l["lag"]
-    print(f"| {r} | {pw['p50_us']:.0f} / {pw['p99_us']:.0f} ({p['floor']['p50_us']:.0f}) | {xadd:.0f} | "
-          f"{(pw['p50_us'] + xadd) / pw['p50_us']:.2f} | "
-          f"{lw['p50_us']:.0f} / {lw['p99_us']:.0f} | "
-          f"{lw['p50_us'] / pw['p50_us']:.2f} | {lw['p99_us'] / pw['p99_us']:.2f} | "
-          f"{lag['p50_us']:.0f} / {lag['p99_us']:.0f} |")
+    row = (f"| {r} | {pw['p50_us']:.0f} / {pw['p99_us']:.0f} ({p['floor']['p50_us']:.0f}) | {xadd:.0f} | "
+           f"{(pw['p50_us'] + xadd) / pw['p50_us']:.2f} | "
+           f"{lw['p50_us']:.0f} / {lw['p99_us']:.0f} | "
+           f"{lw['p50_us'] / pw['p50_us']:.2f} | {lw['p99_us'] / pw['p99_us']:.2f} | "
+           f"{lag['p50_us']:.0f} / {lag['p99_us']:.0f} |")
+    if base:
+        bw = json.load(open(f"{work}/base-{r}.json"))["write"]
+        row += f" {bw['p50_us']:.0f} / {bw['p50_us'] / pw['p50_us']:.2f} |"
+    print(row)
 PY

@@ -36,7 +36,7 @@ impl fmt::Display for LogServer {
 }
 
 /// `url` without its password: what is shown goes to logs and error messages.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };

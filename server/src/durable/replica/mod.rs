@@ -61,7 +61,7 @@ impl std::str::FromStr for LogUrl {
     fn from_str(s: &str) -> Result<Self, String> {
         const FORMS: &str =
             "redis://HOST:PORT/KEY or redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER/KEY";
-        let bad = |why: &str| format!("--log {s:?}: {why} (expected {FORMS})");
+        let bad = |why: &str| format!("--log {:?}: {why} (expected {FORMS})", link::redact(s));
         if let Some(rest) = s.strip_prefix("redis://") {
             let (host, key) = rest
                 .split_once('/')
@@ -497,6 +497,13 @@ mod tests {
         ] {
             assert!(bad.parse::<LogUrl>().is_err(), "{bad}");
         }
+        let err = "redis://:s3cret@10.0.0.1:6379"
+            .parse::<LogUrl>()
+            .unwrap_err();
+        assert!(
+            err.contains("redis://:***@10.0.0.1:6379") && !err.contains("s3cret"),
+            "{err}"
+        );
         assert!(id_key("12-3") < id_key("12-10"));
         assert!(id_key("9-99") < id_key("10-0"));
     }
