@@ -706,6 +706,52 @@ fn redis_out_of_memory_refuses_writes_then_heals_by_itself() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Redis out of memory refuses a replica's position report (sent every 5 s) as it
+/// refuses appends: the follower reports again later and reads on, on the same
+/// connection. A refused command is not a lost connection: a follower that took it for
+/// one reconnected in a loop, counting each as a failed read.
+#[test]
+fn a_refused_position_report_does_not_cost_the_follower_its_connection() {
+    if available("refused_report").is_none() {
+        return;
+    }
+    let redis = Redis::start("report");
+    let a = replica(&redis, &[]);
+    let ks = Keyspace::tokens("m");
+    let mut c = a.session();
+    let w = c.events_worker("w");
+    let chain = chain_of(&ks, 0, 8);
+    let set_maxmemory = |bytes: u64| {
+        let _: () = redis_cmd(
+            redis.port,
+            ::redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory")
+                .arg(bytes),
+        )
+        .unwrap();
+    };
+    let refused = || -> u64 {
+        let info: String = redis_cmd(redis.port, ::redis::cmd("INFO").arg("errorstats")).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("errorstat_OOM:count="))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    set_maxmemory(1);
+    // Two reports refused: the follower went on after the first.
+    wait_for("two refused position reports", &|| refused() >= 2);
+    assert_eq!(
+        a.metric("kvix_log_read_failures_total"),
+        0,
+        "{}",
+        a.scrape()
+    );
+    set_maxmemory(0);
+    let r = c.ask(&stored_at(w, 0, &ks, 0, &chain));
+    assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
+}
+
 /// Every replica holds all `blocks` of `chain` for `w`, and applied each of `again`
 /// once (sent again, it is a duplicate).
 fn whole_and_once(

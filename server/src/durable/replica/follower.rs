@@ -14,7 +14,7 @@ use futures::SinkExt;
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 use redis::Commands;
 
-use super::resp::Resp;
+use super::resp::{self, Resp};
 use super::{
     fleet_key, generation_key, id_key, positions_key, snapshot_key, Follow, LogJob, Mark, Replica,
     Stopped,
@@ -187,18 +187,22 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
             mark(inboxes, position, req).await;
         }
         if reported.elapsed() > Duration::from_secs(5) {
+            reported = Instant::now();
             let report = redis::Cmd::hset(
                 positions_key(&r.url.key),
                 &r.id,
                 format!("{position} {}", now_ms()),
             );
             if let Err(e) = c.query::<()>(&report).await {
-                r.metrics.read_failures.fetch_add(1, Relaxed);
+                // Refused (Redis out of memory): tried again in 5 s, and the read goes on.
+                // Lost: so is the connection, whose next reply would answer this.
                 tracing::warn!("reporting this replica's log position failed: {e}");
-                conn = None;
-                continue;
+                if !resp::refused(&e) {
+                    r.metrics.read_failures.fetch_add(1, Relaxed);
+                    conn = None;
+                    continue;
+                }
             }
-            reported = Instant::now();
         }
         // The read goes with a check that this replica's position is still in the
         // stream, in one round trip: a read from a trimmed position would return what

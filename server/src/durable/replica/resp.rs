@@ -120,6 +120,13 @@ impl Resp {
     }
 }
 
+/// Whether `e` is Redis refusing a command (its reply came whole: the connection is
+/// still in step) rather than the connection failing (a reply late, cut or garbled:
+/// the connection must go, or its next reply would answer the wrong command).
+pub fn refused(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
+}
+
 /// The primary's socket address (a name is resolved here, off the executor).
 fn resolve(addr: &ConnectionAddr) -> RedisResult<SocketAddr> {
     let ConnectionAddr::Tcp(host, port) = addr else {
@@ -137,6 +144,19 @@ fn resolve(addr: &ConnectionAddr) -> RedisResult<SocketAddr> {
 
 /// Where the RESP2 reply starting at `at` ends, if `buf` holds all of it.
 fn frame_end(buf: &[u8], at: usize) -> RedisResult<Option<usize>> {
+    nested_end(buf, at, 0)
+}
+
+/// Replies kvix reads nest 5 deep (XREAD: streams, stream, entries, entry, fields).
+const MAX_DEPTH: usize = 16;
+
+fn nested_end(buf: &[u8], at: usize, depth: usize) -> RedisResult<Option<usize>> {
+    if depth > MAX_DEPTH {
+        return Err(RedisError::from((
+            ErrorKind::Parse,
+            "a Redis reply nested deeper than any kvix reads",
+        )));
+    }
     let Some(kind) = buf.get(at) else {
         return Ok(None);
     };
@@ -169,7 +189,7 @@ fn frame_end(buf: &[u8], at: usize) -> RedisResult<Option<usize>> {
             let n = count()?;
             let mut end = line_end;
             for _ in 0..n.max(0) {
-                match frame_end(buf, end)? {
+                match nested_end(buf, end, depth + 1)? {
                     Some(e) => end = e,
                     None => return Ok(None),
                 }
@@ -201,6 +221,7 @@ mod tests {
         assert_eq!(frame_end(b"*-1\r\n", 0).unwrap(), Some(5));
         assert!(frame_end(b"$x\r\n", 0).is_err());
         assert!(frame_end(b"%1\r\n", 0).is_err());
+        assert!(frame_end(&b"*1\r\n".repeat(100), 0).is_err());
         let v = redis::parse_redis_value(&whole[..end]).unwrap();
         assert!(matches!(v, redis::Value::Array(ref a) if a.len() == 2));
     }
