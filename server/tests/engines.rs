@@ -2117,3 +2117,42 @@ fn the_mock_engines_encoding_is_vllm_0_34s_byte_for_byte() {
     assert_eq!(kvix_events::encode::vllm_batch(&ours), real.as_slice());
     engine.stop();
 }
+
+/// The fuzz corpus's vLLM 0.9 seed (server/events/fuzz/seeds/payload/v09_arrays, kept
+/// by server/events/tests/fuzz_seeds.rs, which builds it by hand) is what the real
+/// 0.9.2 `ZmqEventPublisher` sends for the same batch, byte for byte but its timestamp.
+#[test]
+fn the_fuzz_corpus_vllm_0_9_seed_is_the_real_publishers_bytes() {
+    if available("the_vllm_0_9_seed").is_none() {
+        return;
+    }
+    let (ports, mut engine) = Ports::start_one("vllm-0.9.2");
+    let ctx = zmq::Context::new();
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"").unwrap();
+    sub.set_rcvtimeo(200).unwrap();
+    sub.connect(&ports.endpoint(0)).unwrap();
+    let events = vec![
+        json!({"type": "BlockStored", "block_hashes": [7, 9], "parent_block_hash": null,
+               "token_ids": (0..32).collect::<Vec<u32>>(), "block_size": 16, "lora_id": null,
+               "medium": "GPU"}),
+        json!({"type": "BlockRemoved", "block_hashes": [9], "medium": "GPU"}),
+    ];
+    // A subscriber joins a PUB late: publish until one batch arrives.
+    let frames = (0..100)
+        .find_map(|_| {
+            engine.publish(events.clone());
+            sub.recv_multipart(0).ok()
+        })
+        .expect("the real publisher's batch arrives");
+    let mut real = frames[2].clone();
+    // [ts, events, rank]: the timestamp is the float64 after the array's header.
+    assert_eq!(real[..2], [0x93, 0xcb], "{real:02x?}");
+    real[2..10].copy_from_slice(&1.5f64.to_be_bytes());
+    let seed = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/events/fuzz/seeds/payload/v09_arrays"
+    );
+    assert_eq!(real, std::fs::read(seed).unwrap());
+    engine.stop();
+}

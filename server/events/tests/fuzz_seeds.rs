@@ -1,6 +1,7 @@
 //! The payload fuzz target's seed corpus (server/events/fuzz/seeds/payload): engine
 //! batches as vLLM encodes them (0.34's maps, as `encode::vllm_batch` writes them, and
-//! 0.9's arrays), each one decoding to the batch it was made from, kept equal to what
+//! 0.9.2's arrays, checked against the real publisher's bytes by server/tests/engines.rs),
+//! each one decoding to the batch it was made from, kept equal to what
 //! this version encodes. `KVIX_WRITE_SEEDS=1 cargo test -p kvix-events --test
 //! fuzz_seeds` rewrites them.
 
@@ -31,7 +32,9 @@ fn removed(hashes: Vec<u64>) -> EngineEvent {
     })
 }
 
-/// vLLM 0.9's encoding: every struct an array, the tag first.
+/// vLLM 0.9's encoding: every struct an array, the tag first, and no medium yet. The
+/// real 0.9.2 publisher sends these bytes (but the timestamp) for this batch
+/// (server/tests/engines.rs).
 fn v09_arrays() -> (Vec<u8>, Batch) {
     let s = |x: &str| Value::from(x);
     let stored = Value::Array(vec![
@@ -41,12 +44,10 @@ fn v09_arrays() -> (Vec<u8>, Batch) {
         Value::Array((0..32u32).map(Value::from).collect()),
         Value::from(16u32),
         Value::Nil,
-        s("GPU"),
     ]);
     let gone = Value::Array(vec![
         s("BlockRemoved"),
         Value::Array(vec![Value::from(9u64)]),
-        s("GPU"),
     ]);
     let payload = Value::Array(vec![
         Value::F64(1.5),

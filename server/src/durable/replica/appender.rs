@@ -93,8 +93,11 @@ async fn run(r: Arc<Replica>, mut appends: mpsc::UnboundedReceiver<Append>) {
                 .arg(format!("{}:{}", r.id, a.token));
         }
         let c = conn.as_mut().expect("connected");
-        let sent = c.send(&pipe.get_packed_pipeline()).await;
-        match sent.and(c.replies(batch.len()).await) {
+        let replies = match c.send(&pipe.get_packed_pipeline()).await {
+            Ok(()) => c.replies(batch.len()).await,
+            Err(e) => Err(e),
+        };
+        match replies {
             Ok(replies) => {
                 // Each XADD answers for itself: one refused (maxmemory) fails its write
                 // alone.
