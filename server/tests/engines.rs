@@ -2066,13 +2066,6 @@ fn the_mock_engines_encoding_is_vllm_0_34s_byte_for_byte() {
     if available("the_mock_engines_encoding").is_none() {
         return;
     }
-    let rel = Rel("vllm-0.34.0");
-    let (ports, mut engine) = Ports::start_one(rel.0);
-    let ctx = zmq::Context::new();
-    let sub = ctx.socket(zmq::SUB).unwrap();
-    sub.set_subscribe(b"").unwrap();
-    sub.set_rcvtimeo(200).unwrap();
-    sub.connect(&ports.endpoint(0)).unwrap();
     let tokens = toks(3, 0, 2);
     let big = 0xF000_0000_0000_0000u64;
     let events = vec![
@@ -2086,14 +2079,7 @@ fn the_mock_engines_encoding_is_vllm_0_34s_byte_for_byte() {
         json!({"type": "BlockRemoved", "block_hashes": [300, 1u64 << 40], "medium": "GPU"}),
         cleared(),
     ];
-    // A subscriber joins a PUB late: publish until one batch arrives.
-    let frames = (0..100)
-        .find_map(|_| {
-            engine.publish(events.clone());
-            sub.recv_multipart(0).ok()
-        })
-        .expect("the real publisher's batch arrives");
-    let real = &frames[2];
+    let real = &published_payload("vllm-0.34.0", &events);
     let decoded = kvix_events::payload::decode(real).unwrap();
     let mut window = Stored::plain(vec![5], Some(300), toks(3, 2, 3), 16);
     window.medium = Medium::Cpu;
@@ -2115,7 +2101,26 @@ fn the_mock_engines_encoding_is_vllm_0_34s_byte_for_byte() {
         dp_rank: decoded.dp_rank,
     };
     assert_eq!(kvix_events::encode::vllm_batch(&ours), real.as_slice());
+}
+
+/// The payload of the first batch of `events` a real publisher of `release` sends, as a
+/// subscriber receives it.
+fn published_payload(release: &'static str, events: &[Value]) -> Vec<u8> {
+    let (ports, mut engine) = Ports::start_one(release);
+    let ctx = zmq::Context::new();
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"").unwrap();
+    sub.set_rcvtimeo(200).unwrap();
+    sub.connect(&ports.endpoint(0)).unwrap();
+    // A subscriber joins a PUB late: publish until one batch arrives.
+    let mut frames = (0..100)
+        .find_map(|_| {
+            engine.publish(events.to_vec());
+            sub.recv_multipart(0).ok()
+        })
+        .expect("the real publisher's batch arrives");
     engine.stop();
+    frames.swap_remove(2)
 }
 
 /// The fuzz corpus's vLLM 0.9 seed (server/events/fuzz/seeds/payload/v09_arrays, kept
@@ -2126,26 +2131,13 @@ fn the_fuzz_corpus_vllm_0_9_seed_is_the_real_publishers_bytes() {
     if available("the_vllm_0_9_seed").is_none() {
         return;
     }
-    let (ports, mut engine) = Ports::start_one("vllm-0.9.2");
-    let ctx = zmq::Context::new();
-    let sub = ctx.socket(zmq::SUB).unwrap();
-    sub.set_subscribe(b"").unwrap();
-    sub.set_rcvtimeo(200).unwrap();
-    sub.connect(&ports.endpoint(0)).unwrap();
     let events = vec![
         json!({"type": "BlockStored", "block_hashes": [7, 9], "parent_block_hash": null,
                "token_ids": (0..32).collect::<Vec<u32>>(), "block_size": 16, "lora_id": null,
                "medium": "GPU"}),
         json!({"type": "BlockRemoved", "block_hashes": [9], "medium": "GPU"}),
     ];
-    // A subscriber joins a PUB late: publish until one batch arrives.
-    let frames = (0..100)
-        .find_map(|_| {
-            engine.publish(events.clone());
-            sub.recv_multipart(0).ok()
-        })
-        .expect("the real publisher's batch arrives");
-    let mut real = frames[2].clone();
+    let mut real = published_payload("vllm-0.9.2", &events);
     // [ts, events, rank]: the timestamp is the float64 after the array's header.
     assert_eq!(real[..2], [0x93, 0xcb], "{real:02x?}");
     real[2..10].copy_from_slice(&1.5f64.to_be_bytes());
@@ -2154,5 +2146,4 @@ fn the_fuzz_corpus_vllm_0_9_seed_is_the_real_publishers_bytes() {
         "/events/fuzz/seeds/payload/v09_arrays"
     );
     assert_eq!(real, std::fs::read(seed).unwrap());
-    engine.stop();
 }
