@@ -655,26 +655,10 @@ fn redis_out_of_memory_refuses_writes_then_heals_by_itself() {
     let mut c = a.session();
     let w = c.events_worker("w");
     let chain = chain_of(&ks, 0, 4096);
-    let used = || -> u64 {
-        let info: String = redis_cmd(redis.port, ::redis::cmd("INFO").arg("memory")).unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("used_memory:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap()
-    };
-    let maxmemory = |bytes: u64| {
-        let _: () = redis_cmd(
-            redis.port,
-            ::redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("maxmemory")
-                .arg(bytes),
-        )
-        .unwrap();
-    };
     // A little above what Redis uses now: the stream fills it within a few hundred
     // batches.
-    maxmemory(used() + (256 << 10));
+    let used = redis_info(&redis, "memory", "used_memory").unwrap();
+    set_maxmemory(&redis, used + (256 << 10));
     let batch = |seq: u64| {
         let at = (seq as usize * 4) % 4000;
         stored_at(w, seq, &ks, at as u32, &chain[at..at + 4])
@@ -721,24 +705,8 @@ fn a_refused_position_report_does_not_cost_the_follower_its_connection() {
     let mut c = a.session();
     let w = c.events_worker("w");
     let chain = chain_of(&ks, 0, 8);
-    let set_maxmemory = |bytes: u64| {
-        let _: () = redis_cmd(
-            redis.port,
-            ::redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("maxmemory")
-                .arg(bytes),
-        )
-        .unwrap();
-    };
-    let refused = || -> u64 {
-        let info: String = redis_cmd(redis.port, ::redis::cmd("INFO").arg("errorstats")).unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("errorstat_OOM:count="))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    set_maxmemory(1);
+    let refused = || redis_info(&redis, "errorstats", "errorstat_OOM").unwrap_or(0);
+    set_maxmemory(&redis, 1);
     // Two reports refused: the follower went on after the first.
     wait_for("two refused position reports", &|| refused() >= 2);
     assert_eq!(
@@ -747,9 +715,26 @@ fn a_refused_position_report_does_not_cost_the_follower_its_connection() {
         "{}",
         a.scrape()
     );
-    set_maxmemory(0);
+    set_maxmemory(&redis, 0);
     let r = c.ask(&stored_at(w, 0, &ks, 0, &chain));
     assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
+}
+
+/// Redis's `maxmemory` (0: no limit).
+fn set_maxmemory(redis: &Redis, bytes: u64) {
+    let mut set = ::redis::cmd("CONFIG");
+    set.arg("SET").arg("maxmemory").arg(bytes);
+    let _: () = redis_cmd(redis.port, &mut set).unwrap();
+}
+
+/// A number in Redis's `INFO section`: `field:N`, or `field:count=N,...` (errorstats).
+fn redis_info(redis: &Redis, section: &str, field: &str) -> Option<u64> {
+    let info: String = redis_cmd(redis.port, ::redis::cmd("INFO").arg(section)).unwrap();
+    let value = info
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    let value = value.strip_prefix("count=").unwrap_or(value);
+    value.split(',').next()?.trim().parse().ok()
 }
 
 /// Every replica holds all `blocks` of `chain` for `w`, and applied each of `again`
