@@ -6,7 +6,8 @@
 # Both runs also append each write's bytes to the same Redis (XADD, interleaved): the
 # round trip a write with --log cannot do without, so "plain + XADD" is the least an
 # acknowledged write with --log can cost here. Rounds alternate plain and replicated.
-# With BASE=COMMIT, each round also measures the replicated write of that commit's
+# Each round also measures replica A alone (no replica B on this machine's cores, as
+# when replicas run on machines of their own). With BASE=COMMIT, each round also measures the replicated write of that commit's
 # server (built in a worktree, as scripts/ab.sh does), on the same Redis.
 # Needs redis-server.
 #
@@ -52,6 +53,18 @@ start() { # name, args...: starts kvix-server ($RUN, default this tree's), sets 
   for _ in $(seq 1 6000); do grep -q "listening on" "$WORK/$name.out" 2>/dev/null && return; sleep 0.05; done
   echo "$name did not start" >&2; cat "$WORK/$name.err" >&2; exit 1
 }
+replicated() { # name, server, key[, b]: writes through replica A (and lag to B), -> $WORK/name-$round.json
+  local name="$1" server="$2" key="$3" with_b="${4:-}"
+  RUN="$server" start a --log "redis://127.0.0.1:$RPORT/$key"
+  local a=$PORT replica=()
+  if [ -n "$with_b" ]; then
+    RUN="$server" start b --log "redis://127.0.0.1:$RPORT/$key"
+    replica=(--replica "127.0.0.1:$PORT")
+  fi
+  "$BENCH" --quiet --json writes --server "127.0.0.1:$a" "${replica[@]}" \
+    --redis "127.0.0.1:$RPORT" --writes "$WRITES" >"$WORK/$name-$round.json"
+  stop_all
+}
 stop_all() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; PIDS=(); }
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -64,20 +77,9 @@ for round in $(seq 1 "$ROUNDS"); do
   "$BENCH" --quiet --json writes --server "127.0.0.1:$PORT" --redis "127.0.0.1:$RPORT" \
     --writes "$WRITES" >"$WORK/plain-$round.json"
   stop_all
-  start a --log "redis://127.0.0.1:$RPORT/kvix-$round"
-  A=$PORT
-  start b --log "redis://127.0.0.1:$RPORT/kvix-$round"
-  "$BENCH" --quiet --json writes --server "127.0.0.1:$A" --replica "127.0.0.1:$PORT" \
-    --redis "127.0.0.1:$RPORT" --writes "$WRITES" >"$WORK/log-$round.json"
-  stop_all
-  if [ -n "$BASE" ]; then
-    RUN="$BASE_SERVER" start a --log "redis://127.0.0.1:$RPORT/kvix-base-$round"
-    A=$PORT
-    RUN="$BASE_SERVER" start b --log "redis://127.0.0.1:$RPORT/kvix-base-$round"
-    "$BENCH" --quiet --json writes --server "127.0.0.1:$A" --replica "127.0.0.1:$PORT" \
-      --redis "127.0.0.1:$RPORT" --writes "$WRITES" >"$WORK/base-$round.json"
-    stop_all
-  fi
+  replicated log "$SERVER" "kvix-$round" b
+  replicated alone "$SERVER" "kvix-alone-$round"
+  [ -z "$BASE" ] || replicated base "$BASE_SERVER" "kvix-base-$round" b
   kill -TERM "$REDIS"; wait "$REDIS" 2>/dev/null || true
   echo "round $round done" >&2
 done
@@ -86,8 +88,8 @@ python3 - "$WORK" "$ROUNDS" "$BASE" <<'PY'
 import json, os, sys
 work, rounds, base = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 extra = f" `--log` at {base}, p50 µs / ÷ plain |" if base else ""
-print("| round | plain write p50 / p99 µs (echo floor p50) | XADD p50 µs | plain + XADD, p50 / plain | --log write p50 / p99 µs | --log / plain p50 | p99 | lag to replica B p50 / p99 µs |" + extra)
-print("|---|---|---|---|---|---|---|---|" + ("---|" if base else ""))
+print("| round | plain write p50 / p99 µs (echo floor p50) | XADD p50 µs | plain + XADD, p50 / plain | --log write p50 / p99 µs | --log / plain p50 | p99 | lag to replica B p50 / p99 µs | A alone, p50 µs / ÷ plain |" + extra)
+print("|---|---|---|---|---|---|---|---|---|" + ("---|" if base else ""))
 for r in range(1, rounds + 1):
     p = json.load(open(f"{work}/plain-{r}.json"))
     l = json.load(open(f"{work}/log-{r}.json"))
@@ -98,6 +100,8 @@ for r in range(1, rounds + 1):
            f"{lw['p50_us']:.0f} / {lw['p99_us']:.0f} | "
            f"{lw['p50_us'] / pw['p50_us']:.2f} | {lw['p99_us'] / pw['p99_us']:.2f} | "
            f"{lag['p50_us']:.0f} / {lag['p99_us']:.0f} |")
+    aw = json.load(open(f"{work}/alone-{r}.json"))["write"]
+    row += f" {aw['p50_us']:.0f} / {aw['p50_us'] / pw['p50_us']:.2f} |"
     if base:
         bw = json.load(open(f"{work}/base-{r}.json"))["write"]
         row += f" {bw['p50_us']:.0f} / {bw['p50_us'] / pw['p50_us']:.2f} |"

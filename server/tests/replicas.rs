@@ -554,6 +554,8 @@ fn with_redis_away_writes_are_refused_queries_answered_and_nothing_lost_or_doubl
     let stored =
         |seq: u64, from: usize, to: usize| stored_at(w, seq, &ks, from as u32, &chain[from..to]);
     assert_eq!(ca.ask(&stored(0, 0, 4)).kind, Kind::Applied);
+    // Acknowledged by A once A applied it; B reads it on its own time.
+    settle(&[&a, &b]);
     redis.kill();
     // Writes are refused, typed; queries still answer from memory.
     let refused = ca.ask(&stored(1, 4, 8));
