@@ -69,10 +69,12 @@ stop_all() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait
 
 for round in $(seq 1 "$ROUNDS"); do
   RPORT=$(free_port)
-  redis-server --port "$RPORT" --save "" --appendonly yes --dir "$WORK" --daemonize no \
-    >"$WORK/redis.out" 2>&1 &
+  # A directory per round: a Redis started on the last round's AOF loads it first.
+  mkdir -p "$WORK/redis-$round"
+  redis-server --port "$RPORT" --save "" --appendonly yes --dir "$WORK/redis-$round" \
+    --daemonize no >"$WORK/redis.out" 2>&1 &
   REDIS=$!
-  for _ in $(seq 1 200); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  for _ in $(seq 1 200); do [ "$(redis-cli -p "$RPORT" ping 2>/dev/null)" = PONG ] && break; sleep 0.05; done
   start plain
   "$BENCH" --quiet --json writes --server "127.0.0.1:$PORT" --redis "127.0.0.1:$RPORT" \
     --writes "$WRITES" >"$WORK/plain-$round.json"
