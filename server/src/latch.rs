@@ -1,5 +1,5 @@
-//! A one-time event that threads (executors, the replica's follower) wait for without
-//! polling.
+//! A one-time event that threads and tasks (executors, the start waiting for the
+//! replica's follower) wait for without polling.
 
 /// Set once; every waiter, on any thread, then resolves.
 pub struct Latch {

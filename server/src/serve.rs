@@ -262,7 +262,10 @@ pub(crate) async fn serve(
         glommio::spawn_local_into(writer::serve_log(ex.clone(), rx), writes)
             .map_err(|e| anyhow::anyhow!("starting the log inbox: {e}"))?
             .detach();
-        if let Some(follow) = r.take_follow() {
+        // The follower runs on executor 0: its barriers (announces, retires) are applied
+        // there, in place.
+        let follow = if me == 0 { r.take_follow() } else { None };
+        if let Some(follow) = follow {
             glommio::spawn_local_into(replica::follower::run(r.clone(), follow), writes)
                 .map_err(|e| anyhow::anyhow!("starting the log follower: {e}"))?
                 .detach();

@@ -461,10 +461,9 @@ fn a_replica_of_another_fleet_refuses_to_start_on_its_key() {
     assert_identical(&[&a, &b]);
 }
 
-/// A Redis that requires a password: replicas whose URL carries it log in on every
-/// connection (the start's, each executor's appender, the follower, the lease, the
-/// snapshot store) and agree; a wrong password refuses the start, saying so without
-/// showing it.
+/// A Redis that requires a password: replicas whose URL carries it log in on the
+/// start's connection, each executor's appender and the follower, and agree; a wrong
+/// password refuses the start, saying so without showing it.
 #[test]
 fn replicas_log_in_to_a_redis_that_requires_a_password() {
     if available("password").is_none() {
@@ -720,6 +719,61 @@ fn a_refused_position_report_does_not_cost_the_follower_its_connection() {
     set_maxmemory(&redis, 0);
     let r = c.ask(&stored_at(w, 0, &ks, 0, &chain));
     assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
+}
+
+/// Redis refusing the follower's reads (here an ACL that denies XREAD; in the field a
+/// Redis still loading its AOF): the follower keeps its connection and asks again after
+/// a pause that grows, and follows again once reads are allowed. A follower that took
+/// a refusal for a lost connection reconnected and read again in a loop, as fast as
+/// Redis answered.
+#[test]
+fn a_refused_read_is_asked_again_later_on_the_same_connection() {
+    if available("refused_read").is_none() {
+        return;
+    }
+    let redis = Redis::start("refused-read");
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    let ks = Keyspace::tokens("m");
+    let chain = chain_of(&ks, 0, 8);
+    let mut ca = a.session();
+    let w = ca.events_worker("w");
+    settle(&[&a, &b]);
+    let acl = |rule: &str| {
+        let _: () = redis_cmd(
+            redis.port,
+            ::redis::cmd("ACL").arg("SETUSER").arg("default").arg(rule),
+        )
+        .unwrap();
+    };
+    // The followers' connections, by id (each names itself kvix-follow-REPLICA).
+    let followers = || -> Vec<String> {
+        let list: String = redis_cmd(redis.port, ::redis::cmd("CLIENT").arg("LIST")).unwrap();
+        let mut ids: Vec<String> = list
+            .lines()
+            .filter(|l| l.contains("name=kvix-follow-"))
+            .filter_map(|l| l.split(' ').next().map(str::to_string))
+            .collect();
+        ids.sort();
+        ids
+    };
+    let before = followers();
+    assert_eq!(before.len(), 2, "{before:?}");
+    acl("-xread");
+    wait_for("three refused reads on each replica", &|| {
+        [&a, &b]
+            .iter()
+            .all(|s| s.metric("kvix_log_read_failures_total") >= 3)
+    });
+    assert_eq!(followers(), before, "the followers reconnected");
+    acl("+xread");
+    let r = ca.ask(&stored_at(w, 0, &ks, 0, &chain));
+    assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
+    settle(&[&a, &b]);
+    let held = vec![Score {
+        worker: w,
+        blocks: 8,
+    }];
+    assert_eq!(b.session().query(&ks, &chain).scores, held);
 }
 
 /// Redis's `maxmemory` (0: no limit).

@@ -35,7 +35,8 @@ impl Appender {
     /// Starts this executor's appending task in `tq`.
     pub fn start(replica: Arc<Replica>, tq: glommio::TaskQueueHandle) -> anyhow::Result<Appender> {
         let (queue, appends) = mpsc::unbounded();
-        glommio::spawn_local_into(run(replica.clone(), appends), tq)
+        let name = format!("kvix-append-{}-{}", replica.id, glommio::executor().id());
+        glommio::spawn_local_into(run(replica.clone(), appends, name), tq)
             .map_err(|e| anyhow::anyhow!("starting the log appender: {e}"))?
             .detach();
         Ok(Appender { replica, queue })
@@ -46,15 +47,12 @@ impl Appender {
     pub fn submit(&self, record: &Write) -> oneshot::Receiver<Result<Outcome, Failure>> {
         let r = &self.replica;
         let (tx, rx) = oneshot::channel();
-        if let Some(why) = r.broken() {
-            r.metrics.append_failures.fetch_add(1, Relaxed);
-            let _ = tx.send(Err(Failure::LogUnavailable(why)));
+        let Some(token) = r.expect(tx) else {
             return rx;
-        }
+        };
         let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(record)
             .expect("plain data serializes")
             .to_vec();
-        let token = r.expect(tx);
         if self.queue.unbounded_send(Append { bytes, token }).is_err() {
             r.fail(token, "the log appender has stopped".into());
         }
@@ -62,7 +60,7 @@ impl Appender {
     }
 }
 
-async fn run(r: Arc<Replica>, mut appends: mpsc::UnboundedReceiver<Append>) {
+async fn run(r: Arc<Replica>, mut appends: mpsc::UnboundedReceiver<Append>, name: String) {
     let mut conn: Option<Resp> = None;
     while let Some(first) = appends.next().await {
         let mut batch = vec![first];
@@ -73,7 +71,7 @@ async fn run(r: Arc<Replica>, mut appends: mpsc::UnboundedReceiver<Append>) {
             }
         }
         if conn.is_none() {
-            match Resp::open(&r.link).await {
+            match Resp::open(&r.link, &name).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     let why = format!("the write log at {} is unreachable: {e}", r.url.server);
@@ -93,34 +91,37 @@ async fn run(r: Arc<Replica>, mut appends: mpsc::UnboundedReceiver<Append>) {
                 .arg(format!("{}:{}", r.id, a.token));
         }
         let c = conn.as_mut().expect("connected");
-        let replies = match c.send(&pipe.get_packed_pipeline()).await {
-            Ok(()) => c.replies(batch.len()).await,
-            Err(e) => Err(e),
-        };
-        match replies {
-            Ok(replies) => {
-                // Each XADD answers for itself: one refused (maxmemory) fails its write
-                // alone.
-                for (a, reply) in batch.iter().zip(replies) {
-                    match reply.extract_error() {
-                        Ok(_) => {
-                            r.metrics.appended.fetch_add(1, Relaxed);
-                        }
-                        Err(e) => fail(
-                            &r,
-                            std::slice::from_ref(a),
-                            &format!("appending to the write log failed: {e}"),
-                        ),
+        if let Err(e) = c.send(&pipe.get_packed_pipeline()).await {
+            conn = None;
+            fail(
+                &r,
+                &batch,
+                &format!("appending to the write log failed: {e}"),
+            );
+            continue;
+        }
+        // Each XADD answers for itself: one refused (maxmemory) fails its write alone.
+        // Should the connection fail part-way, the XADDs already answered are in the
+        // log and are answered when the follower reads them back; only the rest fail
+        // (a client retrying a write the log took would have it twice).
+        for (i, a) in batch.iter().enumerate() {
+            match c.reply().await {
+                Ok(reply) => match reply.extract_error() {
+                    Ok(_) => {
+                        r.metrics.appended.fetch_add(1, Relaxed);
                     }
+                    Err(e) => fail(
+                        &r,
+                        std::slice::from_ref(a),
+                        &format!("appending to the write log failed: {e}"),
+                    ),
+                },
+                Err(e) => {
+                    conn = None;
+                    let why = format!("appending to the write log failed: {e}");
+                    fail(&r, &batch[i..], &why);
+                    break;
                 }
-            }
-            Err(e) => {
-                conn = None;
-                fail(
-                    &r,
-                    &batch,
-                    &format!("appending to the write log failed: {e}"),
-                );
             }
         }
     }

@@ -136,9 +136,32 @@ pub async fn run(r: Arc<Replica>, follow: Follow) {
     follow_log(&r, &mut position, &mut inboxes).await;
     // Stopped following: the executors' inboxes stay open (their ends would read the
     // log's end as a stop) while this replica refuses writes, until the process stops.
+    // A cut of a replica that stopped following would hold what the log no longer
+    // matches: a snapshot asked for now is refused at once (not after its wait).
     while !r.stopped() {
+        drop(r.take_mark_request());
         glommio::timer::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// After a failed step: a snapshot waiting for its cut gets it (a cut needs no Redis),
+/// the failure is counted and logged with its cause, and the next try waits `backoff`,
+/// which doubles up to 2 s (a Redis that refuses every read, loading or denying this
+/// user, is not asked again in a loop).
+async fn pause(
+    r: &Replica,
+    inboxes: &mut [mpsc::Sender<LogJob>],
+    position: &str,
+    backoff: &mut Duration,
+    why: std::fmt::Arguments<'_>,
+) {
+    if let Some(req) = r.take_mark_request() {
+        mark(inboxes, position, req).await;
+    }
+    r.metrics.read_failures.fetch_add(1, Relaxed);
+    tracing::warn!("{why}");
+    glommio::timer::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_secs(2));
 }
 
 async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sender<LogJob>]) {
@@ -151,21 +174,11 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
     let mut reported = Instant::now() - Duration::from_secs(60);
     while !r.stopped() {
         if conn.is_none() {
-            match Resp::open(&r.link).await {
-                Ok(c) => {
-                    conn = Some(c);
-                    backoff = Duration::from_millis(50);
-                }
+            match Resp::open(&r.link, &format!("kvix-follow-{}", r.id)).await {
+                Ok(c) => conn = Some(c),
                 Err(e) => {
-                    // A cut needs no Redis: a snapshot (the last one, at a stop) is not
-                    // held up by its absence.
-                    if let Some(req) = r.take_mark_request() {
-                        mark(inboxes, position, req).await;
-                    }
-                    r.metrics.read_failures.fetch_add(1, Relaxed);
-                    tracing::warn!("the write log at {} is unreachable: {e}", r.url.server);
-                    glommio::timer::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    let why = format_args!("the write log at {} is unreachable: {e}", r.url.server);
+                    pause(r, inboxes, position, &mut backoff, why).await;
                     continue;
                 }
             }
@@ -177,8 +190,12 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
                 .await;
             match last {
                 Ok(reply) => tail = Some(reply.ids.first().map_or("0-0".into(), |e| e.id.clone())),
-                Err(_) => {
-                    conn = None;
+                Err(e) => {
+                    if !resp::refused(&e) {
+                        conn = None;
+                    }
+                    let why = format_args!("reading the write log's end failed: {e}");
+                    pause(r, inboxes, position, &mut backoff, why).await;
                     continue;
                 }
             }
@@ -233,12 +250,15 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
                 return;
             }
             Err(e) => {
-                r.metrics.read_failures.fetch_add(1, Relaxed);
-                tracing::warn!("reading the write log failed: {e}");
-                conn = None;
+                if !resp::refused(&e) {
+                    conn = None;
+                }
+                let why = format_args!("reading the write log failed: {e}");
+                pause(r, inboxes, position, &mut backoff, why).await;
                 continue;
             }
         };
+        backoff = Duration::from_millis(50);
         let mut dispatched = false;
         for entry in reply.into_iter().flat_map(|k| k.keys).flat_map(|k| k.ids) {
             let bytes = match entry.map.get("r") {

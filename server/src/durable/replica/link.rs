@@ -25,9 +25,9 @@ impl fmt::Display for LogServer {
         match self {
             LogServer::Direct(url) => f.write_str(&redact(url)),
             LogServer::Sentinel { sentinels, master } => {
-                let hosts: Vec<&str> = sentinels
+                let hosts: Vec<String> = sentinels
                     .iter()
-                    .map(|s| s.trim_start_matches("redis://"))
+                    .map(|s| redact(s).trim_start_matches("redis://").to_string())
                     .collect();
                 write!(f, "redis+sentinel://{}/{master}", hosts.join(","))
             }
@@ -113,5 +113,13 @@ mod tests {
             "redis://kvix:***@h:6379"
         );
         assert_eq!(shown("redis://h:6379"), "redis://h:6379");
+        let sentinels = LogServer::Sentinel {
+            sentinels: vec!["redis://:pw@s1:26379".into(), "redis://s2:26379".into()],
+            master: "m".into(),
+        };
+        assert_eq!(
+            sentinels.to_string(),
+            "redis+sentinel://:***@s1:26379,s2:26379/m"
+        );
     }
 }

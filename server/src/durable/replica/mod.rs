@@ -260,7 +260,8 @@ impl Replica {
         self.follow.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
-    /// A connection to the log's Redis (each thread keeps its own).
+    /// A blocking connection to the log's Redis, for the threads that keep one (the
+    /// ingest leases, the snapshot store).
     pub fn connect(&self) -> redis::RedisResult<redis::Connection> {
         self.link.connect()
     }
@@ -279,10 +280,19 @@ impl Replica {
 
     /// The follower gives up for good (until a restart): this replica refuses writes
     /// and fails /healthz with `why`.
+    /// Writes appended and not yet read back never will be: they are answered
+    /// `LogUnavailable` now.
     fn stop_following(&self, reason: Stopped, why: String) {
         tracing::error!("{why}");
         self.caught_up.store(false, Relaxed);
-        *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some((reason, why));
+        *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some((reason, why.clone()));
+        let waiting: Vec<Waiter> = {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            pending.drain().map(|(_, w)| w).collect()
+        };
+        for w in waiting {
+            let _ = w.send(Err(Failure::LogUnavailable(why.clone())));
+        }
     }
 
     pub fn stopped(&self) -> bool {
@@ -294,14 +304,23 @@ impl Replica {
     }
 
     /// The token under which one of this replica's records is appended: `waiter` hears
-    /// its outcome when the follower reads it back.
-    fn expect(&self, waiter: Waiter) -> u64 {
+    /// its outcome when the follower reads it back. None (and `waiter` answered
+    /// `LogUnavailable`) when this replica stopped following the log: the record must
+    /// not be appended.
+    fn expect(&self, waiter: Waiter) -> Option<u64> {
         let token = self.next_token.fetch_add(1, Relaxed);
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(token, waiter);
-        token
+        // The follower may have stopped since the caller looked: its waiters were
+        // answered then, this one would wait for ever.
+        if let Some(why) = self.broken() {
+            self.metrics.append_failures.fetch_add(1, Relaxed);
+            self.fail(token, why);
+            return None;
+        }
+        Some(token)
     }
 
     /// The waiter of one of this replica's own records, taken once.

@@ -20,6 +20,8 @@ pub struct Resp {
     stream: TcpStream,
     /// Bytes read and not yet taken as a reply.
     buf: Vec<u8>,
+    /// What one read takes, before it joins `buf`.
+    chunk: Box<[u8]>,
 }
 
 fn error(what: &'static str, detail: String) -> RedisError {
@@ -30,19 +32,31 @@ impl Resp {
     /// Connects to the log's current primary (Sentinel and the name service are asked
     /// on glommio's blocking thread: neither has another form here) and logs in with the
     /// URL's password, if it has one; every step bounded by [`IO_TIMEOUT`]. (The log's
-    /// URL names no database: its path is the stream's key.)
-    pub async fn open(link: &Arc<Link>) -> RedisResult<Resp> {
+    /// URL names no database: its path is the stream's key.) The connection is named
+    /// `name` (`CLIENT LIST` shows which replica's appender or follower it is).
+    pub async fn open(link: &Arc<Link>, name: &str) -> RedisResult<Resp> {
         let to_ask = link.clone();
-        let (info, addr) = glommio::executor()
+        let (info, addrs) = glommio::executor()
             .spawn_blocking(move || -> RedisResult<_> {
                 let info = to_ask.primary()?;
-                let addr = resolve(info.addr())?;
-                Ok((info, addr))
+                let addrs = resolve(info.addr())?;
+                Ok((info, addrs))
             })
             .await?;
-        let stream = TcpStream::connect_timeout(addr, IO_TIMEOUT)
-            .await
-            .map_err(|e| error("connecting to the log", format!("{addr}: {e}")))?;
+        // Each address in turn, as the redis crate does (a name may resolve to an IPv6
+        // address first and an IPv4 one the server listens on).
+        let mut refused = Vec::new();
+        let mut connected = None;
+        for addr in addrs {
+            match TcpStream::connect_timeout(addr, IO_TIMEOUT).await {
+                Ok(s) => {
+                    connected = Some(s);
+                    break;
+                }
+                Err(e) => refused.push(format!("{addr}: {e}")),
+            }
+        }
+        let stream = connected.ok_or_else(|| error("connecting to the log", refused.join("; ")))?;
         let io = |e: glommio::GlommioError<()>| error("log socket", e.to_string());
         stream.set_nodelay(true).map_err(io)?;
         stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
@@ -50,6 +64,7 @@ impl Resp {
         let mut conn = Resp {
             stream,
             buf: Vec::with_capacity(64 * 1024),
+            chunk: vec![0; 16 * 1024].into_boxed_slice(),
         };
         let settings = info.redis_settings();
         if let Some(password) = settings.password() {
@@ -59,6 +74,8 @@ impl Resp {
             }
             conn.query::<()>(auth.arg(password)).await?;
         }
+        conn.query::<()>(redis::cmd("CLIENT").arg("SETNAME").arg(name))
+            .await?;
         Ok(conn)
     }
 
@@ -92,24 +109,20 @@ impl Resp {
         Ok(out)
     }
 
-    async fn reply(&mut self) -> RedisResult<Value> {
+    /// The next reply, as it came (a refusal is a `Value::ServerError`).
+    pub async fn reply(&mut self) -> RedisResult<Value> {
         loop {
             if let Some(end) = frame_end(&self.buf, 0)? {
                 let v = redis::parse_redis_value(&self.buf[..end]);
                 self.buf.drain(..end);
                 return v;
             }
-            let at = self.buf.len();
-            self.buf.resize(at + 16 * 1024, 0);
-            let read = self.stream.read(&mut self.buf[at..]).await;
-            let n = match read {
-                Ok(n) => n,
-                Err(e) => {
-                    self.buf.truncate(at);
-                    return Err(error("reading from the log", e.to_string()));
-                }
-            };
-            self.buf.truncate(at + n);
+            let n = self
+                .stream
+                .read(&mut self.chunk[..])
+                .await
+                .map_err(|e| error("reading from the log", e.to_string()))?;
+            self.buf.extend_from_slice(&self.chunk[..n]);
             if n == 0 {
                 return Err(error(
                     "reading from the log",
@@ -127,19 +140,25 @@ pub fn refused(e: &RedisError) -> bool {
     matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
 }
 
-/// The primary's socket address (a name is resolved here, off the executor).
-fn resolve(addr: &ConnectionAddr) -> RedisResult<SocketAddr> {
+/// The primary's socket addresses (a name is resolved here, off the executor).
+fn resolve(addr: &ConnectionAddr) -> RedisResult<Vec<SocketAddr>> {
     let ConnectionAddr::Tcp(host, port) = addr else {
         return Err(error(
             "unsupported log address",
             format!("{addr:?}: only plain TCP"),
         ));
     };
-    (host.as_str(), *port)
+    let addrs: Vec<SocketAddr> = (host.as_str(), *port)
         .to_socket_addrs()
         .map_err(|e| error("log address", format!("{host}:{port}: {e}")))?
-        .next()
-        .ok_or_else(|| error("log address", format!("{host}:{port} resolves to nothing")))
+        .collect();
+    if addrs.is_empty() {
+        return Err(error(
+            "log address",
+            format!("{host}:{port} resolves to nothing"),
+        ));
+    }
+    Ok(addrs)
 }
 
 /// Where the RESP2 reply starting at `at` ends, if `buf` holds all of it.
