@@ -482,6 +482,27 @@ pub fn id_key(id: &str) -> (u64, u64) {
 mod tests {
     use super::*;
 
+    /// A replica that stops following its log answers the writes waiting to be read
+    /// back (they waited for ever), and refuses the next before it is appended.
+    #[test]
+    fn stopping_to_follow_answers_the_writes_waiting() {
+        use futures::FutureExt;
+        let url: LogUrl = "redis://127.0.0.1:1/kvix".parse().unwrap();
+        let r = Replica::start(url, "g".into(), "0-0".into(), Vec::new()).unwrap();
+        let (tx, mut waiting) = oneshot::channel();
+        assert!(r.expect(tx).is_some());
+        assert!(waiting.try_recv().unwrap().is_none());
+        r.stop_following(Stopped::Unreadable, "a record it cannot read".into());
+        let answered = waiting.now_or_never().expect("answered").expect("sent");
+        assert!(
+            matches!(answered, Err(Failure::LogUnavailable(why)) if why.contains("cannot read"))
+        );
+        let (tx, later) = oneshot::channel();
+        assert!(r.expect(tx).is_none(), "appended after the stop");
+        let refused = later.now_or_never().expect("answered").expect("sent");
+        assert!(matches!(refused, Err(Failure::LogUnavailable(_))));
+    }
+
     #[test]
     fn log_urls_name_a_server_and_a_key() {
         let u: LogUrl = "redis://127.0.0.1:6379/kvix".parse().unwrap();
