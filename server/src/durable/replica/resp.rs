@@ -226,6 +226,76 @@ fn nested_end(buf: &[u8], at: usize, depth: usize) -> RedisResult<Option<usize>>
 #[cfg(test)]
 mod tests {
     use super::frame_end;
+    use proptest::prelude::*;
+
+    /// A RESP2 reply tree, and its bytes.
+    #[derive(Debug, Clone)]
+    enum Reply {
+        Simple(String),
+        Error(String),
+        Int(i64),
+        Bulk(Option<Vec<u8>>),
+        Array(Option<Vec<Reply>>),
+    }
+
+    fn encode(r: &Reply, out: &mut Vec<u8>) {
+        match r {
+            Reply::Simple(s) => out.extend_from_slice(format!("+{s}\r\n").as_bytes()),
+            Reply::Error(s) => out.extend_from_slice(format!("-{s}\r\n").as_bytes()),
+            Reply::Int(i) => out.extend_from_slice(format!(":{i}\r\n").as_bytes()),
+            Reply::Bulk(None) => out.extend_from_slice(b"$-1\r\n"),
+            Reply::Bulk(Some(b)) => {
+                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Array(None) => out.extend_from_slice(b"*-1\r\n"),
+            Reply::Array(Some(items)) => {
+                out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                for i in items {
+                    encode(i, out);
+                }
+            }
+        }
+    }
+
+    fn reply() -> impl Strategy<Value = Reply> {
+        let line = "[a-zA-Z0-9 -]{0,12}";
+        let leaf = prop_oneof![
+            line.prop_map(Reply::Simple),
+            line.prop_map(Reply::Error),
+            any::<i64>().prop_map(Reply::Int),
+            // Bulk strings may hold CR LF and anything else.
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..40))
+                .prop_map(Reply::Bulk),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            proptest::option::of(proptest::collection::vec(inner, 0..8)).prop_map(Reply::Array)
+        })
+    }
+
+    proptest! {
+        /// Where a reply ends is found only once all of it arrived, whatever follows
+        /// it, and the redis crate reads exactly those bytes as one reply.
+        #[test]
+        fn a_reply_ends_where_its_encoding_ends(r in reply(), after in proptest::collection::vec(any::<u8>(), 0..8)) {
+            let mut bytes = Vec::new();
+            encode(&r, &mut bytes);
+            let end = bytes.len();
+            for cut in 0..end {
+                prop_assert_eq!(frame_end(&bytes[..cut], 0).unwrap(), None);
+            }
+            bytes.extend_from_slice(&after);
+            prop_assert_eq!(frame_end(&bytes, 0).unwrap(), Some(end));
+            prop_assert!(redis::parse_redis_value(&bytes[..end]).is_ok());
+        }
+
+        /// Any bytes: an end, a wait for more, or a parse error; never a panic.
+        #[test]
+        fn any_bytes_are_read_without_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = frame_end(&bytes, 0);
+        }
+    }
 
     #[test]
     fn a_reply_ends_only_where_all_of_it_arrived() {
