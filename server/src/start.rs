@@ -148,7 +148,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
             let from = restored.as_ref().map_or("0-0".to_string(), |i| {
                 replica::LogMark::parse(&i.log_position).position
             });
-            let r = replica::Replica::start(log.clone(), generation, from, log_inboxes)?;
+            let r = replica::Replica::new(log.clone(), generation, from, log_inboxes)?;
             ingest.set_leased();
             let (r2, ing) = (r.clone(), ingest.clone());
             std::thread::Builder::new()

@@ -164,6 +164,14 @@ async fn pause(
     *backoff = (*backoff * 2).min(Duration::from_secs(2));
 }
 
+/// After a command failed with `e`: the connection stays when Redis refused the command,
+/// and goes when it failed itself ([`resp::refused`]).
+fn keep_if_refused(conn: &mut Option<Resp>, e: &redis::RedisError) {
+    if !resp::refused(e) {
+        *conn = None;
+    }
+}
+
 async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sender<LogJob>]) {
     let (ms, seq) = id_key(position);
     r.metrics.position_ms.store(ms, Relaxed);
@@ -191,9 +199,7 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
             match last {
                 Ok(reply) => tail = Some(reply.ids.first().map_or("0-0".into(), |e| e.id.clone())),
                 Err(e) => {
-                    if !resp::refused(&e) {
-                        conn = None;
-                    }
+                    keep_if_refused(&mut conn, &e);
                     let why = format_args!("reading the write log's end failed: {e}");
                     pause(r, inboxes, position, &mut backoff, why).await;
                     continue;
@@ -250,9 +256,7 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
                 return;
             }
             Err(e) => {
-                if !resp::refused(&e) {
-                    conn = None;
-                }
+                keep_if_refused(&mut conn, &e);
                 let why = format_args!("reading the write log failed: {e}");
                 pause(r, inboxes, position, &mut backoff, why).await;
                 continue;

@@ -229,7 +229,7 @@ impl Replica {
     /// This replica of the log; its follower (reading from just after `position`, handing
     /// records to the executors' `inboxes`) runs once executor 0 takes it
     /// ([`Replica::take_follow`]), its appenders once each executor starts one.
-    pub fn start(
+    pub fn new(
         url: LogUrl,
         generation: String,
         position: String,
@@ -488,7 +488,7 @@ mod tests {
     fn stopping_to_follow_answers_the_writes_waiting() {
         use futures::FutureExt;
         let url: LogUrl = "redis://127.0.0.1:1/kvix".parse().unwrap();
-        let r = Replica::start(url, "g".into(), "0-0".into(), Vec::new()).unwrap();
+        let r = Replica::new(url, "g".into(), "0-0".into(), Vec::new()).unwrap();
         let (tx, mut waiting) = oneshot::channel();
         assert!(r.expect(tx).is_some());
         assert!(waiting.try_recv().unwrap().is_none());

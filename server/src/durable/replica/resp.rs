@@ -226,18 +226,10 @@ fn nested_end(buf: &[u8], at: usize, depth: usize) -> RedisResult<Option<usize>>
 #[cfg(test)]
 mod tests {
     use super::frame_end;
+    use kvix_bench::resp::Reply;
     use proptest::prelude::*;
 
-    /// A RESP2 reply tree, and its bytes.
-    #[derive(Debug, Clone)]
-    enum Reply {
-        Simple(String),
-        Error(String),
-        Int(i64),
-        Bulk(Option<Vec<u8>>),
-        Array(Option<Vec<Reply>>),
-    }
-
+    /// The bytes of a RESP2 reply.
     fn encode(r: &Reply, out: &mut Vec<u8>) {
         match r {
             Reply::Simple(s) => out.extend_from_slice(format!("+{s}\r\n").as_bytes()),
