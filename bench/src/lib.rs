@@ -5,12 +5,15 @@
 //!   real kvix-server,
 //! - [`trace`] + [`replay`]: the Mooncake trace, its chain mapping, replay,
 //! - [`lru`]: the mock worker's LRU prefix cache, the cache-aware pick (`kvix_client::pick`),
-//! - [`latency`], [`load`], [`redis`], [`soak`]: against a running kvix-server (and Redis),
+//! - [`latency`], [`load`], [`redis`], [`soak`], [`huge`]: against a running kvix-server
+//!   (and Redis, or [`echo_server`], the floor in a process of its own),
 //!   over [`net`] (worker-side wire connection, preloaded dataset) and [`resp`],
 //! - [`workload`]: the sessions and engines of `sim` and `fleet`,
 //! - [`stats`], [`table`], [`rng`]: reporting and determinism helpers.
 
+pub mod echo_server;
 pub mod fleet;
+pub mod huge;
 pub mod latency;
 pub mod load;
 pub mod lru;

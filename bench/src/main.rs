@@ -14,7 +14,7 @@ use kvix_bench::sim::{self, LegResult, LoadView, Regime, SimConfig};
 use kvix_bench::table::{f, Table};
 use kvix_bench::trace;
 use kvix_bench::workload::Workload;
-use kvix_bench::{latency, load, net, redis, soak, stats, writes};
+use kvix_bench::{huge, latency, load, net, redis, soak, stats, writes};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -79,6 +79,49 @@ enum Cmd {
     /// (an Echo of the same sizes) in the same run; with --replica, how long after its ack
     /// each write is visible on another replica of the server's log.
     Writes(WritesArgs),
+    /// Queries beside frame-limit writes: one connection stores as many blocks as a frame
+    /// takes, removes them, then stores ten such batches back to back, while another
+    /// queries a 125-block prompt at a low rate. Query percentiles before and during the
+    /// writes, and the writes' rate. With --echo against `kvix-bench echo-server`: the
+    /// same frames through the transport alone (scripts/huge-writes.sh runs both).
+    HugeWrites(HugeArgs),
+    /// A stand-in server for `huge-writes --echo`: answers Hello, Echo, Announce and every
+    /// request at once without an index (a thread per connection). Prints its address.
+    EchoServer(EchoServerArgs),
+}
+
+#[derive(Args, Debug)]
+struct HugeArgs {
+    /// Server address (loopback only): a kvix-server, or an echo-server with --echo.
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    server: String,
+    /// The server is `kvix-bench echo-server`: queries go as Echoes of the same sizes.
+    #[arg(long)]
+    echo: bool,
+    /// Stores back to back after the first store and its removal.
+    #[arg(long, default_value_t = 10)]
+    stores: usize,
+    /// Microseconds between two queries.
+    #[arg(long, default_value_t = 1000)]
+    query_interval_us: u64,
+    /// Queries before the writes (the idle baseline).
+    #[arg(long, default_value_t = 2000)]
+    idle_queries: usize,
+    /// Tokens per block (the server's --block-size).
+    #[arg(long, default_value_t = 16)]
+    token_block: u32,
+    #[arg(long, default_value_t = 11)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
+struct EchoServerArgs {
+    /// Address to listen on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    /// Largest frame it reads (the Welcome says so); kvix-server's default.
+    #[arg(long, default_value_t = kvix_wire::DEFAULT_MAX_FRAME)]
+    max_frame: u32,
 }
 
 #[derive(Args, Debug)]
@@ -726,6 +769,42 @@ fn cmd_soak(a: SoakArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
     })
 }
 
+fn cmd_huge(a: HugeArgs, json: bool) -> anyhow::Result<()> {
+    let addr = net::loopback(&a.server)?;
+    let cfg = huge::HugeConfig {
+        server: a.server,
+        echo: a.echo,
+        stores: a.stores,
+        query_interval_us: a.query_interval_us,
+        idle_queries: a.idle_queries,
+        token_block: a.token_block,
+        seed: a.seed,
+    };
+    let rt = runtime(2)?;
+    let mut report = rt.block_on(huge::run(&cfg, addr))?;
+    report.command = std::env::args().collect::<Vec<_>>().join(" ");
+    emit(json, &report, |r| {
+        let mut t = Table::new(&["queries", "p50 us", "p90 us", "p99 us", "p99.9 us", "count"]);
+        for (what, s) in [("idle", &r.idle), ("during the writes", &r.during_writes)] {
+            let mut cells = vec![what.to_string()];
+            cells.extend(s.cells());
+            t.row(cells);
+        }
+        format!(
+            "huge-writes against {}{}: batches of {} blocks ({} B frames)\n{}max during the writes {:.0} us, {} past 2 ms; writes {:.2} s, {:.2} M block events/s\n",
+            r.config.server,
+            if r.config.echo { " (echo-server)" } else { "" },
+            r.blocks_per_batch,
+            r.frame_bytes,
+            t.render(),
+            r.during_writes.max_us,
+            r.past_deadline,
+            r.write_seconds,
+            r.block_events_per_s / 1e6,
+        )
+    })
+}
+
 fn cmd_writes(a: WritesArgs, json: bool) -> anyhow::Result<()> {
     let addr = net::loopback(&a.server)?;
     let replica = a.replica.as_deref().map(net::loopback).transpose()?;
@@ -993,6 +1072,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Soak(a) => cmd_soak(a, cli.json, cli.quiet),
         Cmd::Redis(a) => cmd_redis(a, cli.json, cli.quiet),
         Cmd::Writes(a) => cmd_writes(a, cli.json),
+        Cmd::HugeWrites(a) => cmd_huge(a, cli.json),
+        Cmd::EchoServer(a) => kvix_bench::echo_server::serve(&a.listen, a.max_frame),
     };
     match done {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -69,16 +69,25 @@ pub fn run(config: &Config) -> Vec<Checked> {
         },
     );
     if let Some(path) = &config.snapshot {
+        let loaded = snapshot::load(path, config.block_size);
         check(
             format!("--snapshot {}", path.display()),
             snapshot::check_writable(path)
                 .map_err(|e| e.to_string())
-                .and_then(|()| match snapshot::load(path, config.block_size) {
+                .and_then(|()| match &loaded {
                     Ok(Some(_)) => Ok("readable, its directory writable".into()),
                     Ok(None) => Ok("absent (a start begins empty), its directory writable".into()),
                     Err(e) => Err(format!("{e:#}")),
                 }),
         );
+        if config.wal {
+            // The generations a start would replay: from the snapshot's on.
+            let from = loaded.ok().flatten().map_or(0, |image| image.wal_from);
+            check(
+                "--wal".into(),
+                crate::durable::wal::Wal::inspect(path, from).map_err(|e| e.to_string()),
+            );
+        }
     }
     if let Some(path) = &config.engines {
         check(

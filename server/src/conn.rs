@@ -30,7 +30,13 @@ use crate::handler::{error_frame, handle, Reply, Session};
 use crate::metrics::{ExecutorMetrics, Rejected};
 
 /// A reply on its way to the socket, holding its share of the byte budget.
-type Outgoing = (AlignedVec, StaticPermit);
+struct Outgoing {
+    frame: AlignedVec,
+    permit: StaticPermit,
+    /// For a query's reply: the executor's write slices at the turn to its reactor before
+    /// the one that read the query (what it waited behind is counted from there).
+    query_read_at: Option<u64>,
+}
 
 /// Why a connection was closed by the server (for the log and the metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,10 +66,22 @@ where
     let writer = {
         let (budget, ex, over) = (budget.clone(), ex.clone(), over.clone());
         glommio::spawn_local(async move {
-            while let Some((frame, permit)) = rx.recv().await {
+            while let Some(Outgoing {
+                frame,
+                permit,
+                query_read_at,
+            }) = rx.recv().await
+            {
                 let write = async { wr.write_all(&frame).await.map_err(Into::into) };
                 match glommio::timer::timeout(stall, write).await {
-                    Ok(()) => drop(permit),
+                    Ok(()) => {
+                        drop(permit);
+                        if let Some(at) = query_read_at {
+                            let m = ex.metrics();
+                            let now = m.write_slices.load(std::sync::atomic::Ordering::Relaxed);
+                            m.query_write_slices.observe(now - at);
+                        }
+                    }
                     Err(glommio::GlommioError::TimedOut(_)) => {
                         ExecutorMetrics::add(&ex.metrics().stalled, 1);
                         break;
@@ -116,6 +134,8 @@ where
                     break 'conn Closed::Protocol;
                 }
             };
+            let query_read_at = matches!(msg, kvix_wire::MessageRef::Query(_))
+                .then(crate::writer::slices_at_turn_before_last);
             let reply = handle(&ex, &mut session, &frame.header, msg, frame.body);
             reader.consume(len);
             if session.hello {
@@ -125,7 +145,7 @@ where
             match reply {
                 Reply::Nothing => {}
                 Reply::Now(bytes) => {
-                    if !out.send(bytes).await {
+                    if !out.send_stamped(bytes, query_read_at).await {
                         break 'conn Closed::Stalled;
                     }
                 }
@@ -204,11 +224,21 @@ struct Out {
 impl Out {
     /// Queues a reply once the budget has room for it; false when the connection is over.
     async fn send(&self, bytes: AlignedVec) -> bool {
-        let cost = (bytes.len() as u64).min(self.cap);
+        self.send_stamped(bytes, None).await
+    }
+
+    /// As `send`, for a query's reply, stamped with the write slices it is counted from.
+    async fn send_stamped(&self, frame: AlignedVec, query_read_at: Option<u64>) -> bool {
+        let cost = (frame.len() as u64).min(self.cap);
         let Ok(permit) = self.budget.clone().acquire_static_permit(cost).await else {
             return false;
         };
-        self.tx.try_send((bytes, permit)).is_ok()
+        let out = Outgoing {
+            frame,
+            permit,
+            query_read_at,
+        };
+        self.tx.try_send(out).is_ok()
     }
 }
 

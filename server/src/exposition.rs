@@ -3,6 +3,7 @@
 //! part only says what it counts.
 
 use std::fmt::{Display, Write};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use hdrhistogram::Histogram;
 
@@ -19,6 +20,25 @@ impl Kind {
             Kind::Counter => "counter",
             Kind::Gauge => "gauge",
         }
+    }
+}
+
+/// The upper bounds of a [`Buckets`] histogram: small counts, doubling.
+pub const BUCKET_BOUNDS: [u64; 12] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+
+/// A histogram of counts, kept by one executor and read at scrape.
+#[derive(Debug, Default)]
+pub struct Buckets {
+    /// Per bound of [`BUCKET_BOUNDS`], then past the last.
+    counts: [AtomicU64; BUCKET_BOUNDS.len() + 1],
+    sum: AtomicU64,
+}
+
+impl Buckets {
+    pub fn observe(&self, value: u64) {
+        let i = BUCKET_BOUNDS.partition_point(|&b| b < value);
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum.fetch_add(value, Relaxed);
     }
 }
 
@@ -77,6 +97,36 @@ impl Exposition {
         let _ = writeln!(self.text, "{name}_sum {total}\n{name}_count {}", h.len());
     }
 
+    /// A histogram of counts, one per value of `label`: its buckets cumulative, as
+    /// Prometheus wants them.
+    pub fn histogram_by<'b, L: Display>(
+        &mut self,
+        name: &str,
+        help: &str,
+        label: &str,
+        samples: impl IntoIterator<Item = (L, &'b Buckets)>,
+    ) {
+        self.header(name, help, "histogram");
+        for (value_of_label, b) in samples {
+            let mut cumulative = 0;
+            for (i, bound) in BUCKET_BOUNDS.iter().enumerate() {
+                cumulative += b.counts[i].load(Relaxed);
+                let _ = writeln!(
+                    self.text,
+                    "{name}_bucket{{{label}=\"{value_of_label}\",le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            cumulative += b.counts[BUCKET_BOUNDS.len()].load(Relaxed);
+            let _ = writeln!(
+                self.text,
+                "{name}_bucket{{{label}=\"{value_of_label}\",le=\"+Inf\"}} {cumulative}\n\
+                 {name}_sum{{{label}=\"{value_of_label}\"}} {}\n\
+                 {name}_count{{{label}=\"{value_of_label}\"}} {cumulative}",
+                b.sum.load(Relaxed)
+            );
+        }
+    }
+
     pub fn into_text(self) -> String {
         self.text
     }
@@ -95,7 +145,23 @@ mod tests {
         h.record(10).unwrap();
         h.record(20).unwrap();
         e.summary("c_us", "Cs.", &h);
+        let b = Buckets::default();
+        for v in [0, 3, 2000] {
+            b.observe(v);
+        }
+        e.histogram_by("d", "Ds.", "executor", [(0, &b)]);
         let text = e.into_text();
+        for line in [
+            "d_bucket{executor=\"0\",le=\"0\"} 1",
+            "d_bucket{executor=\"0\",le=\"2\"} 1",
+            "d_bucket{executor=\"0\",le=\"4\"} 2",
+            "d_bucket{executor=\"0\",le=\"1024\"} 2",
+            "d_bucket{executor=\"0\",le=\"+Inf\"} 3",
+            "d_sum{executor=\"0\"} 2003",
+            "d_count{executor=\"0\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in {text}");
+        }
         assert_eq!(
             text.lines().take(8).collect::<Vec<_>>(),
             [
@@ -110,6 +176,9 @@ mod tests {
             ]
         );
         assert!(text.contains("# TYPE c_us summary\nc_us{quantile=\"0.5\"} 10\n"));
-        assert!(text.ends_with("c_us_sum 30\nc_us_count 2\n"), "{text}");
+        assert!(
+            text.contains("c_us_sum 30\nc_us_count 2\n# HELP d"),
+            "{text}"
+        );
     }
 }

@@ -100,6 +100,12 @@ pub struct ExecutorMetrics {
     pub query_hops: Arc<AtomicU64>,
     /// Bounded slices long writes were applied in (queries run between slices).
     pub write_slices: AtomicU64,
+    /// Slices after which the executor turned to its reactor (polled for I/O).
+    pub write_turns: AtomicU64,
+    /// Per query: write slices this executor ran from its turn to the reactor before the
+    /// one that read the query until its reply left: a bound on the write work the query
+    /// waited behind, counted.
+    pub query_write_slices: crate::exposition::Buckets,
     /// Connections closed for taking no replies for --stall-timeout-ms, or idle.
     pub stalled: AtomicU64,
     pub idle_closed: AtomicU64,
@@ -112,6 +118,9 @@ pub struct ExecutorMetrics {
     /// Bytes of the write-ahead log cut off at start (executor 0's): a torn tail, or the
     /// log after damage `--wal-recover truncate` accepted.
     pub wal_cut_bytes: AtomicU64,
+    /// Damage in the write-ahead log that `--wal-recover truncate` cut the log at, at this
+    /// start (executor 0's).
+    pub wal_damage: AtomicU64,
     /// Write-ahead log records replayed at this start (executor 0's).
     pub wal_replayed: AtomicU64,
     /// Event batches with stores refused because the index held --max-blocks.
@@ -174,7 +183,7 @@ pub fn render(
         "outcome",
         (outcomes.iter().enumerate()).map(|(i, o)| (o, sum(shards, |s| &s.queries[i]))),
     );
-    let plain: [(&str, &str, Kind, Field); 24] = [
+    let plain: [(&str, &str, Kind, Field); 26] = [
         (
             "kvix_event_batches_total",
             "Event batches applied.",
@@ -290,6 +299,12 @@ pub fn render(
             |s| &s.shed,
         ),
         (
+            "kvix_write_turns_total",
+            "Write slices after which the executor turned to its reactor to read sockets.",
+            Counter,
+            |s| &s.write_turns,
+        ),
+        (
             "kvix_wal_failures_total",
             "Writes refused because the write-ahead log could not take them (disk full, ...).",
             Counter,
@@ -300,6 +315,12 @@ pub fn render(
             "Bytes of the write-ahead log cut off at this start: a torn last record, or the log after damage --wal-recover truncate accepted.",
             Gauge,
             |s| &s.wal_cut_bytes,
+        ),
+        (
+            "kvix_wal_damage_total",
+            "Damage in the write-ahead log that --wal-recover truncate cut the log at (acknowledged writes dropped).",
+            Counter,
+            |s| &s.wal_damage,
         ),
         (
             "kvix_wal_replayed_records",
@@ -348,6 +369,12 @@ pub fn render(
             shards.iter().map(f).enumerate(),
         );
     }
+    out.histogram_by(
+        "kvix_query_write_slices",
+        "Write slices a query waited behind: from the executor's turn to its reactor before the one that read it, to its reply.",
+        "executor",
+        shards.iter().map(|s| &s.query_write_slices).enumerate(),
+    );
     // Every executor keeps a whole copy of the index and roster: one copy, not the sum.
     let copy: [(&str, &str, Field); 3] = [
         ("kvix_workers", "Workers announced.", |s| &s.workers),

@@ -121,13 +121,13 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
             }
         }
     }
-    let mut wal_cut_bytes = 0;
+    let (mut wal_cut_bytes, mut wal_damage) = (0, 0);
     let (wal, replay) = match (&config.snapshot, config.wal) {
         (Some(path), true) => {
             let from = restored.as_ref().map_or(0, |i| i.wal_from);
             let opened = wal::Wal::open(path, from, config.wal_sync_ms, config.wal_recover)
                 .context("opening the write-ahead log")?;
-            wal_cut_bytes = opened.cut_bytes;
+            (wal_cut_bytes, wal_damage) = (opened.cut_bytes, opened.damage_cut);
             (Some(opened.wal), opened.records)
         }
         _ => (None, Vec::new()),
@@ -165,6 +165,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
                 let m = ExecutorMetrics::default();
                 if e == 0 {
                     m.wal_cut_bytes.store(wal_cut_bytes, Ordering::Relaxed);
+                    m.wal_damage.store(wal_damage, Ordering::Relaxed);
                 }
                 m
             })
@@ -204,7 +205,8 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         };
         let mut builder = LocalExecutorBuilder::new(placement)
             .name(&format!("kvix-{i}"))
-            .io_memory(IO_MEMORY);
+            .io_memory(IO_MEMORY)
+            .preempt_timer(crate::writer::PREEMPT);
         if let Some(spin) = config.spin() {
             builder = builder.spin_before_park(spin);
         }

@@ -22,6 +22,7 @@
 //! executor has applied it, so a client that read the reply sees its write in its next
 //! query, wherever that lands.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -515,11 +516,59 @@ async fn place(ex: &Executor, body: &Body, u: &mut Update) -> Result<(), Failure
     Ok(())
 }
 
-/// Ends one slice of a long write: counted, and queries get their turn.
-async fn slice_done(ex: &Executor) {
-    ExecutorMetrics::add(&ex.metrics().write_slices, 1);
-    glommio::executor().yield_task_queue_now().await;
+thread_local! {
+    /// This executor's slices since its last turn to the reactor.
+    static SINCE_TURN: Cell<u32> = const { Cell::new(0) };
+    /// Its write slices when it took its last two turns (the older first).
+    static TURNS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
+
+/// Ends one slice of a long write: counted, and queries get their turn. The write
+/// queue yields to the query queue, so queries already read run now; a query's bytes
+/// are read when the executor turns to its reactor, which glommio does once [`PREEMPT`]
+/// of runnable work has passed, and this forces after [`SLICES_PER_TURN`] slices (on a
+/// slow build, or a machine that runs slices slowly).
+async fn slice_done(ex: &Executor) {
+    let m = ex.metrics();
+    ExecutorMetrics::add(&m.write_slices, 1);
+    let since = SINCE_TURN.get() + 1;
+    let preempted = glommio::executor().need_preempt();
+    if preempted || since >= SLICES_PER_TURN {
+        ExecutorMetrics::add(&m.write_turns, 1);
+        SINCE_TURN.set(0);
+        let slices = m.write_slices.load(std::sync::atomic::Ordering::Relaxed);
+        TURNS.set((TURNS.get().1, slices));
+    } else {
+        SINCE_TURN.set(since);
+    }
+    if !preempted && since >= SLICES_PER_TURN {
+        // A timer, even of a microsecond, leaves this task waiting on the reactor.
+        glommio::timer::sleep(std::time::Duration::from_micros(1)).await;
+    } else {
+        glommio::executor().yield_task_queue_now().await;
+    }
+}
+
+/// This executor's write slices at its turn to the reactor before the latest one: a
+/// query read now arrived after that turn, so the slices run since bound what it
+/// waited behind (conn.rs observes them in `kvix_query_write_slices`).
+pub fn slices_at_turn_before_last() -> u64 {
+    TURNS.get().0
+}
+
+/// How long an executor runs its task queues before it polls for I/O again. glommio's
+/// default, 100 ms, held every query behind a long write for that long: yielding the
+/// write queue lets queries already read run, but a query's bytes are read only when
+/// the executor polls. A poll after every slice costs a kernel timer each time (29 µs
+/// on the 2-vCPU VM, more than a 512-block slice's work); one every 500 µs costs
+/// nothing measurable there (docs/benchmarks.md §12).
+pub const PREEMPT: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Slices after which a long write turns to the reactor whatever the time: 1-3 ms of
+/// release-build work, well past [`PREEMPT`], so a forced turn (29 µs there) happens
+/// only where slices run slower than they should, and a query waits behind at most
+/// two turns' worth of slices whatever the machine.
+pub const SLICES_PER_TURN: u32 = 128;
 
 /// Hands `update` to every other executor's write queue and applies it here; what it
 /// returns resolves once every other executor applied it (None: nothing to wait for).

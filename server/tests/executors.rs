@@ -230,3 +230,101 @@ fn executors_are_pinned_within_the_cpus_the_process_may_use() {
     });
     assert!(threads.iter().all(|(_, cpus)| cpus == "1"), "{threads:?}");
 }
+
+/// The `le` buckets of kvix_query_write_slices, summed over executors.
+fn slice_waits(text: &str) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = Vec::new();
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix("kvix_query_write_slices_bucket{") else {
+            continue;
+        };
+        let le = rest
+            .split("le=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        let n: u64 = l.rsplit(' ').next().unwrap().parse().unwrap();
+        match out.iter_mut().find(|(b, _)| b == le) {
+            Some((_, v)) => *v += n,
+            None => out.push((le.to_string(), n)),
+        }
+    }
+    out
+}
+
+/// One executor, two connections: one sends a 4 MiB event batch (half a million blocks,
+/// then their removal), the other queries meanwhile. The executor turns from the write
+/// to its reactor at least every 128 slices, so a query waits behind at most two turns'
+/// slices (one before it is read, one before its reply leaves); before, glommio ran the
+/// write queue for its 100 ms preemption period between polls, and a query's reply
+/// waited behind hundreds of slices.
+#[test]
+fn a_query_waits_behind_at_most_two_turns_of_write_slices() {
+    let server = Server::start(&["--cores", "1", "--pin", "false"]);
+    let ks = Keyspace::tokens("m");
+    let mut writer = server.session();
+    let w = writer.events_worker("engine");
+    let mut reader = server.session();
+    let probe = chain_of(&ks, 7_000_000, 125);
+    let r = writer.ask(&stored_batch(w, 0, &ks, &probe));
+    assert_eq!(r.kind, Kind::Applied);
+    const N: u32 = 500_000;
+    let chain = chain_of(&ks, 0, N as usize);
+    let slices_before = metric(&server.scrape(), "kvix_write_slices_total");
+    let mut during = 0;
+    for (seq, event) in [
+        Event::Stored {
+            lane: 0,
+            start: 0,
+            parent: None,
+            chain: chain.clone(),
+            engine: vec![],
+        },
+        Event::Removed {
+            lane: 0,
+            hashes: chain.clone(),
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let batch = EventBatch {
+            worker: w,
+            seq: 1 + seq as u64,
+            keyspace: ks.clone(),
+            events: vec![event],
+        };
+        let sent = {
+            let (done, mut writer) = (
+                done.clone(),
+                std::mem::replace(&mut writer, server.session()),
+            );
+            std::thread::spawn(move || {
+                let r = writer.ask(&batch);
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+                (r.kind, writer)
+            })
+        };
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            assert_eq!(reader.query(&ks, &probe).scores.len(), 1);
+            during += 1;
+        }
+        let (kind, back) = sent.join().unwrap();
+        assert_eq!(kind, Kind::Applied);
+        writer = back;
+    }
+    let text = server.scrape();
+    let slices = metric(&text, "kvix_write_slices_total") - slices_before;
+    assert!(slices >= 2 * (N as u64 / 512), "{slices} slices");
+    let waits = slice_waits(&text);
+    let at = |le: &str| waits.iter().find(|(b, _)| b == le).unwrap().1;
+    assert_eq!(
+        at("256"),
+        at("+Inf"),
+        "queries waited behind more than two turns of 128 slices: {waits:?}"
+    );
+    assert!(during >= 20, "only {during} queries overlapped the writes");
+}

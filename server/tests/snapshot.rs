@@ -465,3 +465,106 @@ fn retired_ids_are_given_again_in_retire_order_across_restarts() {
     assert!(server.stop().success());
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+/// The WAL file of `path` whose records hold the writes (the newest non-empty one).
+fn wal_with_records(path: &std::path::Path) -> std::path::PathBuf {
+    let dir = path.parent().unwrap();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.to_string_lossy().contains(".wal.") && std::fs::metadata(p).unwrap().len() > 16
+        })
+        .collect();
+    files.sort();
+    files.pop().expect("a write-ahead log file with records")
+}
+
+/// An operator's bad day: 1,000 acknowledged batches, kill -9, then the length of record
+/// 100 set to 2^31. That read as a torn tail: the server started and served 99 of the
+/// 1,000 batches, with a WARN. It is damage: `check` names the file, offset and field,
+/// the start refuses, and `--wal-recover truncate` starts with what precedes it,
+/// counting the damage.
+#[test]
+fn a_damaged_record_length_refuses_the_start_and_check_names_it() {
+    let path = snapshot_path("wal-length");
+    let p = path.to_str().unwrap();
+    let args = [
+        "--cores",
+        "1",
+        "--snapshot",
+        p,
+        "--snapshot-every",
+        "0",
+        "--wal",
+    ];
+    let server = Server::start(&args);
+    let ks = Keyspace::tokens("m");
+    let mut c = server.session();
+    let w = c.events_worker("w");
+    for seq in 0..1000u64 {
+        let chain = chain_of(&ks, seq as u32 * 10, 2);
+        assert_eq!(
+            c.ask(&stored_batch(w, seq, &ks, &chain)).kind,
+            Kind::Applied
+        );
+    }
+    server.kill();
+    let wal = wal_with_records(&path);
+    let mut bytes = std::fs::read(&wal).unwrap();
+    // The file header, then records: length u32, body checksum u64, header check u32.
+    let mut at = 16;
+    for _ in 0..100 {
+        at += 16 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    }
+    bytes[at..at + 4].copy_from_slice(&(1u32 << 31).to_le_bytes());
+    std::fs::write(&wal, &bytes).unwrap();
+
+    let run = |more: &[&str], check: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvix-server"));
+        if check {
+            cmd.arg("check");
+        }
+        let out = cmd
+            .args(["--listen", "127.0.0.1:0", "--metrics", "", "--unix", ""])
+            .args(args)
+            .args(more)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let named = |text: &str| {
+        text.contains(&wal.display().to_string())
+            && text.contains(&format!("damaged at byte {at}, in a record header"))
+            && text.contains("--wal-recover truncate")
+    };
+    let (ok, text) = run(&[], true);
+    assert!(
+        !ok && text.contains("FAIL  --wal") && named(&text),
+        "{text}"
+    );
+    // The start refuses the same way (bounded by the start's own wait: it exits).
+    let (ok, text) = run(&[], false);
+    assert!(!ok && named(&text), "{text}");
+    assert_eq!(
+        std::fs::read(&wal).unwrap(),
+        bytes,
+        "nothing cut on refusal"
+    );
+
+    let mut truncate = args.to_vec();
+    truncate.extend(["--wal-recover", "truncate"]);
+    let server = Server::start(&truncate);
+    assert_eq!(server.metric("kvix_wal_damage_total"), 1);
+    let mut c = server.session();
+    let held =
+        |c: &mut Conn, seq: u32| !c.query(&ks, &chain_of(&ks, seq * 10, 2)).scores.is_empty();
+    // The announce is record 0: batches 0..99 precede the damage.
+    assert!(held(&mut c, 0) && held(&mut c, 98));
+    assert!(!held(&mut c, 99) && !held(&mut c, 999));
+}

@@ -5,8 +5,10 @@
 //! (80–100 ms at 1.8 M blocks), and every executor applies every write, so every query
 //! waited. Instead the rebuild starts while the table still has room for 1/32 of its
 //! capacity and walks the runs a slice per write: the old table stays whole and
-//! answers every lookup; the new one holds the runs already walked (ids below
-//! `cursor`), and a write that changes the slots of such a run changes it there too.
+//! answers every lookup; the new one holds the blocks already walked (runs with ids
+//! below `cursor`, and the blocks of run `cursor` before position `pos`: one run may
+//! hold half a million blocks, more than a slice should walk), and a write that changes
+//! the slots of walked blocks changes them there too.
 //! When the walk reaches the last run the new table takes over. Should the old one fill
 //! up first (a write far larger than the headroom), the rest of the walk is done at once.
 
@@ -45,15 +47,17 @@ struct Rebuild {
     /// walk starts: zeroing and faulting in tens of MiB at once held a write too).
     unbuilt: Option<Unbuilt<Slot>>,
     table: Table<Slot>,
-    /// Runs with ids below this are in `table`.
+    /// Runs with ids below this are in `table`,
     cursor: u32,
+    /// and the blocks of run `cursor` at positions below this.
+    pos: u32,
 }
 
 impl Rebuild {
     /// Puts a slot in the new table if its run has been walked; when it has no room left
     /// (writes during the walk outgrew it) the rebuild is dropped, to start over later.
     fn add(rebuild: &mut Option<Rebuild>, hash: u64, slot: Slot) {
-        if let Some(t) = Rebuild::walked(rebuild, slot.run) {
+        if let Some(t) = Rebuild::walked(rebuild, slot.run, slot.pos) {
             if t.fits(1) {
                 t.insert_new(hash, slot);
             } else {
@@ -62,12 +66,16 @@ impl Rebuild {
         }
     }
 
-    /// The new table, when run `run` has been walked.
-    fn walked(rebuild: &mut Option<Rebuild>, run: u32) -> Option<&mut Table<Slot>> {
+    /// The new table, when block `pos` of run `run` has been walked.
+    fn walked(rebuild: &mut Option<Rebuild>, run: u32, pos: u32) -> Option<&mut Table<Slot>> {
         rebuild
             .as_mut()
-            .filter(|r| run < r.cursor)
+            .filter(|r| r.has_walked(run, pos))
             .map(|r| &mut r.table)
+    }
+
+    fn has_walked(&self, run: u32, pos: u32) -> bool {
+        run < self.cursor || run == self.cursor && pos < self.pos
     }
 }
 
@@ -97,7 +105,7 @@ impl BlockTable {
     /// Removes the slot of block `pos` of run `run`.
     pub(super) fn remove(&mut self, hash: u64, run: u32, pos: u32) {
         self.table.remove(hash, |s| s.run == run && s.pos == pos);
-        if let Some(t) = Rebuild::walked(&mut self.rebuild, run) {
+        if let Some(t) = Rebuild::walked(&mut self.rebuild, run, pos) {
             t.remove(hash, |s| s.run == run && s.pos == pos);
         }
     }
@@ -109,7 +117,7 @@ impl BlockTable {
             s.run = to;
         }
         let Some(r) = &mut self.rebuild else { return };
-        match (from < r.cursor, to < r.cursor) {
+        match (r.has_walked(from, pos), r.has_walked(to, pos)) {
             (true, true) => {
                 if let Some(s) = r.table.find_mut(hash, is) {
                     s.run = to;
@@ -165,6 +173,7 @@ impl BlockTable {
             unbuilt: Some(Unbuilt::new(capacity)),
             table: Table::default(),
             cursor: 0,
+            pos: 0,
         });
     }
 
@@ -182,16 +191,24 @@ impl BlockTable {
                 return;
             }
         }
-        let from = r.cursor as usize;
-        let (mut to, mut slots) = (from, 0usize);
+        // The stretch to walk: from the cursor, whole runs, the last perhaps in part.
+        let (from, from_pos) = (r.cursor as usize, r.pos);
+        let (mut to, mut to_pos, mut slots) = (from, from_pos, 0usize);
         // Free runs count too: a stretch of them is walked past in slices as well.
         let mut walked = 0usize;
         while to < nodes.len() && walked < budget {
-            if nodes[to].set != NIL {
-                slots += nodes[to].hashes.len();
+            let node = &nodes[to];
+            let first = node.first_from(to_pos);
+            let take = match node.set {
+                NIL => 0,
+                _ => (node.hashes.len() - first).min(budget - walked),
+            };
+            (slots, walked) = (slots + take, walked + take.max(1));
+            if node.set != NIL && first + take < node.hashes.len() {
+                to_pos = node.start + (first + take) as u32;
+                break;
             }
-            walked = slots + (to - from);
-            to += 1;
+            (to, to_pos) = (to + 1, 0);
         }
         // Its table was sized for the old one's contents and headroom: should writes
         // during the walk outgrow it, the rebuild starts over later.
@@ -199,22 +216,30 @@ impl BlockTable {
             self.rebuild = None;
             return;
         }
-        let live = nodes[from..to]
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.set != NIL);
         self.most_walked = self.most_walked.max(slots);
-        r.table.extend(live.flat_map(|(i, node)| {
-            let run = (from + i) as u32;
-            node.hashes.iter().enumerate().map(move |(k, &h)| {
+        let stretch = (from..(to + 1).min(nodes.len())).filter(|&i| nodes[i].set != NIL);
+        r.table.extend(stretch.flat_map(|i| {
+            let node = &nodes[i];
+            let first = if i == from {
+                node.first_from(from_pos)
+            } else {
+                0
+            };
+            let end = if i == to {
+                node.first_from(to_pos)
+            } else {
+                node.hashes.len()
+            };
+            let ks = node.ksi() as u64;
+            (first..end).map(move |k| {
                 let slot = Slot {
-                    run,
+                    run: i as u32,
                     pos: node.start + k as u32,
                 };
-                (block_hash(node.ksi() as u64, h), slot)
+                (block_hash(ks, node.hashes[k]), slot)
             })
         }));
-        r.cursor = to as u32;
+        (r.cursor, r.pos) = (to as u32, to_pos);
         if to == nodes.len() {
             let done = self.rebuild.take().expect("a rebuild under way");
             self.table = done.table;
@@ -228,12 +253,15 @@ impl BlockTable {
             return Ok(());
         };
         let mut slots = 0;
-        for (n, node) in nodes.iter().enumerate().take(r.cursor as usize) {
+        for (n, node) in nodes.iter().enumerate().take(r.cursor as usize + 1) {
             if node.set == NIL {
                 continue;
             }
             for (i, &h) in node.hashes.iter().enumerate() {
                 let pos = node.start + i as u32;
+                if !r.has_walked(n as u32, pos) {
+                    continue;
+                }
                 let hash = block_hash(node.ksi() as u64, h);
                 if r.table
                     .find(hash, |s| s.run == n as u32 && s.pos == pos)

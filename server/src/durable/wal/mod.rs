@@ -9,21 +9,26 @@
 //! already be in the snapshot: replaying them again is harmless (event batches are
 //! sequenced, the rest are last-writer-wins), and every later record is replayed too.
 //!
-//! ```text
-//! record: len u32 LE | xxh3-64 of the body u64 LE | body (rkyv [`Write`])
-//! ```
-//! A write that fails part-way (disk full) is cut back to the last whole record before
-//! the error reaches the client, so a later record never follows a partial one. On
-//! start, a torn record at the end of the newest file (a crash mid-write: a record
-//! whose declared length runs past the end, or the file's last record failing its
-//! checksum, or zeros to the end) is cut off. Damage anywhere else (a record that fails
-//! its checksum with more records after it, in any generation) refuses the start,
-//! naming the file and offset, unless `--wal-recover truncate` accepts the loss: the
-//! log is then cut at the damage (the damaged file kept beside it as `.damaged`, later
-//! generations set aside as `.skipped`). Both are counted in `kvix_wal_cut_bytes`.
+//! Each file begins with a header and holds whole records ([`format`]: every record
+//! header carries a check of its own, so a damaged length is never taken for a torn
+//! tail). A write that fails part-way (disk full) is cut back to the last whole record
+//! before the error reaches the client, so a later record never follows a partial one.
+//! On start, a torn tail of the newest file (what a crash mid-write leaves: a header cut
+//! short, a valid header whose body runs past the end, zeros to the end) is cut off.
+//! Anything else that is not a whole record (a header or body failing its check, a
+//! length past the file's bound, a torn tail in an older file) is damage: it refuses
+//! the start, naming the file, offset and field, unless `--wal-recover truncate`
+//! accepts the loss: the log is then cut at the damage (the damaged file kept beside it
+//! as `.damaged`, later generations set aside as `.skipped`), counted in
+//! `kvix_wal_damage_total` and logged at ERROR. Bytes cut either way are in
+//! `kvix_wal_cut_bytes`. `kvix-server check` reads the log the same way and reports
+//! what a start would find.
+
+pub mod format;
+mod read;
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
@@ -31,9 +36,9 @@ use std::time::Duration;
 
 use futures::channel::oneshot;
 use rkyv::rancor;
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::durable::write::Write;
+use format::Field;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
@@ -43,15 +48,22 @@ pub enum WalError {
         source: std::io::Error,
     },
     #[error(
-        "write-ahead log {path} is damaged at byte {at}: {why}; {after} bytes of the log \
-         follow the damage (start with --wal-recover truncate to drop them)"
+        "write-ahead log {path} is damaged at byte {at}, in {}: {why}; {after} bytes of the \
+         log follow the damage (start with --wal-recover truncate to drop them)",
+        field.name()
     )]
     Damaged {
         path: String,
         at: u64,
+        field: Field,
         why: String,
         after: u64,
     },
+    #[error(
+        "write-ahead log {path}: a record of {len} bytes is past the format's bound of {} bytes",
+        format::MAX_RECORD
+    )]
+    TooLarge { path: String, len: usize },
 }
 
 /// What start does with damage before the tail of the log.
@@ -72,6 +84,8 @@ pub struct Opened {
     /// Bytes cut off: a torn tail, or the log after damage `--wal-recover truncate`
     /// accepted.
     pub cut_bytes: u64,
+    /// Damage `--wal-recover truncate` cut the log at (0 or 1: nothing after it is read).
+    pub damage_cut: u64,
 }
 
 /// The log of one server process.
@@ -140,6 +154,21 @@ impl Wal {
         PathBuf::from(p)
     }
 
+    /// The files of the generations from `from` on, oldest first.
+    fn paths_from(base: &Path, from: u64) -> Result<Vec<PathBuf>, WalError> {
+        Ok(Self::generations(base)?
+            .into_iter()
+            .filter(|&g| g >= from)
+            .map(|g| Self::path(base, g))
+            .collect())
+    }
+
+    /// What a start would find in the log beside `snapshot` from generation `from` on,
+    /// changing nothing: one line, or the damage that would refuse the start.
+    pub fn inspect(snapshot: &Path, from: u64) -> Result<String, WalError> {
+        read::survey(Self::paths_from(snapshot, from)?)?.describe()
+    }
+
     /// Opens the log beside `snapshot`: the log (appending to a new generation) and the
     /// records to replay, from generation `from` on (older ones are deleted).
     pub fn open(
@@ -149,45 +178,11 @@ impl Wal {
         recover: Recover,
     ) -> Result<Opened, WalError> {
         let gens = Self::generations(snapshot)?;
-        let (mut records, mut cut_bytes, mut stopped) = (Vec::new(), 0, false);
-        for (i, &g) in gens.iter().enumerate() {
+        for &g in gens.iter().filter(|&&g| g < from) {
             let path = Self::path(snapshot, g);
-            if g < from {
-                std::fs::remove_file(&path).map_err(io(&path))?;
-                continue;
-            }
-            if stopped {
-                // After damage the operator accepted: the rest of the log is set aside.
-                cut_bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
-                let aside = PathBuf::from(format!("{}.skipped", path.display()));
-                std::fs::rename(&path, &aside).map_err(io(&path))?;
-                tracing::error!(path = %path.display(), "write-ahead log: generation after the damage set aside, not replayed");
-                continue;
-            }
-            let read = match read_records(&path, i + 1 == gens.len(), recover, &mut records) {
-                // The refusal counts what truncating would drop: the later generations too.
-                Err(WalError::Damaged {
-                    path,
-                    at,
-                    why,
-                    after,
-                }) => {
-                    let later: u64 = gens[i + 1..]
-                        .iter()
-                        .map(|&g| std::fs::metadata(Self::path(snapshot, g)).map_or(0, |m| m.len()))
-                        .sum();
-                    return Err(WalError::Damaged {
-                        path,
-                        at,
-                        why,
-                        after: after + later,
-                    });
-                }
-                read => read?,
-            };
-            cut_bytes += read.cut;
-            stopped = read.damaged;
+            std::fs::remove_file(&path).map_err(io(&path))?;
         }
+        let settled = read::survey(Self::paths_from(snapshot, from)?)?.settle(recover)?;
         let generation = gens.last().map_or(from, |g| (g + 1).max(from));
         let path = Self::path(snapshot, generation);
         let file = create(&path)?;
@@ -219,8 +214,9 @@ impl Wal {
             .map_err(io(snapshot))?;
         Ok(Opened {
             wal,
-            records,
-            cut_bytes,
+            records: settled.records,
+            cut_bytes: settled.cut_bytes,
+            damage_cut: settled.damage_cut,
         })
     }
 
@@ -231,13 +227,13 @@ impl Wal {
             return Ok(None);
         }
         let body = rkyv::to_bytes::<rancor::Error>(record).expect("plain data serializes");
-        let mut bytes = Vec::with_capacity(12 + body.len());
-        bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(&xxh3_64(&body).to_le_bytes());
-        bytes.extend_from_slice(&body);
         {
             let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
             let path = Self::path(&self.base, cur.generation);
+            let bytes = format::record(&body).ok_or_else(|| WalError::TooLarge {
+                path: path.display().to_string(),
+                len: body.len(),
+            })?;
             if cur.torn {
                 cur.file.set_len(cur.len).map_err(io(&path))?;
                 cur.torn = false;
@@ -271,7 +267,7 @@ impl Wal {
         *cur = Current {
             generation: old + 1,
             file,
-            len: 0,
+            len: format::FILE_HEADER as u64,
             torn: false,
         };
         Ok(old)
@@ -337,129 +333,15 @@ impl Syncer {
     }
 }
 
+/// A new generation's file, its header written.
 fn create(path: &Path) -> Result<File, WalError> {
-    OpenOptions::new()
-        .create(true)
+    let mut file = OpenOptions::new()
+        .create_new(true)
         .append(true)
         .open(path)
-        .map_err(io(path))
-}
-
-/// What reading one file found beyond its whole records.
-struct FileRead {
-    /// Bytes cut off the file.
-    cut: u64,
-    /// The file was cut at damage `--wal-recover truncate` accepted: stop replaying.
-    damaged: bool,
-}
-
-/// Reads every whole record of one file. A torn tail is cut off when `last` (the newest
-/// file, where a crash can leave one); other damage refuses, or with
-/// [`Recover::Truncate`] is cut off too.
-fn read_records(
-    path: &Path,
-    last: bool,
-    recover: Recover,
-    out: &mut Vec<Write>,
-) -> Result<FileRead, WalError> {
-    let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
         .map_err(io(path))?;
-    let cut_at = |at: usize| {
-        OpenOptions::new()
-            .write(true)
-            .open(path)
-            .and_then(|f| f.set_len(at as u64))
-            .map_err(io(path))
-    };
-    let mut at = 0;
-    while at < bytes.len() {
-        match next_record(&bytes, at) {
-            Ok(len) => {
-                let mut aligned = kvix_wire::AlignedVec::with_capacity(len);
-                aligned.extend_from_slice(&bytes[at + 12..at + 12 + len]);
-                match rkyv::from_bytes::<Write, rancor::BoxedError>(&aligned) {
-                    Ok(r) => out.push(r),
-                    Err(e) => {
-                        let why = format!(
-                            "a whole record this version cannot read (written by another \
-                             kvix version?): {e}"
-                        );
-                        return damage(path, at, why, &bytes, recover, cut_at);
-                    }
-                }
-                at += 12 + len;
-            }
-            Err((why, true)) if last => {
-                tracing::warn!(path = %path.display(), at, "write-ahead log: cutting off a torn record ({why})");
-                cut_at(at)?;
-                return Ok(FileRead {
-                    cut: (bytes.len() - at) as u64,
-                    damaged: false,
-                });
-            }
-            Err((why, _)) => return damage(path, at, why.to_string(), &bytes, recover, cut_at),
-        }
-    }
-    Ok(FileRead {
-        cut: 0,
-        damaged: false,
-    })
-}
-
-/// The record at `at`: its body length, or why it is not whole and whether that is
-/// what a crash mid-write leaves (a record running past the end, the last record
-/// failing its checksum, zeros to the end).
-fn next_record(bytes: &[u8], at: usize) -> Result<usize, (&'static str, bool)> {
-    let rest = &bytes[at..];
-    if rest.iter().all(|&b| b == 0) {
-        return Err(("zeros to the end", true));
-    }
-    if rest.len() < 12 {
-        return Err(("a short header", true));
-    }
-    let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-    let sum = u64::from_le_bytes(rest[4..12].try_into().expect("8 bytes"));
-    let Some(body) = rest.get(12..12 + len) else {
-        return Err(("a short body", true));
-    };
-    if xxh3_64(body) != sum {
-        return Err(("a checksum mismatch", 12 + len == rest.len()));
-    }
-    Ok(len)
-}
-
-/// Damage before the tail: refused, or cut off with what follows when the operator
-/// said so.
-fn damage(
-    path: &Path,
-    at: usize,
-    why: String,
-    bytes: &[u8],
-    recover: Recover,
-    cut_at: impl Fn(usize) -> Result<(), WalError>,
-) -> Result<FileRead, WalError> {
-    let after = (bytes.len() - at) as u64;
-    if recover == Recover::Refuse {
-        return Err(WalError::Damaged {
-            path: path.display().to_string(),
-            at: at as u64,
-            why,
-            after,
-        });
-    }
-    let kept = PathBuf::from(format!("{}.damaged", path.display()));
-    std::fs::write(&kept, bytes).map_err(io(&kept))?;
-    cut_at(at)?;
-    tracing::error!(
-        path = %path.display(), at, %why, dropped_bytes = after, kept = %kept.display(),
-        "write-ahead log: damaged; --wal-recover truncate cut the log here"
-    );
-    Ok(FileRead {
-        cut: after,
-        damaged: true,
-    })
+    file.write_all(&format::file_header()).map_err(io(path))?;
+    Ok(file)
 }
 
 #[cfg(test)]
@@ -553,20 +435,28 @@ mod tests {
         Wal::path(snap, 0)
     }
 
+    /// The size of one retire record, header included.
+    fn record_len() -> usize {
+        let body = rkyv::to_bytes::<rancor::Error>(&retire(0)).unwrap();
+        format::RECORD_HEADER + body.len()
+    }
+
     #[test]
     fn a_flipped_byte_mid_file_in_the_newest_generation_refuses_the_start() {
         let d = dir("flip");
         let snap = d.join("s.snapshot");
         let path = log_of(&snap, 100);
         let mut bytes = std::fs::read(&path).unwrap();
-        let record = bytes.len() / 100;
-        bytes[40 * record + 14] ^= 0x01;
+        let (head, record) = (format::FILE_HEADER, record_len());
+        assert_eq!(bytes.len(), head + 100 * record);
+        bytes[head + 40 * record + 18] ^= 0x01;
         std::fs::write(&path, &bytes).unwrap();
         let err = open(&snap, 0, 50).err().expect("refused");
         let text = err.to_string();
         assert!(
             text.contains(&path.display().to_string())
-                && text.contains(&format!("byte {}", 40 * record))
+                && text.contains(&format!("byte {}", head + 40 * record))
+                && text.contains("a record body")
                 && text.contains("--wal-recover truncate"),
             "{text}"
         );
@@ -579,8 +469,30 @@ mod tests {
         let opened = Wal::open(&snap, 0, 50, Recover::Truncate).unwrap();
         assert_eq!(opened.records, (0..40).map(retire).collect::<Vec<_>>());
         assert_eq!(opened.cut_bytes, (60 * record) as u64);
+        assert_eq!(opened.damage_cut, 1);
         let kept = PathBuf::from(format!("{}.damaged", path.display()));
         assert_eq!(std::fs::read(kept).unwrap(), bytes);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The operator's case: 1,000 records, record 100's length set to 2^31. Read as a
+    /// torn tail, this served 99 of them; it is damage in a record header.
+    #[test]
+    fn a_damaged_length_is_refused_not_cut_as_a_torn_tail() {
+        let d = dir("length");
+        let snap = d.join("s.snapshot");
+        let path = log_of(&snap, 1000);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = format::FILE_HEADER + 99 * record_len();
+        bytes[at..at + 4].copy_from_slice(&(1u32 << 31).to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let inspected = Wal::inspect(&snap, 0).unwrap_err().to_string();
+        let err = open(&snap, 0, 50).err().expect("refused").to_string();
+        assert_eq!(inspected, err, "check reports what a start refuses");
+        assert!(
+            err.contains(&format!("byte {at}")) && err.contains("a record header"),
+            "{err}"
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 
@@ -593,13 +505,15 @@ mod tests {
         wal.append(&retire(77)).unwrap();
         drop(wal);
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes[20] ^= 0x80;
+        let first = format::FILE_HEADER as u64;
+        bytes[first as usize + 20] ^= 0x80;
         std::fs::write(&path, &bytes).unwrap();
         // The refusal counts everything truncating would drop, later generations too.
-        let all = bytes.len() as u64 + std::fs::metadata(Wal::path(&snap, 1)).unwrap().len();
+        let all =
+            bytes.len() as u64 - first + std::fs::metadata(Wal::path(&snap, 1)).unwrap().len();
         assert!(matches!(
             open(&snap, 0, 50),
-            Err(WalError::Damaged { at: 0, after, .. }) if after == all
+            Err(WalError::Damaged { at, after, .. }) if at == first && after == all
         ));
         let opened = Wal::open(&snap, 0, 50, Recover::Truncate).unwrap();
         assert!(
@@ -613,7 +527,7 @@ mod tests {
     }
 
     #[test]
-    fn zeros_or_a_bad_last_record_are_a_torn_tail() {
+    fn zeros_are_a_torn_tail_and_a_bad_last_record_is_damage() {
         let d = dir("zeros");
         let snap = d.join("s.snapshot");
         let path = log_of(&snap, 3);
@@ -627,12 +541,15 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), whole);
         drop(opened);
         std::fs::remove_file(Wal::path(&snap, 1)).unwrap();
+        // A whole last record with a byte changed is not what a crash leaves.
         let mut last_bad = whole.clone();
         let n = last_bad.len();
         last_bad[n - 1] ^= 0x01;
         std::fs::write(&path, &last_bad).unwrap();
-        let opened = Wal::open(&snap, 0, 50, Recover::Refuse).unwrap();
-        assert_eq!(opened.records, (0..2).map(retire).collect::<Vec<_>>());
+        assert!(matches!(
+            Wal::open(&snap, 0, 50, Recover::Refuse),
+            Err(WalError::Damaged { .. })
+        ));
         let _ = std::fs::remove_dir_all(&d);
     }
 }
