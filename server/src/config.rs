@@ -15,8 +15,16 @@ use crate::ingest::fleet::parse_lanes;
 /// workers' cache events and gateways' placements keep it current. With no flags it
 /// listens on 127.0.0.1:7420 (and /tmp/kvix.sock), serves metrics on 127.0.0.1:7421,
 /// uses every core and keeps no snapshot.
+///
+/// `kvix-server check [FLAGS]` checks what a start with these flags needs (ports free,
+/// files readable, the write-ahead log whole, Redis answering, ...) and exits: non-zero
+/// if anything would fail. docs/operations.md explains every flag.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "kvix-server", version)]
+#[command(
+    name = "kvix-server",
+    version,
+    override_usage = "kvix-server [FLAGS]\n       kvix-server check [FLAGS]"
+)]
 pub struct Config {
     /// A TOML file of flags, keyed by long name without the dashes (`max-blocks = 1000`,
     /// `wal = true`, `source-allow = ["10.0.0.0/8"]`); the command line and the

@@ -56,13 +56,18 @@ pub fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
                     .map(scalar)
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(err)?;
+                for item in &items {
+                    parses(&command, arg, item).map_err(err)?;
+                }
                 flags.push(format!("--{key}={}", items.join(",")));
             }
             other => {
                 if !takes_value {
                     return Err(err("true or false".into()));
                 }
-                flags.push(format!("--{key}={}", scalar(other).map_err(err)?));
+                let value = scalar(other).map_err(err)?;
+                parses(&command, arg, &value).map_err(err)?;
+                flags.push(format!("--{key}={value}"));
             }
         }
     }
@@ -86,6 +91,28 @@ fn config_path(args: &[OsString]) -> Option<String> {
         }
     }
     std::env::var("KVIX_CONFIG").ok().filter(|p| !p.is_empty())
+}
+
+/// Whether `value` is one the flag takes, checked here so that the error names the file
+/// and key (clap's, later, would name only the flag). Only the value is judged: a flag
+/// that needs another (`tls-cert` wants `tls-key`) is checked with the whole command line.
+fn parses(command: &clap::Command, arg: &clap::Arg, value: &str) -> Result<(), String> {
+    use clap::error::ErrorKind;
+    let long = arg.get_long().unwrap_or_default();
+    let alone = command.clone().color(clap::ColorChoice::Never);
+    match alone.try_get_matches_from(["kvix-server".to_string(), format!("--{long}={value}")]) {
+        Err(e)
+            if !matches!(
+                e.kind(),
+                ErrorKind::MissingRequiredArgument | ErrorKind::ArgumentConflict
+            ) =>
+        {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            Err(first.trim_start_matches("error: ").to_string())
+        }
+        _ => Ok(()),
+    }
 }
 
 fn scalar(v: &toml::Value) -> Result<String, String> {
@@ -138,7 +165,12 @@ mod tests {
         let e = with_file("colour = 1\n", &[]).unwrap_err();
         assert!(e.contains("colour: no such flag"), "{e}");
         let e = with_file("cores = \"many\"\n", &[]).unwrap_err();
-        assert!(e.contains("--cores"), "{e}");
+        assert!(
+            e.contains("--config") && e.contains(": cores: invalid value 'many'"),
+            "{e}"
+        );
+        let e = with_file("wal-recover = \"maybe\"\n", &[]).unwrap_err();
+        assert!(e.contains(": wal-recover: invalid value 'maybe'"), "{e}");
         let e = with_file("wal = 1\n", &[]).unwrap_err();
         assert!(e.contains("wal: true or false"), "{e}");
         let e = with_file("cores = [\n", &[]).unwrap_err();

@@ -1,3 +1,4 @@
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -12,6 +13,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_target(false)
+        .with_ansi(colour())
         .with_writer(std::io::stderr)
         .init();
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -35,7 +37,7 @@ fn main() -> ExitCode {
     let outcome = match (valid, check) {
         (Err(e), _) => Err(e),
         (Ok(()), true) => return checked(&config),
-        (Ok(()), false) => kvix_server::run(config).context("kvix-server stopped"),
+        (Ok(()), false) => kvix_server::run(config),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -45,6 +47,12 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Colour in the log only on a terminal, and never with NO_COLOR set (no-color.org): a
+/// log file or a collector gets plain text.
+fn colour() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// Prints each check of `kvix-server check`; failure if any failed.

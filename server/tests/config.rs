@@ -147,3 +147,127 @@ fn check_reaches_the_replicas_redis_or_says_it_cannot() {
     assert!(!down.status.success());
     assert!(said(&down).contains("FAIL  --log"), "{}", said(&down));
 }
+
+/// A value of the wrong type in the file names the file and the key (clap's own message
+/// named only the flag, though the operator never typed it).
+#[test]
+fn a_bad_value_in_the_config_file_names_the_file_and_the_key() {
+    let conf = file("bad-value.toml", "cores = \"two\"\n");
+    let out = server(&["--config", conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = said(&out);
+    assert!(!out.status.success());
+    assert!(
+        text.contains(&format!(
+            "--config {}: cores: invalid value 'two'",
+            conf.display()
+        )),
+        "{text}"
+    );
+}
+
+/// `--help` names `check`; a fatal error is one line with one prefix; the log has no
+/// colour codes when it is not a terminal, and none with NO_COLOR.
+#[test]
+fn help_names_check_and_errors_and_logs_are_plain() {
+    let help = server(&["--help"]).output().unwrap();
+    let text = said(&help);
+    assert!(
+        help.status.success() && text.contains("kvix-server check [FLAGS]"),
+        "{text}"
+    );
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = server(&["--listen", &addr, "--metrics", "", "--unix", ""])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let fatal: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("kvix-server:"))
+        .collect();
+    assert_eq!(fatal.len(), 1, "{stderr}");
+    assert!(!fatal[0].contains("kvix-server: kvix-server"), "{stderr}");
+    for (tty, no_color, coloured) in [
+        (true, false, true),
+        (true, true, false),
+        (false, false, false),
+    ] {
+        let log = log_of_a_start_and_stop(tty, no_color);
+        assert!(log.contains("executor stopping"), "{log:?}");
+        assert_eq!(
+            log.contains('\u{1b}'),
+            coloured,
+            "a terminal: {tty}, NO_COLOR: {no_color}: {log:?}"
+        );
+    }
+}
+
+/// What a server started and stopped (SIGTERM) logs at info, its stderr a terminal (a
+/// pseudo-terminal of the test's) or a pipe.
+fn log_of_a_start_and_stop(tty: bool, no_color: bool) -> String {
+    use std::io::{BufRead, Read};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut cmd = server(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics",
+        "",
+        "--unix",
+        "",
+        "--cores",
+        "1",
+    ]);
+    cmd.env("KVIX_LOG", "info").env_remove("NO_COLOR");
+    if no_color {
+        cmd.env("NO_COLOR", "1");
+    }
+    let mut master = None;
+    if tty {
+        let (mut m, mut s) = (0, 0);
+        // SAFETY: openpty writes two descriptors this test then owns.
+        let r = unsafe {
+            libc::openpty(
+                &mut m,
+                &mut s,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "openpty");
+        // SAFETY: both were just opened and are owned here only.
+        let (m, s) = unsafe { (OwnedFd::from_raw_fd(m), OwnedFd::from_raw_fd(s)) };
+        cmd.stderr(std::process::Stdio::from(s));
+        master = Some(std::fs::File::from(m));
+    } else {
+        cmd.stderr(std::process::Stdio::piped());
+    }
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    drop(cmd);
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("listening on"), "{first}");
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut log = Vec::new();
+    match master {
+        // A pseudo-terminal's master reads until the child's side is closed (then EIO).
+        Some(mut m) => {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = m.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                log.extend_from_slice(&buf[..n]);
+            }
+        }
+        None => {
+            child.stderr.take().unwrap().read_to_end(&mut log).unwrap();
+        }
+    }
+    child.wait().unwrap();
+    String::from_utf8_lossy(&log).into_owned()
+}
