@@ -8,9 +8,11 @@ module name; only the modules it imports from the rest of the engine are stubbed
 release's ZmqEventPublisher sends, over pyzmq.
 
     python3 scripts/engines.py setup
-        Installs pyzmq and msgspec if they are missing, downloads the wheels once into
-        the cache ($KVIX_ENGINE_CACHE, default ~/.cache/kvix-engines; a second run
-        downloads nothing) and extracts the publisher modules. Prints "ready".
+        Downloads the wheels once into the cache ($KVIX_ENGINE_CACHE, default
+        $KVIX_CACHE/engines as scripts/testenv.py places it; a second run downloads
+        nothing) and extracts the publisher modules, under testenv's lock. Prints "ready".
+        Runs on the tests' environment (`$(python3 scripts/testenv.py ensure)
+        scripts/engines.py ...`), which has pyzmq and msgspec.
 
     python3 scripts/engines.py publish RELEASE --endpoint EP [--replay EP] [--rank N]
                                        [--topic T] [--buffer N]
@@ -39,7 +41,10 @@ import sys
 import time
 import zipfile
 
-CACHE = os.environ.get("KVIX_ENGINE_CACHE", os.path.expanduser("~/.cache/kvix-engines"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testenv  # noqa: E402  (the cache and its lock, beside this script)
+
+CACHE = os.environ.get("KVIX_ENGINE_CACHE") or os.path.join(testenv.cache_dir(), "engines")
 
 # ---------------------------------------------------------------------------
 # stubs: only what the real modules import at load time (and call at run time)
@@ -228,13 +233,9 @@ def ensure_modules():
     try:
         import msgspec  # noqa: F401
         import zmq  # noqa: F401
-        return
-    except ImportError:
-        pass
-    say("installing pyzmq and msgspec")
-    r = pip("install", "--quiet", "--disable-pip-version-check", "pyzmq", "msgspec")
-    if r.returncode != 0:
-        raise SystemExit(f"pip install pyzmq msgspec failed:\n{r.stderr}")
+    except ImportError as e:
+        raise SystemExit(f"{e}: run this script with the tests' environment, "
+                         "$(python3 scripts/testenv.py ensure) scripts/engines.py ...")
 
 
 def wheel(release):
@@ -260,38 +261,57 @@ def record_hash(zf, member):
     return None
 
 
+def extract(release, out, marker):
+    """Takes the real files out of the wheel (checked against its RECORD); the marker,
+    written last, says they are whole."""
+    _, _, _, files = RELEASES[release]
+    os.makedirs(out, exist_ok=True)
+    with zipfile.ZipFile(wheel(release)) as zf:
+        for _, member, name in files:
+            data = zf.read(member)
+            got = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            want = record_hash(zf, member)
+            if got != want:
+                raise SystemExit(f"{release}: {member} does not match its RECORD ({got} != {want})")
+            with open(os.path.join(out, name), "wb") as f:
+                f.write(data)
+        if release == "vllm-0.9.2":  # the stub KVEventsConfig mirrors the real one
+            tree = ast.parse(zf.read("vllm/config.py"))
+            cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KVEventsConfig")
+            real = [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)]
+            stub = ast.parse(STUBS[release]["vllm/config.py"])
+            mine = [s.target.id for s in stub.body[-1].body if isinstance(s, ast.AnnAssign)]
+            if real != mine:
+                raise SystemExit(f"{release}: KVEventsConfig fields changed: {real}")
+    open(marker, "w").close()
+
+
 def prepare(release):
     """Extracts the real files (checked against the wheel's RECORD) and writes the stubs;
     returns (directory of the real files, stub directory)."""
-    _, _, _, files = RELEASES[release]
     out = os.path.join(CACHE, "extracted", release)
     stubs = os.path.join(out, "stubs")
     marker = os.path.join(out, ".verified")
     if not os.path.exists(marker):
-        os.makedirs(out, exist_ok=True)
-        with zipfile.ZipFile(wheel(release)) as zf:
-            for _, member, name in files:
-                data = zf.read(member)
-                got = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-                want = record_hash(zf, member)
-                if got != want:
-                    raise SystemExit(f"{release}: {member} does not match its RECORD ({got} != {want})")
-                with open(os.path.join(out, name), "wb") as f:
-                    f.write(data)
-            if release == "vllm-0.9.2":  # the stub KVEventsConfig mirrors the real one
-                tree = ast.parse(zf.read("vllm/config.py"))
-                cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KVEventsConfig")
-                real = [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)]
-                stub = ast.parse(STUBS[release]["vllm/config.py"])
-                mine = [s.target.id for s in stub.body[-1].body if isinstance(s, ast.AnnAssign)]
-                if real != mine:
-                    raise SystemExit(f"{release}: KVEventsConfig fields changed: {real}")
-        open(marker, "w").close()
+        # Downloaded and extracted once, under testenv's lock: publishers of several
+        # processes starting at once wait for the first.
+        with testenv.Locked():
+            if not os.path.exists(marker):
+                extract(release, out, marker)
     for rel, text in STUBS[release].items():
         p = os.path.join(stubs, rel)
         os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(p, "w") as f:
+        try:
+            with open(p) as f:
+                if f.read() == text:
+                    continue
+        except OSError:
+            pass
+        # Written aside and renamed: a publisher starting meanwhile reads a whole file.
+        tmp = f"{p}.{os.getpid()}"
+        with open(tmp, "w") as f:
             f.write(text)
+        os.replace(tmp, p)
     return out, stubs
 
 

@@ -2,7 +2,7 @@
 """A small OpenAI-compatible router in front of inference workers, routing by kvix.
 
     python3 router.py --port 8001 --kvix 127.0.0.1:7420 --model demo \\
-        --worker w0=http://127.0.0.1:8101,tcp://127.0.0.1:5601 --worker w1=...
+        --worker w0=http://127.0.0.1:8101,tcp://127.0.0.1:5601,tcp://127.0.0.1:5602 ...
 
 A prompt of token ids is asked of kvix by its tokens; a text prompt by its bytes
 (kvix's byte keyspace, which only placements fill: use --feed placements for text).
@@ -15,9 +15,10 @@ the most reusable prefix less --alpha blocks per block of prompts in flight on t
 worker (Dynamo's default cost), forwards the request, and (with --feed placements)
 publishes the placement.
 
-At start it announces every worker to kvix with the worker's KV event endpoint as its
-source, so kvix subscribes to the worker's own event stream (--feed events, the
-default), or as a placements-fed worker. --policy round_robin ignores kvix: the
+At start it announces every worker to kvix with the worker's KV event endpoint (and its
+replay endpoint, which kvix asks for batches it missed) as its source, so kvix
+subscribes to the worker's own event stream (--feed events, the default), or as a
+placements-fed worker. --policy round_robin ignores kvix: the
 baseline. GET /stats shows how requests were routed.
 """
 
@@ -33,17 +34,20 @@ import kvix
 
 
 def parse_worker(text):
+    """NAME=URL[,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]]: (name, url, events, replay)."""
     name, _, rest = text.partition("=")
-    url, _, events = rest.partition(",")
+    url, _, endpoints = rest.partition(",")
+    events, _, replay = endpoints.partition(",")
     if not name or not url.startswith("http"):
-        raise argparse.ArgumentTypeError(f"--worker NAME=URL[,EVENTS_ENDPOINT], not {text!r}")
-    return name, url.rstrip("/"), events or None
+        raise argparse.ArgumentTypeError(
+            f"--worker NAME=URL[,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]], not {text!r}")
+    return name, url.rstrip("/"), events or None, replay or ""
 
 
 class Router:
     def __init__(self, a):
         self.a = a
-        self.workers = {name: url for name, url, _ in a.worker}
+        self.workers = {name: url for name, url, _, _ in a.worker}
         self.names = list(self.workers)
         self.turn = itertools.cycle(self.names)
         self.kvix = None
@@ -62,13 +66,14 @@ class Router:
             return
         self.kvix = await kvix.AsyncClient.connect(self.a.kvix, name=f"router-{os.getpid()}",
                                                    deadline_ms=self.a.deadline_ms)
-        for name, _, events in self.a.worker:
+        for name, _, events, replay in self.a.worker:
             if self.a.feed == "placements":
                 await self.kvix.announce(name, feed="placements", capacity_blocks=self.a.capacity_blocks)
             else:
                 if not events:
                     raise SystemExit(f"worker {name} has no event endpoint (NAME=URL,tcp://...)")
-                await self.kvix.announce(name, source=kvix.EventSource(events, self.a.model))
+                source = kvix.EventSource(events, self.a.model, replay=replay)
+                await self.kvix.announce(name, source=source)
 
     async def stop(self, _app):
         await self.http.close()
@@ -178,7 +183,8 @@ def main():
     ap.add_argument("--kvix", default="127.0.0.1:7420", help="kvix server(s), comma-separated")
     ap.add_argument("--model", default="demo", help="the keyspace's model name")
     ap.add_argument("--worker", action="append", type=parse_worker, required=True,
-                    metavar="NAME=URL[,EVENTS]", help="a worker (repeat); EVENTS: its ZMQ PUB endpoint")
+                    metavar="NAME=URL[,EVENTS[,REPLAY]]",
+                    help="a worker (repeat); EVENTS: its ZMQ PUB endpoint, REPLAY: its replay endpoint")
     ap.add_argument("--policy", choices=["kvix", "round_robin"], default="kvix")
     ap.add_argument("--tokenizer", default=None,
                     help="the served model's transformers tokenizer directory: serves /v1/chat/completions")

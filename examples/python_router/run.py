@@ -198,8 +198,8 @@ def main():
             _, line = procs.start([py, os.path.join(HERE, "worker.py"),
                                    "--capacity-blocks", str(a.capacity_blocks), "--name", f"w{i}",
                                    *tokenizer])
-            url, events = line.split()[1:3]
-            workers.append((f"w{i}", url, events))
+            url, events, replay = line.split()[1:4]
+            workers.append((f"w{i}", url, events, "" if replay == "-" else replay))
         convs = workload(a)
         results = {}
         for policy in ("kvix", "round_robin"):
@@ -209,8 +209,8 @@ def main():
                 args = [py, os.path.join(HERE, "router.py"), "--kvix", kvix_addr,
                         "--model", a.model, "--policy", policy, "--deadline-ms", str(a.deadline_ms),
                         *tokenizer]
-                for name, url, events in workers:
-                    args += ["--worker", f"{name}={url},{events}"]
+                for name, url, events, replay in workers:
+                    args += ["--worker", f"{name}={url},{events},{replay}"]
                 p, line = procs.start(args)
                 started.append(p)
                 routers.append(line.split()[1])
@@ -239,7 +239,7 @@ def main():
 async def reset(workers):
     """Empties every worker's cache (each publishes AllBlocksCleared)."""
     async with aiohttp.ClientSession() as http:
-        for _, url, _ in workers:
+        for _, url, _, _ in workers:
             async with http.post(url + "/reset") as r:
                 r.raise_for_status()
 

@@ -14,8 +14,9 @@ POST /v1/chat/completions {"messages": [...], "stream": bool} builds the prompt 
 tokenizer's chat template (and the generation prompt), as vLLM's OpenAI server does,
 and answers as OpenAI does (server-sent events when streaming; usage in the last chunk
 with stream_options.include_usage). POST /reset empties the cache (AllBlocksCleared).
-Prints "ready HTTP_URL EVENTS_ENDPOINT" once serving: with the defaults (--port 0,
---events 'tcp://*:0') the ports are the ones the system gave it.
+Prints "ready HTTP_URL EVENTS_ENDPOINT REPLAY_ENDPOINT" once serving: with the
+defaults (--port 0, --events and --replay 'tcp://*:0') the ports are the ones the system
+gave it.
 """
 
 import argparse
@@ -111,7 +112,9 @@ def main():
     ap.add_argument("--events", default="tcp://*:0",
                     help="ZMQ PUB endpoint of the KV events: tcp://*:PORT binds (vLLM's way); "
                          "port 0 binds any free port on VLLM_HOST_IP (default 127.0.0.1)")
-    ap.add_argument("--replay", default=None, help="ZMQ ROUTER replay endpoint")
+    ap.add_argument("--replay", default="tcp://*:0",
+                    help="ZMQ ROUTER replay endpoint: kvix asks it for what it missed (batches "
+                         "published before it subscribed, or while it was away); '' for none")
     ap.add_argument("--capacity-blocks", type=int, default=1500)
     ap.add_argument("--name", default="worker")
     ap.add_argument("--tokenizer", default=None,
@@ -119,7 +122,7 @@ def main():
     a = ap.parse_args()
 
     mod = engines.load_real(RELEASE)
-    pub = mod.ZmqEventPublisher(endpoint=a.events, replay_endpoint=a.replay, topic="",
+    pub = mod.ZmqEventPublisher(endpoint=a.events, replay_endpoint=a.replay or None, topic="",
                                 data_parallel_rank=0)
     cache = PrefixCache(a.capacity_blocks)
 
@@ -205,19 +208,21 @@ def main():
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/reset", reset)
     try:
-        # The publisher's resolved endpoint (port 0 bound), as a subscriber dials it.
-        events = pub.get_publisher_config().endpoint.replace("*", "127.0.0.1")
-        asyncio.run(serve(app, a.port, events))
+        # The publisher's resolved endpoints (port 0 bound), as a subscriber dials them.
+        config = pub.get_publisher_config()
+        events = config.endpoint.replace("*", "127.0.0.1")
+        replay = (config.replay_endpoint or "").replace("*", "127.0.0.1")
+        asyncio.run(serve(app, a.port, events, replay))
     finally:
         pub.shutdown()
 
 
-async def serve(app, port, events):
+async def serve(app, port, events, replay):
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     host, port = runner.addresses[0][:2]
-    print(f"ready http://{host}:{port} {events}", flush=True)
+    print(f"ready http://{host}:{port} {events} {replay or '-'}", flush=True)
     await asyncio.Event().wait()
 
 

@@ -206,35 +206,17 @@ fn configmap_toml(manifest: &str) -> String {
         .collect()
 }
 
-/// Runs kubernetes-validate (installing it with pip where it can); None when the tester
-/// opted out of it.
+/// Runs kubernetes-validate from the tests' Python environment; None when the tester
+/// opted out of `python`.
 fn kubernetes_validate(files: &[PathBuf]) -> Option<std::process::Output> {
-    let run = || {
-        Command::new("kubernetes-validate")
-            .arg("--strict")
-            .args(files)
-            .output()
-    };
-    if let Ok(out) = run() {
-        return Some(out);
-    }
-    let pip = Command::new("python3")
-        .args(["-m", "pip", "install", "--quiet", "kubernetes-validate"])
-        .output();
-    match (pip, run()) {
-        (_, Ok(out)) => Some(out),
-        (pip, Err(e)) => {
-            let why = match pip {
-                Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
-                Err(p) => p.to_string(),
-            };
-            missing_part(
-                "kubernetes-validate",
-                &format!("kubernetes-validate is missing ({e}; pip said: {why}); `pip install kubernetes-validate`"),
-            );
-            None
-        }
-    }
+    let python = common::python::interpreter()?;
+    let validate = python.with_file_name("kubernetes-validate");
+    let out = Command::new(&validate)
+        .arg("--strict")
+        .args(files)
+        .output()
+        .unwrap_or_else(|e| panic!("{} does not run: {e}", validate.display()));
+    Some(out)
 }
 
 /// The Kubernetes manifests pass the API schemas (strict: no unknown field), and the

@@ -24,9 +24,8 @@ def _run_example(*flags):
     try:
         import aiohttp  # noqa: F401
     except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("aiohttp is needed (pip install aiohttp)")
-        pytest.skip("aiohttp is not installed (pip install aiohttp)")
+        pytest.fail("aiohttp is needed: run the suite in the tests' environment "
+                    "($(python3 scripts/testenv.py ensure) -m pytest ...)")
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "python_router", "run.py"),
          "--server-bin", _server_bin(), "--deadline-ms", "1000", "--json", *flags],

@@ -1,8 +1,9 @@
 //! The engines' real publishers (scripts/engines.py: each release's own kv_events.py
 //! from its wheel), driven one batch at a time from a test.
 //!
-//! Needs python3; `setup` installs pyzmq and msgspec and downloads the wheels once. A
-//! machine without python3 skips (printing why), except under CI=true, where it fails.
+//! Runs on the tests' Python environment (common::python, which has pyzmq and msgspec);
+//! `setup` downloads the engines' wheels once. Without python3 the tests fail naming the
+//! command that provides it, unless KVIX_TEST_SKIP names python.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -19,37 +20,30 @@ fn script() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/engines.py").to_string()
 }
 
-/// Whether the real publishers can run here; None (after printing why) when the test
-/// should be skipped. Panics under CI=true, and when setup itself fails.
+/// The interpreter the real publishers run on, once their wheels are fetched; None
+/// (after printing why) when the tester opted out of `python`. Panics when setup fails.
 pub fn available(test: &str) -> Option<()> {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
+    python(test).map(|_| ())
+}
+
+fn python(test: &str) -> Option<&'static std::path::Path> {
+    static READY: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
     let ready = READY.get_or_init(|| {
-        let out = Command::new("python3")
+        let python = super::python::interpreter()?;
+        let out = Command::new(&python)
             .arg(script())
             .arg("setup")
             .stderr(Stdio::inherit())
             .output()
-            .map_err(|e| format!("no python3 ({e})"))?;
-        if !out.status.success() {
-            panic!(
-                "scripts/engines.py setup failed ({}); it installs pyzmq and msgspec and downloads the engine wheels",
-                out.status
-            );
-        }
-        Ok(())
+            .unwrap_or_else(|e| panic!("{test}: {} does not run: {e}", python.display()));
+        assert!(
+            out.status.success(),
+            "scripts/engines.py setup failed ({}); it downloads the engine wheels",
+            out.status
+        );
+        Some(python)
     });
-    match ready {
-        Ok(()) => Some(()),
-        // Red unless the tester opted out (KVIX_TEST_SKIP=python): a skip in silence
-        // would pass a machine where no engine's publisher ever ran.
-        Err(why) => {
-            super::missing_part(
-                "python",
-                &format!("{test}: {why}; install it (apt-get install python3 python3-venv)"),
-            );
-            None
-        }
-    }
+    ready.as_deref()
 }
 
 pub use super::free_port;
@@ -191,7 +185,8 @@ impl Publisher {
         topic: &str,
         more: &[&str],
     ) -> Option<Publisher> {
-        let mut cmd = Command::new("python3");
+        let python = python(release).expect("the tests' Python: engines::available first");
+        let mut cmd = Command::new(python);
         cmd.arg(script())
             .args(["publish", release, "--endpoint", endpoint, "--topic", topic])
             .args(more)
@@ -204,7 +199,7 @@ impl Publisher {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("python3 starts");
+            .expect("the tests' Python starts");
         let stdin = child.stdin.take().unwrap();
         let out = BufReader::new(child.stdout.take().unwrap());
         let (tx, lines) = mpsc::channel();

@@ -10,6 +10,7 @@ use std::time::Duration;
 use kvix_wire::*;
 
 pub mod engines;
+pub mod python;
 pub mod redis;
 pub mod tls;
 
