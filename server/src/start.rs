@@ -205,8 +205,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         };
         let mut builder = LocalExecutorBuilder::new(placement)
             .name(&format!("kvix-{i}"))
-            .io_memory(IO_MEMORY)
-            .preempt_timer(crate::writer::PREEMPT);
+            .io_memory(IO_MEMORY);
         if let Some(spin) = config.spin() {
             builder = builder.spin_before_park(spin);
         }

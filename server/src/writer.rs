@@ -517,36 +517,34 @@ async fn place(ex: &Executor, body: &Body, u: &mut Update) -> Result<(), Failure
 }
 
 thread_local! {
-    /// This executor's slices since its last turn to the reactor.
-    static SINCE_TURN: Cell<u32> = const { Cell::new(0) };
+    /// This executor's slices since its last turn to the reactor, and when that was.
+    static SINCE_TURN: Cell<(u32, Option<Instant>)> = const { Cell::new((0, None)) };
     /// Its write slices when it took its last two turns (the older first).
     static TURNS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// Ends one slice of a long write: counted, and queries get their turn. The write
-/// queue yields to the query queue, so queries already read run now; a query's bytes
-/// are read when the executor turns to its reactor, which glommio does once [`PREEMPT`]
-/// of runnable work has passed, and this forces after [`SLICES_PER_TURN`] slices (on a
-/// slow build, or a machine that runs slices slowly).
+/// queue yields to the query queue, so queries already read run now. A query's bytes
+/// are read only when the executor turns to its reactor (polls for I/O), which glommio
+/// does when no task is runnable or its preemption timer (100 ms) fires: so after
+/// [`TURN_EVERY`] of write work, or [`SLICES_PER_TURN`] slices, the write waits on a
+/// timer, which leaves nothing of it runnable until the reactor has been polled.
 async fn slice_done(ex: &Executor) {
     let m = ex.metrics();
     ExecutorMetrics::add(&m.write_slices, 1);
-    let since = SINCE_TURN.get() + 1;
-    let preempted = glommio::executor().need_preempt();
-    if preempted || since >= SLICES_PER_TURN {
-        ExecutorMetrics::add(&m.write_turns, 1);
-        SINCE_TURN.set(0);
-        let slices = m.write_slices.load(std::sync::atomic::Ordering::Relaxed);
-        TURNS.set((TURNS.get().1, slices));
-    } else {
-        SINCE_TURN.set(since);
-    }
-    if !preempted && since >= SLICES_PER_TURN {
-        // A timer, even of a microsecond, leaves this task waiting on the reactor.
-        glommio::timer::sleep(std::time::Duration::from_micros(1)).await;
-    } else {
+    let (since, last) = SINCE_TURN.get();
+    let now = Instant::now();
+    let due = since + 1 >= SLICES_PER_TURN || last.is_none_or(|t| now - t >= TURN_EVERY);
+    if !due {
+        SINCE_TURN.set((since + 1, last));
         glommio::executor().yield_task_queue_now().await;
+        return;
     }
+    ExecutorMetrics::add(&m.write_turns, 1);
+    let slices = m.write_slices.load(std::sync::atomic::Ordering::Relaxed);
+    TURNS.set((TURNS.get().1, slices));
+    glommio::timer::sleep(std::time::Duration::from_micros(1)).await;
+    SINCE_TURN.set((0, Some(Instant::now())));
 }
 
 /// This executor's write slices at its turn to the reactor before the latest one: a
@@ -556,18 +554,15 @@ pub fn slices_at_turn_before_last() -> u64 {
     TURNS.get().0
 }
 
-/// How long an executor runs its task queues before it polls for I/O again. glommio's
-/// default, 100 ms, held every query behind a long write for that long: yielding the
-/// write queue lets queries already read run, but a query's bytes are read only when
-/// the executor polls. A poll after every slice costs a kernel timer each time (29 µs
-/// on the 2-vCPU VM, more than a 512-block slice's work); one every 500 µs costs
-/// nothing measurable there (docs/benchmarks.md §12).
-pub const PREEMPT: std::time::Duration = std::time::Duration::from_micros(500);
+/// Write work between two turns to the reactor. A turn costs a kernel timer (29 µs on
+/// the 2-vCPU VM, more than a 512-block slice's work), so one after every slice more than
+/// halved the write rate there; one a millisecond costs ~3 %. Shortening glommio's own
+/// preemption period instead (500 µs) lost wakeups in glommio 0.9 here: servers hung at
+/// start and under descriptor exhaustion (server/tests/attacks.rs).
+pub const TURN_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// Slices after which a long write turns to the reactor whatever the time: 1-3 ms of
-/// release-build work, well past [`PREEMPT`], so a forced turn (29 µs there) happens
-/// only where slices run slower than they should, and a query waits behind at most
-/// two turns' worth of slices whatever the machine.
+/// Slices after which a long write turns to the reactor whatever the time (a count the
+/// tests can bound: a query waits behind at most two turns' worth).
 pub const SLICES_PER_TURN: u32 = 128;
 
 /// Hands `update` to every other executor's write queue and applies it here; what it
