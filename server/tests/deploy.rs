@@ -85,9 +85,11 @@ fn every_metric_the_dashboard_and_the_alert_rules_use_is_served() {
     ]);
     let log = Redis::start("deploy");
     let replica = Server::start(&["--cores", "1", "--log", &log.url("kvix")]);
-    let mut names = served(&single.scrape());
-    names.extend(served(&replica.scrape()));
+    let scrapes = [single.scrape(), replica.scrape()];
+    let mut names = served(&scrapes[0]);
+    names.extend(served(&scrapes[1]));
     assert!(names.contains("kvix_log_caught_up"), "{names:?}");
+    golden_families(&scrapes);
     for path in [
         "deploy/grafana/kvix-dashboard.json",
         "deploy/prometheus/kvix-alerts.yml",
@@ -108,6 +110,52 @@ fn every_metric_the_dashboard_and_the_alert_rules_use_is_served() {
         .all(|p| p["targets"].as_array().is_some_and(|t| !t.is_empty())));
     drop((single, replica));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every family the two servers serve, one line each (name, type, label names): the
+/// alert rules, the dashboard and the promtool test depend on them, so they change only
+/// on purpose. `KVIX_BLESS=1` writes the file anew after such a change.
+fn golden_families(scrapes: &[String]) {
+    let mut families: BTreeMap<String, (String, BTreeSet<String>)> = BTreeMap::new();
+    for text in scrapes {
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                families.entry(name.into()).or_default().0 = kind.into();
+            } else if line.starts_with("kvix_") {
+                let name = line.split(['{', ' ']).next().unwrap();
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|f| families.contains_key(*f)))
+                    .unwrap_or(name);
+                let labels = line
+                    .split_once('{')
+                    .map(|(_, l)| l.split_once('}').unwrap().0)
+                    .unwrap_or("");
+                let keys = labels
+                    .split(',')
+                    .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.to_string()))
+                    .filter(|k| k != "le" && k != "quantile");
+                families.entry(family.into()).or_default().1.extend(keys);
+            }
+        }
+    }
+    let text: String = families
+        .iter()
+        .map(|(name, (kind, labels))| {
+            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+            format!("{name} {kind} {}\n", labels.join(","))
+        })
+        .collect();
+    let golden = repo_file("server/tests/golden/metrics.txt");
+    if std::env::var("KVIX_BLESS").is_ok() {
+        std::fs::write(&golden, &text).unwrap();
+    }
+    let want = std::fs::read_to_string(&golden).unwrap_or_default();
+    assert_eq!(
+        text, want,
+        "the metric families changed (name, type, labels); if on purpose, run with KVIX_BLESS=1 and update the alert rules, dashboard and docs/operations.md"
+    );
 }
 
 /// The Alerts table of docs/operations.md: each alert's name (first column) and its
