@@ -179,3 +179,107 @@ mod tests {
         assert!(e.contains("listen"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod every_flag {
+    use super::*;
+    use clap::Parser;
+
+    /// Each flag, a value it takes on the command line ("-": none, a switch) and the same
+    /// in TOML, and the flags it needs beside it.
+    const SAMPLES: &[(&str, &str, &str, &[&str])] = &[
+        ("listen", "127.0.0.1:9000", "\"127.0.0.1:9000\"", &[]),
+        ("unix", "/tmp/x.sock", "\"/tmp/x.sock\"", &[]),
+        ("metrics", "", "\"\"", &[]),
+        ("cores", "3", "3", &[]),
+        ("pin", "false", "false", &[]),
+        ("block-size", "32", "32", &[]),
+        ("max-frame", "65536", "65536", &[]),
+        ("max-inflight", "7", "7", &[]),
+        ("max-connections", "9", "9", &[]),
+        ("max-unsent", "1048576", "1048576", &[]),
+        ("stall-timeout-ms", "11", "11", &[]),
+        ("handshake-timeout-ms", "12", "12", &[]),
+        ("idle-timeout-s", "13", "13", &[]),
+        ("auth-token", "s3cret", "\"s3cret\"", &[]),
+        ("auth-token-file", "/tmp/token", "\"/tmp/token\"", &[]),
+        ("tls-cert", "/tmp/c.pem", "\"/tmp/c.pem\"", &["--tls-key", "/tmp/k.pem"]),
+        ("tls-key", "/tmp/k.pem", "\"/tmp/k.pem\"", &["--tls-cert", "/tmp/c.pem"]),
+        ("tls-client-ca", "/tmp/ca.pem", "\"/tmp/ca.pem\"", &["--tls-cert", "/tmp/c.pem", "--tls-key", "/tmp/k.pem"]),
+        ("unix-mode", "660", "\"660\"", &[]),
+        ("snapshot", "/tmp/s", "\"/tmp/s\"", &[]),
+        ("wal", "-", "true", &[]),
+        ("wal-sync-ms", "0", "0", &[]),
+        ("wal-recover", "truncate", "\"truncate\"", &[]),
+        ("log", "redis://127.0.0.1:6379/k", "\"redis://127.0.0.1:6379/k\"", &[]),
+        ("fleet", "f1", "\"f1\"", &["--log", "redis://127.0.0.1:6379/k"]),
+        ("snapshot-every", "5", "5", &[]),
+        ("spin-us", "4", "4", &[]),
+        ("ingest-threads", "2", "2", &[]),
+        ("max-workers", "1000", "1000", &[]),
+        ("fill-in-blocks", "10", "10", &[]),
+        ("fill-in-ttl", "20", "20", &[]),
+        ("max-sources", "30", "30", &[]),
+        ("events-bind", "tcp://*:5557", "\"tcp://*:5557\"", &[]),
+        ("events-ranks", "2", "2", &[]),
+        ("events-topic", "kv@{host}@{model}x", "\"kv@{host}@{model}x\"", &[]),
+        ("events-replay-port", "5600", "5600", &[]),
+        ("events-lanes", "full_attention@16", "\"full_attention@16\"", &[]),
+        ("events-grace", "9", "9", &[]),
+        ("engines", "/tmp/engines.txt", "\"/tmp/engines.txt\"", &[]),
+        ("max-blocks", "100", "100", &[]),
+        ("source-allow", "10.0.0.0/8,::1/128", "[\"10.0.0.0/8\", \"::1/128\"]", &[]),
+        ("steering", "none", "\"none\"", &[]),
+    ];
+
+    fn parsed(args: Vec<OsString>) -> String {
+        let args = expand(args).unwrap_or_else(|e| panic!("{e}"));
+        format!("{:?}", Config::try_parse_from(args).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    /// Every flag is documented in docs/operations.md's Flags table and every flag there
+    /// exists; each is taken on the command line and as a `--config` key, alike.
+    #[test]
+    fn every_documented_flag_and_toml_key_is_accepted() {
+        let docs = include_str!("../../docs/operations.md");
+        let table = docs.split("## Flags").nth(1).unwrap().split("\n## ").next().unwrap();
+        let documented: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `--"))
+            .map(|l| l.split([' ', '`']).next().unwrap())
+            .collect();
+        let command = Config::command();
+        let flags: Vec<&str> = command
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|l| !["help", "version"].contains(l))
+            .collect();
+        for f in &flags {
+            assert!(documented.contains(f), "--{f} is not in docs/operations.md's Flags table");
+        }
+        for d in &documented {
+            assert!(flags.contains(d), "docs/operations.md documents --{d}, which is no flag");
+        }
+        for f in flags.iter().filter(|f| **f != "config") {
+            let (_, cli, toml, with) = SAMPLES
+                .iter()
+                .find(|s| s.0 == *f)
+                .unwrap_or_else(|| panic!("--{f} has no sample value here"));
+            let mut args: Vec<OsString> = vec!["kvix-server".into()];
+            args.push(format!("--{f}").into());
+            if *cli != "-" {
+                args.push(cli.into());
+            }
+            args.extend(with.iter().map(OsString::from));
+            let from_flags = parsed(args);
+            let path = std::env::temp_dir()
+                .join(format!("kvix-every-flag-{}-{f}.toml", std::process::id()));
+            std::fs::write(&path, format!("{f} = {toml}\n")).unwrap();
+            let mut args: Vec<OsString> = vec!["kvix-server".into(), "--config".into(), path.clone().into()];
+            args.extend(with.iter().map(OsString::from));
+            let from_file = parsed(args).replace(&format!("Some({:?})", path), "None");
+            let _ = std::fs::remove_file(&path);
+            assert_eq!(from_file, from_flags, "--{f}: the file's value and the flag's differ");
+        }
+    }
+}
