@@ -21,20 +21,23 @@ pub fn run(config: &Config) -> Vec<Checked> {
     let mut check =
         |what: String, result: Result<String, String>| out.push(Checked { what, result });
     check(
-        format!("--listen {}", config.listen),
-        port_free(&config.listen.to_string()),
+        format!("--listen {}", config.listen.tcp),
+        port_free(&config.listen.tcp.to_string()),
     );
-    if !config.metrics.is_empty() {
+    if !config.listen.metrics.is_empty() {
         check(
-            format!("--metrics {}", config.metrics),
-            port_free(&config.metrics),
+            format!("--metrics {}", config.listen.metrics),
+            port_free(&config.listen.metrics),
         );
     }
-    if !config.unix.is_empty() {
-        check(format!("--unix {}", config.unix), unix_free(&config.unix));
+    if !config.listen.unix.is_empty() {
+        check(
+            format!("--unix {}", config.listen.unix),
+            unix_free(&config.listen.unix),
+        );
     }
-    if let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) {
-        let client_ca = config.tls_client_ca.as_deref();
+    if let (Some(cert), Some(key)) = (&config.tls.cert, &config.tls.key) {
+        let client_ca = config.tls.client_ca.as_deref();
         check(
             format!("--tls-cert {}", cert.display()),
             crate::tls::server_config(cert, key, client_ca)
@@ -46,6 +49,7 @@ pub fn run(config: &Config) -> Vec<Checked> {
         );
     }
     if let Some(bind) = config
+        .ingest
         .events_bind
         .as_deref()
         .and_then(|b| b.strip_prefix("tcp://"))
@@ -55,8 +59,8 @@ pub fn run(config: &Config) -> Vec<Checked> {
     }
     let wanted = rlimit::wanted(
         config.executors(),
-        config.max_connections,
-        config.max_sources,
+        config.conn.max_connections,
+        config.ingest.max_sources,
     );
     check(
         "open files (ulimit -n)".into(),
@@ -68,8 +72,8 @@ pub fn run(config: &Config) -> Vec<Checked> {
             Err(e) => Err(e.to_string()),
         },
     );
-    if let Some(path) = &config.snapshot {
-        let loaded = snapshot::load(path, config.block_size);
+    if let Some(path) = &config.durability.snapshot {
+        let loaded = snapshot::load(path, config.index.block_size);
         check(
             format!("--snapshot {}", path.display()),
             snapshot::check_writable(path)
@@ -80,7 +84,7 @@ pub fn run(config: &Config) -> Vec<Checked> {
                     Err(e) => Err(format!("{e:#}")),
                 }),
         );
-        if config.wal {
+        if config.durability.wal {
             // The generations a start would replay: from the snapshot's on.
             let from = loaded.ok().flatten().map_or(0, |image| image.wal_from);
             check(
@@ -89,19 +93,23 @@ pub fn run(config: &Config) -> Vec<Checked> {
             );
         }
     }
-    if let Some(path) = &config.engines {
+    if let Some(path) = &config.ingest.engines {
         check(
             format!("--engines {}", path.display()),
             std::fs::read_to_string(path)
                 .map_err(|e| e.to_string())
                 .and_then(|text| {
-                    ingest::fleet::parse(&path.display().to_string(), &text, config.block_size)
-                        .map(|d| format!("{} workers declared", d.len()))
-                        .map_err(|e| e.to_string())
+                    ingest::fleet::parse(
+                        &path.display().to_string(),
+                        &text,
+                        config.index.block_size,
+                    )
+                    .map(|d| format!("{} workers declared", d.len()))
+                    .map_err(|e| e.to_string())
                 }),
         );
     }
-    if let Some(log) = &config.log {
+    if let Some(log) = &config.durability.log {
         check(
             format!("--log {}", log.server),
             replica::Link::open(&log.server)

@@ -13,7 +13,7 @@ pub mod check;
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
-pub mod config_file;
+
 pub mod conn;
 pub mod durable;
 pub mod executor;

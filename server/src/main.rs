@@ -21,7 +21,7 @@ fn main() -> ExitCode {
     if check {
         args.remove(1);
     }
-    let args = match kvix_server::config_file::expand(args) {
+    let args = match kvix_server::config::file::expand(args) {
         Ok(args) => args,
         Err(e) => {
             eprintln!("kvix-server: {e}");
@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     let valid = config
         .load_auth_token_file()
         .and_then(|()| config.validate())
-        .map_err(anyhow::Error::msg)
+        .map_err(anyhow::Error::from)
         .context("invalid flags");
     let outcome = match (valid, check) {
         (Err(e), _) => Err(e),

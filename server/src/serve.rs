@@ -85,14 +85,14 @@ fn restore(
 ) -> anyhow::Result<(Core, Registry, IngestStates)> {
     let (mut core, mut registry, mut states) = (
         Core::new().with_fill_in(kvix_engine::FillIn {
-            capacity_blocks: shared.config.fill_in_blocks,
-            ttl_ms: shared.config.fill_in_ttl.saturating_mul(1000),
+            capacity_blocks: shared.config.index.fill_in_blocks,
+            ttl_ms: shared.config.index.fill_in_ttl.saturating_mul(1000),
         }),
-        Registry::with_limit(shared.config.max_workers),
+        Registry::with_limit(shared.config.index.max_workers),
         IngestStates::new(shared.services.ingest.lasts()),
     );
     if let Some(image) = &shared.restored {
-        let block = shared.config.block_size;
+        let block = shared.config.index.block_size;
         let entries = registry
             .import(&image.engine.workers, block)
             .context("restoring the snapshot's workers")?;
@@ -297,8 +297,8 @@ pub(crate) async fn serve(
     }
     // Nobody is served before the log is replayed (a client's write would interleave).
     shared.restored_all.wait().await;
-    if me == 0 && !config.metrics.is_empty() {
-        let addr = &config.metrics;
+    if me == 0 && !config.listen.metrics.is_empty() {
+        let addr = &config.listen.metrics;
         let fd = listener::metrics_socket(addr)?;
         // SAFETY: a listening TCP socket made for this listener alone.
         let l = unsafe { glommio::net::TcpListener::from_raw_fd(fd) };
@@ -313,17 +313,20 @@ pub(crate) async fn serve(
         ))
         .detach();
     }
-    if me == 0 && !config.unix.is_empty() {
-        let unix = glommio::net::UnixListener::bind(&config.unix)
-            .map_err(|e| anyhow::anyhow!("binding Unix socket {}: {e}", config.unix))?;
+    if me == 0 && !config.listen.unix.is_empty() {
+        let unix = glommio::net::UnixListener::bind(&config.listen.unix)
+            .map_err(|e| anyhow::anyhow!("binding Unix socket {}: {e}", config.listen.unix))?;
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::Permissions::from_mode(config.unix_mode);
-            std::fs::set_permissions(&config.unix, mode).map_err(|e| {
-                anyhow::anyhow!("setting the mode of Unix socket {}: {e}", config.unix)
+            let mode = std::fs::Permissions::from_mode(config.listen.unix_mode);
+            std::fs::set_permissions(&config.listen.unix, mode).map_err(|e| {
+                anyhow::anyhow!(
+                    "setting the mode of Unix socket {}: {e}",
+                    config.listen.unix
+                )
             })?;
         }
-        println!("kvix-server listening on unix://{}", config.unix);
+        println!("kvix-server listening on unix://{}", config.listen.unix);
         let ex = ex.clone();
         glommio::spawn_local_into(
             async move {
@@ -354,7 +357,7 @@ pub(crate) async fn serve(
         )
         .map_err(|e| anyhow::anyhow!("starting the listener: {e}"))?
     };
-    let snapshot_ticks = config.snapshot_every.saturating_mul(20);
+    let snapshot_ticks = config.durability.snapshot_every.saturating_mul(20);
     let mut ticks = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
         glommio::timer::sleep(Duration::from_millis(50)).await;

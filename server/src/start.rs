@@ -27,18 +27,18 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 /// [`run`] on `clock` (a test's [`crate::clock::ManualClock`]).
 pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::Result<()> {
     let executors = config.executors();
-    let tls = match (&config.tls_cert, &config.tls_key) {
+    let tls = match (&config.tls.cert, &config.tls.key) {
         (Some(cert), Some(key)) => Some(futures_rustls::TlsAcceptor::from(
-            crate::tls::server_config(cert, key, config.tls_client_ca.as_deref())?,
+            crate::tls::server_config(cert, key, config.tls.client_ca.as_deref())?,
         )),
         _ => None,
     };
-    let group = listener::tcp_group(config.listen, executors, config.steering)?;
-    if let Ok(metrics) = config.metrics.parse() {
+    let group = listener::tcp_group(config.listen.tcp, executors, config.executors.steering)?;
+    if let Ok(metrics) = config.listen.metrics.parse() {
         listener::ensure_unserved(metrics)?;
     }
-    if !config.unix.is_empty() {
-        listener::free_unix_path(&config.unix)?;
+    if !config.listen.unix.is_empty() {
+        listener::free_unix_path(&config.listen.unix)?;
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -46,7 +46,11 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
     }
     match rlimit::raise_open_files() {
         Ok((before, after)) => {
-            let wanted = rlimit::wanted(executors, config.max_connections, config.max_sources);
+            let wanted = rlimit::wanted(
+                executors,
+                config.conn.max_connections,
+                config.ingest.max_sources,
+            );
             if after < wanted {
                 tracing::warn!(
                     "open files limited to {after} (ulimit -n); the configured connections and sources may need {wanted}"
@@ -59,35 +63,42 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
     }
     admit::reserve::hold();
     // A fleet file that does not read stops the start (at SIGHUP it only changes nothing).
-    if let Some(path) = &config.engines {
+    if let Some(path) = &config.ingest.engines {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("--engines {}", path.display()))?;
-        ingest::fleet::parse(&path.display().to_string(), &text, config.block_size)?;
+        ingest::fleet::parse(&path.display().to_string(), &text, config.index.block_size)?;
     }
     let ingest = Arc::new(
         ingest::Ingest::start(
-            config.ingest_threads,
+            config.ingest.ingest_threads,
             executors,
-            config.max_sources,
-            config.source_networks().map_err(anyhow::Error::msg)?,
+            config.ingest.max_sources,
+            config
+                .ingest
+                .source_networks()
+                .map_err(anyhow::Error::msg)?,
             config.bind_spec().map_err(anyhow::Error::msg)?,
-            config.engines.clone().map(|p| (p, config.block_size)),
+            config
+                .ingest
+                .engines
+                .clone()
+                .map(|p| (p, config.index.block_size)),
         )
         .context("starting the event ingest threads")?,
     );
     // A snapshot that cannot be read whole stops the start: never serve half an index.
-    let mut restored = match &config.snapshot {
+    let mut restored = match &config.durability.snapshot {
         Some(path) => {
             snapshot::check_writable(path)?;
-            snapshot::load(path, config.block_size)?
+            snapshot::load(path, config.index.block_size)?
         }
         None => None,
     };
     let mut generation = String::new();
-    if let Some(log) = &config.log {
+    if let Some(log) = &config.durability.log {
         let fleet = format!(
             "fleet {:?}, --block-size {}",
-            config.fleet, config.block_size
+            config.durability.fleet, config.index.block_size
         );
         let start = replica::follower::fetch_start(&log.server, &log.key, &fleet)
             .with_context(|| format!("reading the stored snapshot from {}", log.server))?;
@@ -98,7 +109,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
             let mark = replica::LogMark::parse(&mine.log_position);
             if mark.generation.as_ref().is_some_and(|g| *g != generation) {
                 tracing::warn!(
-                    snapshot = %config.snapshot.as_deref().map_or("".into(), |p| p.display().to_string()),
+                    snapshot = %config.durability.snapshot.as_deref().map_or("".into(), |p| p.display().to_string()),
                     "the snapshot is of another write log (generation {}; the log at {} is \
                      now generation {generation}): not loaded",
                     mark.generation.as_deref().unwrap_or(""),
@@ -110,8 +121,11 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         // A replica without its own snapshot (new, or too far behind a trimmed stream)
         // starts from the one the fleet stored in Redis.
         if let Some(bytes) = start.snapshot {
-            let theirs =
-                snapshot::decode(&bytes, config.block_size, "the snapshot stored in Redis")?;
+            let theirs = snapshot::decode(
+                &bytes,
+                config.index.block_size,
+                "the snapshot stored in Redis",
+            )?;
             let position = |s: &str| replica::id_key(&replica::LogMark::parse(s).position);
             let newer = restored
                 .as_ref()
@@ -122,11 +136,16 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         }
     }
     let (mut wal_cut_bytes, mut wal_damage) = (0, 0);
-    let (wal, replay) = match (&config.snapshot, config.wal) {
+    let (wal, replay) = match (&config.durability.snapshot, config.durability.wal) {
         (Some(path), true) => {
             let from = restored.as_ref().map_or(0, |i| i.wal_from);
-            let opened = wal::Wal::open(path, from, config.wal_sync_ms, config.wal_recover)
-                .context("opening the write-ahead log")?;
+            let opened = wal::Wal::open(
+                path,
+                from,
+                config.durability.wal_sync_ms,
+                config.durability.wal_recover,
+            )
+            .context("opening the write-ahead log")?;
             (wal_cut_bytes, wal_damage) = (opened.cut_bytes, opened.damage_cut);
             (Some(opened.wal), opened.records)
         }
@@ -143,7 +162,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
     let (log_inboxes, log_receivers): (Vec<_>, Vec<_>) = (0..executors)
         .map(|_| futures::channel::mpsc::channel(256))
         .unzip();
-    let replica = match &config.log {
+    let replica = match &config.durability.log {
         Some(log) => {
             let from = restored.as_ref().map_or("0-0".to_string(), |i| {
                 replica::LogMark::parse(&i.log_position).position
@@ -198,7 +217,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
     );
     let mut handles = Vec::with_capacity(executors);
     for (i, fd) in group.fds.into_iter().enumerate() {
-        let placement = if config.pin {
+        let placement = if config.executors.pin {
             Placement::Fixed(cpus[i])
         } else {
             Placement::Unbound
@@ -206,7 +225,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
         let mut builder = LocalExecutorBuilder::new(placement)
             .name(&format!("kvix-{i}"))
             .io_memory(IO_MEMORY);
-        if let Some(spin) = config.spin() {
+        if let Some(spin) = config.executors.spin() {
             builder = builder.spin_before_park(spin);
         }
         let (shared, mesh) = (shared.clone(), mesh.clone());
@@ -240,8 +259,8 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> anyhow::
     if let Some(r) = &replica {
         r.stop();
     }
-    if !config.unix.is_empty() {
-        let _ = std::fs::remove_file(&config.unix);
+    if !config.listen.unix.is_empty() {
+        let _ = std::fs::remove_file(&config.listen.unix);
     }
     first_error.map_or(Ok(()), Err)
 }

@@ -69,7 +69,10 @@ pub struct Delivery {
 
 /// What a replay returned: the batches from the asked seq on, in order, as (seq,
 /// payload), or why there are none.
-pub type Replayed = Result<Vec<(u64, Vec<u8>)>, String>;
+pub type Replayed = Result<Vec<(u64, Vec<u8>)>, ReplayError>;
+
+/// Why a replay brought nothing: the reader's own error (a socket, a silent endpoint).
+pub type ReplayError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What happened, for the metrics and the log.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

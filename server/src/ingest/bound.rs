@@ -54,10 +54,19 @@ enum Part {
     Model,
 }
 
-impl std::str::FromStr for TopicTemplate {
-    type Err = String;
+/// An `--events-topic` that is not a template of the engines' topics.
+#[derive(Debug, thiserror::Error)]
+pub enum BadTopic {
+    #[error("{template:?}: {{host}} and {{model}} need text between them")]
+    Adjacent { template: String },
+    #[error("{template:?}: needs {tag} exactly once (like kv@{{host}}@{{model}})")]
+    Count { template: String, tag: &'static str },
+}
 
-    fn from_str(template: &str) -> Result<Self, String> {
+impl std::str::FromStr for TopicTemplate {
+    type Err = BadTopic;
+
+    fn from_str(template: &str) -> Result<Self, BadTopic> {
         let mut parts = Vec::new();
         let mut rest = template;
         while !rest.is_empty() {
@@ -70,9 +79,8 @@ impl std::str::FromStr for TopicTemplate {
                     if at > 0 {
                         parts.push(Part::Text(rest[..at].to_string()));
                     } else if matches!(parts.last(), Some(Part::Host | Part::Model)) {
-                        return Err(format!(
-                            "--events-topic {template:?}: {{host}} and {{model}} need text between them"
-                        ));
+                        let template = template.to_string();
+                        return Err(BadTopic::Adjacent { template });
                     }
                     parts.push(part);
                     rest = &rest[at + tag.len()..];
@@ -85,9 +93,8 @@ impl std::str::FromStr for TopicTemplate {
         }
         for (part, tag) in [(Part::Host, "{host}"), (Part::Model, "{model}")] {
             if parts.iter().filter(|p| **p == part).count() != 1 {
-                return Err(format!(
-                    "--events-topic {template:?}: needs {tag} exactly once (like kv@{{host}}@{{model}})"
-                ));
+                let template = template.to_string();
+                return Err(BadTopic::Count { template, tag });
             }
         }
         Ok(TopicTemplate { parts })
@@ -127,20 +134,40 @@ impl TopicTemplate {
 /// Rank `rank`'s endpoint of an engine configured with `base`, as vLLM and SGLang offset
 /// it (`offset_endpoint_port`): the tcp port plus the rank, `_dp<rank>` after an ipc path.
 /// The error names `base` (the caller says where it came from).
-pub fn rank_endpoint(base: &str, rank: usize) -> Result<String, String> {
+pub fn rank_endpoint(base: &str, rank: usize) -> Result<String, BadEndpoint> {
     if rank == 0 {
         return Ok(base.to_string());
     }
     if base.starts_with("ipc://") {
         return Ok(format!("{base}_dp{rank}"));
     }
-    let bad = || format!("{base:?}: expected tcp://HOST:PORT or ipc://PATH");
+    let bad = || BadEndpoint::Form(base.to_string());
     let (addr, port) = base.rsplit_once(':').ok_or_else(bad)?;
     let port: usize = port.parse().map_err(|_| bad())?;
     match u16::try_from(port + rank) {
         Ok(p) if port > 0 => Ok(format!("{addr}:{p}")),
-        _ => Err(format!("{base:?}: rank {rank}'s port is past 65535")),
+        _ => Err(BadEndpoint::PastPorts {
+            base: base.to_string(),
+            rank,
+        }),
     }
+}
+
+/// An engine endpoint a rank's cannot be made from.
+#[derive(Debug, thiserror::Error)]
+pub enum BadEndpoint {
+    #[error("{0:?}: expected tcp://HOST:PORT or ipc://PATH")]
+    Form(String),
+    #[error("{base:?}: rank {rank}'s port is past 65535")]
+    PastPorts { base: String, rank: usize },
+}
+
+/// An `--events-bind` socket that could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("--events-bind {endpoint}: {source}")]
+pub struct BindError {
+    endpoint: String,
+    source: zmq::Error,
 }
 
 /// The source endpoint of rank `rank`'s stream of `topic`.
@@ -253,10 +280,13 @@ pub struct Bound {
 
 impl Bound {
     /// Binds every rank's endpoint.
-    pub fn bind(ctx: &Context, spec: BindSpec) -> Result<Bound, String> {
+    pub fn bind(ctx: &Context, spec: BindSpec) -> Result<Bound, BindError> {
         let mut sockets = Vec::new();
         for (rank, endpoint) in spec.endpoints.iter().enumerate() {
-            let err = |e: zmq::Error| format!("--events-bind {endpoint}: {e}");
+            let err = |source| BindError {
+                endpoint: endpoint.clone(),
+                source,
+            };
             let sub = ctx.socket(Kind::Sub).map_err(err)?;
             sub.set_maxmsgsize(MAX_FRAME).map_err(err)?;
             sub.set_rcvhwm(100_000).map_err(err)?;

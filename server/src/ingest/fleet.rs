@@ -83,7 +83,7 @@ pub fn parse(path: &str, text: &str, block: u32) -> Result<BTreeMap<String, Decl
                 "model" => model = Some(value.to_string()),
                 "replay" => replay = value.to_string(),
                 "salt" => salt = value.to_string(),
-                "lanes" => lanes = parse_lanes(value).map_err(err)?,
+                "lanes" => lanes = parse_lanes(value).map_err(|e| err(e.to_string()))?,
                 "dp" => {
                     dp = value
                         .parse()
@@ -132,23 +132,41 @@ pub fn parse(path: &str, text: &str, block: u32) -> Result<BTreeMap<String, Decl
 }
 
 /// `KIND[:PARAM]@TOKENS,...`
-pub fn parse_lanes(text: &str) -> Result<Vec<Lane>, String> {
+pub fn parse_lanes(text: &str) -> Result<Vec<Lane>, BadLane> {
     text.split(',')
         .map(|lane| {
-            let (kind, tokens) = lane
-                .rsplit_once('@')
-                .ok_or_else(|| format!("lane {lane:?}: expected KIND[:PARAM]@TOKENS"))?;
-            let kind = LaneKind::parse(kind).map_err(|e| format!("lane {lane:?}: {e}"))?;
+            let named = |why| BadLane {
+                lane: lane.to_string(),
+                why,
+            };
+            let (kind, tokens) = lane.rsplit_once('@').ok_or_else(|| named(LaneWhy::Form))?;
+            let kind = LaneKind::parse(kind).map_err(|e| named(LaneWhy::Kind(e)))?;
             let block_tokens = tokens
                 .parse()
                 .ok()
                 .filter(|&t: &u32| t > 0)
-                .ok_or_else(|| {
-                    format!("lane {lane:?}: {tokens:?} is not a block size in tokens")
-                })?;
+                .ok_or_else(|| named(LaneWhy::Tokens(tokens.to_string())))?;
             Ok(Lane { kind, block_tokens })
         })
         .collect()
+}
+
+/// A lane of `--events-lanes` or a fleet file that does not read.
+#[derive(Debug, thiserror::Error)]
+#[error("lane {lane:?}: {why}")]
+pub struct BadLane {
+    lane: String,
+    why: LaneWhy,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaneWhy {
+    #[error("expected KIND[:PARAM]@TOKENS")]
+    Form,
+    #[error(transparent)]
+    Kind(kvix_wire::LaneError),
+    #[error("{0:?} is not a block size in tokens")]
+    Tokens(String),
 }
 
 /// A worker whose engine's events the ingest takes: its name (for the log and for this

@@ -298,7 +298,7 @@ impl Live {
                     self.replay = Some(call);
                     return;
                 }
-                Err(e) => ask = self.stream.replayed(Err(e), out, t),
+                Err(e) => ask = self.stream.replayed(Err(e.into()), out, t),
             }
         }
     }

@@ -117,13 +117,13 @@ pub struct Backoff {
 
 impl Backoff {
     /// Err while the wait after a failed replay lasts.
-    pub fn check(&self, endpoint: &str) -> Result<(), String> {
+    pub fn check(&self, endpoint: &str) -> Result<(), ReplayCallError> {
         let now = Instant::now();
         match self.until.filter(|u| now < *u) {
-            Some(until) => Err(format!(
-                "replay {endpoint} not asked: {:?} left of the wait after a failed one",
-                until - now
-            )),
+            Some(until) => Err(ReplayCallError::BackingOff {
+                endpoint: endpoint.to_string(),
+                left: until - now,
+            }),
             None => Ok(()),
         }
     }
@@ -142,6 +142,28 @@ impl Backoff {
     }
 }
 
+/// Why a replay call brought nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayCallError {
+    #[error("replay {endpoint} not asked: {left:?} left of the wait after a failed one")]
+    BackingOff { endpoint: String, left: Duration },
+    #[error("replay socket {endpoint}: {source}")]
+    Socket {
+        endpoint: String,
+        source: zmq::Error,
+    },
+    #[error("replay {endpoint}: a reply of {frames} frames")]
+    Frames { endpoint: String, frames: usize },
+    #[error("replay {endpoint} sent more than {REPLAY_MAX} batches or {REPLAY_BYTES} bytes")]
+    TooMuch { endpoint: String },
+    #[error("replay {endpoint} did not finish: no reply within {within:?} (or {REPLAY_TOTAL:?} in all) after {batches} batches")]
+    Silent {
+        endpoint: String,
+        within: Duration,
+        batches: usize,
+    },
+}
+
 /// One replay in flight over a fresh DEALER: the ingest thread polls it with its
 /// subscriptions, so a slow or silent replay endpoint holds up only its own stream.
 pub struct ReplayCall {
@@ -157,8 +179,11 @@ pub struct ReplayCall {
 
 impl ReplayCall {
     /// Sends the request for the batches from `from` on.
-    pub fn start(ctx: &Context, endpoint: &str, from: u64) -> Result<Self, String> {
-        let err = |e: zmq::Error| format!("replay socket {endpoint}: {e}");
+    pub fn start(ctx: &Context, endpoint: &str, from: u64) -> Result<Self, ReplayCallError> {
+        let err = |source| ReplayCallError::Socket {
+            endpoint: endpoint.to_string(),
+            source,
+        };
         let dealer = ctx.socket(Kind::Dealer).map_err(err)?;
         dealer.set_linger(0).map_err(err)?;
         dealer.set_maxmsgsize(MAX_FRAME).map_err(err)?;
@@ -195,18 +220,19 @@ impl ReplayCall {
             let mut frames = match self.dealer.recv_multipart(zmq::DONTWAIT) {
                 Ok(frames) => frames,
                 Err(zmq::Error::EAGAIN) => break,
-                Err(e) => return Some(Err(format!("replay socket {}: {e}", self.endpoint))),
+                Err(source) => {
+                    let endpoint = self.endpoint.clone();
+                    return Some(Err(ReplayCallError::Socket { endpoint, source }.into()));
+                }
             };
             if frames.first().is_some_and(Vec::is_empty) {
                 frames.remove(0);
             }
             let (seq, payload) = match seq_and_payload(frames) {
                 Ok(reply) => reply,
-                Err(n) => {
-                    return Some(Err(format!(
-                        "replay {}: a reply of {n} frames",
-                        self.endpoint
-                    )))
+                Err(frames) => {
+                    let endpoint = self.endpoint.clone();
+                    return Some(Err(ReplayCallError::Frames { endpoint, frames }.into()));
                 }
             };
             if seq == u64::MAX {
@@ -214,10 +240,8 @@ impl ReplayCall {
             }
             self.bytes += payload.len();
             if self.got.len() >= REPLAY_MAX || self.bytes > REPLAY_BYTES {
-                return Some(Err(format!(
-                    "replay {} sent more than {REPLAY_MAX} batches or {REPLAY_BYTES} bytes",
-                    self.endpoint
-                )));
+                let endpoint = self.endpoint.clone();
+                return Some(Err(ReplayCallError::TooMuch { endpoint }.into()));
             }
             self.got.push((seq, payload));
             self.next_by = Instant::now() + REPLAY_NEXT;
@@ -231,12 +255,16 @@ impl ReplayCall {
                 super::METRICS.replay_holes.fetch_add(1, Relaxed);
                 return Ok(std::mem::take(&mut self.got));
             }
-            Err(format!(
-                "replay {} did not finish: no reply within {:?} (or {REPLAY_TOTAL:?} in all) after {} batches",
-                self.endpoint,
-                if self.got.is_empty() { REPLAY_FIRST } else { REPLAY_NEXT },
-                self.got.len()
-            ))
+            Err(ReplayCallError::Silent {
+                endpoint: self.endpoint.clone(),
+                within: if self.got.is_empty() {
+                    REPLAY_FIRST
+                } else {
+                    REPLAY_NEXT
+                },
+                batches: self.got.len(),
+            }
+            .into())
         })
     }
 }

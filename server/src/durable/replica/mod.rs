@@ -55,13 +55,22 @@ pub struct LogUrl {
     pub key: String,
 }
 
-impl std::str::FromStr for LogUrl {
-    type Err = String;
+/// A `--log` that names no stream: the URL is shown with its password hidden.
+#[derive(Debug, thiserror::Error)]
+#[error("--log {shown:?}: {why} (expected redis://HOST:PORT/KEY or redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER/KEY)")]
+pub struct BadLogUrl {
+    shown: String,
+    why: &'static str,
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        const FORMS: &str =
-            "redis://HOST:PORT/KEY or redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER/KEY";
-        let bad = |why: &str| format!("--log {:?}: {why} (expected {FORMS})", link::redact(s));
+impl std::str::FromStr for LogUrl {
+    type Err = BadLogUrl;
+
+    fn from_str(s: &str) -> Result<Self, BadLogUrl> {
+        let bad = |why| BadLogUrl {
+            shown: link::redact(s),
+            why,
+        };
         if let Some(rest) = s.strip_prefix("redis://") {
             let (host, key) = rest
                 .split_once('/')
@@ -539,7 +548,8 @@ mod tests {
         }
         let err = "redis://:s3cret@10.0.0.1:6379"
             .parse::<LogUrl>()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("redis://:***@10.0.0.1:6379") && !err.contains("s3cret"),
             "{err}"

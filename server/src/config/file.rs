@@ -9,23 +9,27 @@ use std::ffi::OsString;
 
 use clap::CommandFactory;
 
-use crate::config::Config;
+use super::{Config, ConfigError};
 
 /// The flags a config file stands for, for the command line `args` (program name
 /// first): the file's flags inserted after the program name, or `args` as they are
 /// without a file. Errors name the file and the key.
-pub fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+pub fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, ConfigError> {
     let Some(path) = config_path(&args) else {
         return Ok(args);
     };
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("--config {}: {e}", path))?;
+    let file = |why: String| ConfigError::File {
+        path: path.clone(),
+        why,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| file(e.to_string()))?;
     let table: toml::Table = text
         .parse()
-        .map_err(|e: toml::de::Error| format!("--config {path}: {}", e.message()))?;
+        .map_err(|e: toml::de::Error| file(e.message().to_string()))?;
     let command = Config::command();
     let mut flags = Vec::new();
     for (key, value) in &table {
-        let err = |why: String| format!("--config {path}: {key}: {why}");
+        let err = |why: String| file(format!("{key}: {why}"));
         let arg = command
             .get_arguments()
             .find(|a| a.get_long() == Some(key.as_str()))
@@ -55,9 +59,9 @@ pub fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
                     .iter()
                     .map(scalar)
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(err)?;
+                    .map_err(|e| err(e.to_string()))?;
                 for item in &items {
-                    parses(&command, arg, item).map_err(err)?;
+                    parses(&command, arg, item).map_err(|e| err(e.to_string()))?;
                 }
                 flags.push(format!("--{key}={}", items.join(",")));
             }
@@ -65,8 +69,8 @@ pub fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
                 if !takes_value {
                     return Err(err("true or false".into()));
                 }
-                let value = scalar(other).map_err(err)?;
-                parses(&command, arg, &value).map_err(err)?;
+                let value = scalar(other).map_err(|e| err(e.to_string()))?;
+                parses(&command, arg, &value).map_err(|e| err(e.to_string()))?;
                 flags.push(format!("--{key}={value}"));
             }
         }
@@ -96,7 +100,7 @@ fn config_path(args: &[OsString]) -> Option<String> {
 /// Whether `value` is one the flag takes, checked here so that the error names the file
 /// and key (clap's, later, would name only the flag). Only the value is judged: a flag
 /// that needs another (`tls-cert` wants `tls-key`) is checked with the whole command line.
-fn parses(command: &clap::Command, arg: &clap::Arg, value: &str) -> Result<(), String> {
+fn parses(command: &clap::Command, arg: &clap::Arg, value: &str) -> Result<(), ValueWhy> {
     use clap::error::ErrorKind;
     let long = arg.get_long().unwrap_or_default();
     let alone = command.clone().color(clap::ColorChoice::Never);
@@ -109,28 +113,36 @@ fn parses(command: &clap::Command, arg: &clap::Arg, value: &str) -> Result<(), S
         {
             let text = e.to_string();
             let first = text.lines().next().unwrap_or_default();
-            Err(first.trim_start_matches("error: ").to_string())
+            Err(ValueWhy(first.trim_start_matches("error: ").to_string()))
         }
         _ => Ok(()),
     }
 }
 
-fn scalar(v: &toml::Value) -> Result<String, String> {
+fn scalar(v: &toml::Value) -> Result<String, ValueWhy> {
     match v {
         toml::Value::String(s) => Ok(s.clone()),
         toml::Value::Integer(i) => Ok(i.to_string()),
         toml::Value::Float(f) => Ok(f.to_string()),
         toml::Value::Boolean(b) => Ok(b.to_string()),
-        other => Err(format!("{} is not a flag's value", other.type_str())),
+        other => Err(ValueWhy(format!(
+            "{} is not a flag's value",
+            other.type_str()
+        ))),
     }
 }
+
+/// Why a file's value is not one its flag takes (clap's words).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ValueWhy(String);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
 
-    fn with_file(text: &str, cli: &[&str]) -> Result<Config, String> {
+    fn with_file(text: &str, cli: &[&str]) -> Result<Config, Box<dyn std::error::Error>> {
         let path = std::env::temp_dir().join(format!(
             "kvix-config-{}-{}.toml",
             std::process::id(),
@@ -140,7 +152,9 @@ mod tests {
         let mut args: Vec<OsString> =
             vec!["kvix-server".into(), "--config".into(), path.clone().into()];
         args.extend(cli.iter().map(OsString::from));
-        let out = expand(args).and_then(|a| Config::try_parse_from(a).map_err(|e| e.to_string()));
+        let out = expand(args)
+            .map_err(Into::into)
+            .and_then(|a| Config::try_parse_from(a).map_err(Into::into));
         let _ = std::fs::remove_file(&path);
         out
     }
@@ -152,30 +166,39 @@ mod tests {
             &["--max-blocks", "7"],
         )
         .unwrap();
-        assert_eq!(c.cores, 3);
-        assert!(c.wal);
-        assert!(!c.pin);
-        assert_eq!(c.max_blocks, 7, "the command line wins");
-        assert_eq!(c.source_allow, ["10.0.0.0/8", "::1/128"]);
-        assert_eq!(c.snapshot.as_deref(), Some(std::path::Path::new("/tmp/x")));
+        assert_eq!(c.executors.cores, 3);
+        assert!(c.durability.wal);
+        assert!(!c.executors.pin);
+        assert_eq!(c.index.max_blocks, 7, "the command line wins");
+        assert_eq!(c.ingest.source_allow, ["10.0.0.0/8", "::1/128"]);
+        assert_eq!(
+            c.durability.snapshot.as_deref(),
+            Some(std::path::Path::new("/tmp/x"))
+        );
     }
 
     #[test]
     fn keys_and_values_that_are_not_flags_are_named() {
-        let e = with_file("colour = 1\n", &[]).unwrap_err();
+        let e = with_file("colour = 1\n", &[]).unwrap_err().to_string();
         assert!(e.contains("colour: no such flag"), "{e}");
-        let e = with_file("cores = \"many\"\n", &[]).unwrap_err();
+        let e = with_file("cores = \"many\"\n", &[])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("--config") && e.contains(": cores: invalid value 'many'"),
             "{e}"
         );
-        let e = with_file("wal-recover = \"maybe\"\n", &[]).unwrap_err();
+        let e = with_file("wal-recover = \"maybe\"\n", &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(": wal-recover: invalid value 'maybe'"), "{e}");
-        let e = with_file("wal = 1\n", &[]).unwrap_err();
+        let e = with_file("wal = 1\n", &[]).unwrap_err().to_string();
         assert!(e.contains("wal: true or false"), "{e}");
-        let e = with_file("cores = [\n", &[]).unwrap_err();
+        let e = with_file("cores = [\n", &[]).unwrap_err().to_string();
         assert!(e.contains("--config"), "{e}");
-        let e = with_file("listen = { a = 1 }\n", &[]).unwrap_err();
+        let e = with_file("listen = { a = 1 }\n", &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("listen"), "{e}");
     }
 }
@@ -203,16 +226,41 @@ mod every_flag {
         ("idle-timeout-s", "13", "13", &[]),
         ("auth-token", "s3cret", "\"s3cret\"", &[]),
         ("auth-token-file", "/tmp/token", "\"/tmp/token\"", &[]),
-        ("tls-cert", "/tmp/c.pem", "\"/tmp/c.pem\"", &["--tls-key", "/tmp/k.pem"]),
-        ("tls-key", "/tmp/k.pem", "\"/tmp/k.pem\"", &["--tls-cert", "/tmp/c.pem"]),
-        ("tls-client-ca", "/tmp/ca.pem", "\"/tmp/ca.pem\"", &["--tls-cert", "/tmp/c.pem", "--tls-key", "/tmp/k.pem"]),
+        (
+            "tls-cert",
+            "/tmp/c.pem",
+            "\"/tmp/c.pem\"",
+            &["--tls-key", "/tmp/k.pem"],
+        ),
+        (
+            "tls-key",
+            "/tmp/k.pem",
+            "\"/tmp/k.pem\"",
+            &["--tls-cert", "/tmp/c.pem"],
+        ),
+        (
+            "tls-client-ca",
+            "/tmp/ca.pem",
+            "\"/tmp/ca.pem\"",
+            &["--tls-cert", "/tmp/c.pem", "--tls-key", "/tmp/k.pem"],
+        ),
         ("unix-mode", "660", "\"660\"", &[]),
         ("snapshot", "/tmp/s", "\"/tmp/s\"", &[]),
         ("wal", "-", "true", &[]),
         ("wal-sync-ms", "0", "0", &[]),
         ("wal-recover", "truncate", "\"truncate\"", &[]),
-        ("log", "redis://127.0.0.1:6379/k", "\"redis://127.0.0.1:6379/k\"", &[]),
-        ("fleet", "f1", "\"f1\"", &["--log", "redis://127.0.0.1:6379/k"]),
+        (
+            "log",
+            "redis://127.0.0.1:6379/k",
+            "\"redis://127.0.0.1:6379/k\"",
+            &[],
+        ),
+        (
+            "fleet",
+            "f1",
+            "\"f1\"",
+            &["--log", "redis://127.0.0.1:6379/k"],
+        ),
         ("snapshot-every", "5", "5", &[]),
         ("spin-us", "4", "4", &[]),
         ("ingest-threads", "2", "2", &[]),
@@ -222,27 +270,51 @@ mod every_flag {
         ("max-sources", "30", "30", &[]),
         ("events-bind", "tcp://*:5557", "\"tcp://*:5557\"", &[]),
         ("events-ranks", "2", "2", &[]),
-        ("events-topic", "kv@{host}@{model}x", "\"kv@{host}@{model}x\"", &[]),
+        (
+            "events-topic",
+            "kv@{host}@{model}x",
+            "\"kv@{host}@{model}x\"",
+            &[],
+        ),
         ("events-replay-port", "5600", "5600", &[]),
-        ("events-lanes", "full_attention@16", "\"full_attention@16\"", &[]),
+        (
+            "events-lanes",
+            "full_attention@16",
+            "\"full_attention@16\"",
+            &[],
+        ),
         ("events-grace", "9", "9", &[]),
         ("engines", "/tmp/engines.txt", "\"/tmp/engines.txt\"", &[]),
         ("max-blocks", "100", "100", &[]),
-        ("source-allow", "10.0.0.0/8,::1/128", "[\"10.0.0.0/8\", \"::1/128\"]", &[]),
+        (
+            "source-allow",
+            "10.0.0.0/8,::1/128",
+            "[\"10.0.0.0/8\", \"::1/128\"]",
+            &[],
+        ),
         ("steering", "none", "\"none\"", &[]),
     ];
 
     fn parsed(args: Vec<OsString>) -> String {
         let args = expand(args).unwrap_or_else(|e| panic!("{e}"));
-        format!("{:?}", Config::try_parse_from(args).unwrap_or_else(|e| panic!("{e}")))
+        format!(
+            "{:?}",
+            Config::try_parse_from(args).unwrap_or_else(|e| panic!("{e}"))
+        )
     }
 
     /// Every flag is documented in docs/operations.md's Flags table and every flag there
     /// exists; each is taken on the command line and as a `--config` key, alike.
     #[test]
     fn every_documented_flag_and_toml_key_is_accepted() {
-        let docs = include_str!("../../docs/operations.md");
-        let table = docs.split("## Flags").nth(1).unwrap().split("\n## ").next().unwrap();
+        let docs = include_str!("../../../docs/operations.md");
+        let table = docs
+            .split("## Flags")
+            .nth(1)
+            .unwrap()
+            .split("\n## ")
+            .next()
+            .unwrap();
         let documented: Vec<&str> = table
             .lines()
             .filter_map(|l| l.strip_prefix("| `--"))
@@ -255,10 +327,16 @@ mod every_flag {
             .filter(|l| !["help", "version"].contains(l))
             .collect();
         for f in &flags {
-            assert!(documented.contains(f), "--{f} is not in docs/operations.md's Flags table");
+            assert!(
+                documented.contains(f),
+                "--{f} is not in docs/operations.md's Flags table"
+            );
         }
         for d in &documented {
-            assert!(flags.contains(d), "docs/operations.md documents --{d}, which is no flag");
+            assert!(
+                flags.contains(d),
+                "docs/operations.md documents --{d}, which is no flag"
+            );
         }
         for f in flags.iter().filter(|f| **f != "config") {
             let (_, cli, toml, with) = SAMPLES
@@ -275,11 +353,15 @@ mod every_flag {
             let path = std::env::temp_dir()
                 .join(format!("kvix-every-flag-{}-{f}.toml", std::process::id()));
             std::fs::write(&path, format!("{f} = {toml}\n")).unwrap();
-            let mut args: Vec<OsString> = vec!["kvix-server".into(), "--config".into(), path.clone().into()];
+            let mut args: Vec<OsString> =
+                vec!["kvix-server".into(), "--config".into(), path.clone().into()];
             args.extend(with.iter().map(OsString::from));
             let from_file = parsed(args).replace(&format!("Some({:?})", path), "None");
             let _ = std::fs::remove_file(&path);
-            assert_eq!(from_file, from_flags, "--{f}: the file's value and the flag's differ");
+            assert_eq!(
+                from_file, from_flags,
+                "--{f}: the file's value and the flag's differ"
+            );
         }
     }
 }
