@@ -7,19 +7,20 @@ use std::net::ToSocketAddrs;
 
 use crate::config::Config;
 use crate::durable::{replica, snapshot};
+use crate::error::StartError;
 use crate::{ingest, listener, rlimit};
 
-/// One check's outcome: what was checked, and what was found or why it fails.
+/// One check's outcome: what was checked, and what was found or why a start would fail.
 pub struct Checked {
     pub what: String,
-    pub result: Result<String, String>,
+    pub result: Result<String, StartError>,
 }
 
 /// Every check for `config` (flags already parsed and validated).
 pub fn run(config: &Config) -> Vec<Checked> {
     let mut out = Vec::new();
     let mut check =
-        |what: String, result: Result<String, String>| out.push(Checked { what, result });
+        |what: String, result: Result<String, StartError>| out.push(Checked { what, result });
     check(
         format!("--listen {}", config.listen.tcp),
         port_free(&config.listen.tcp.to_string()),
@@ -45,7 +46,7 @@ pub fn run(config: &Config) -> Vec<Checked> {
                     Some(_) => "TLS on the TCP port, client certificates required".into(),
                     None => "TLS on the TCP port".into(),
                 })
-                .map_err(|e| e.to_string()),
+                .map_err(StartError::from),
         );
     }
     if let Some(bind) = config
@@ -66,30 +67,32 @@ pub fn run(config: &Config) -> Vec<Checked> {
         "open files (ulimit -n)".into(),
         match rlimit::raise_open_files() {
             Ok((_, after)) if after >= wanted => Ok(format!("{after}, {wanted} wanted")),
-            Ok((_, after)) => Err(format!(
-                "{after}: the configured connections and sources may need {wanted} (raise the hard limit, or lower --max-connections / --max-sources)"
-            )),
-            Err(e) => Err(e.to_string()),
+            Ok((_, have)) => Err(StartError::OpenFiles { have, want: wanted }),
+            Err(e) => Err(StartError::io("raising the open-files limit")(e)),
         },
     );
     if let Some(path) = &config.durability.snapshot {
         let loaded = snapshot::load(path, config.index.block_size);
+        // The generations a start would replay: from the snapshot's on.
+        let wal_from = loaded
+            .as_ref()
+            .ok()
+            .and_then(Option::as_ref)
+            .map_or(0, |i| i.wal_from);
         check(
             format!("--snapshot {}", path.display()),
             snapshot::check_writable(path)
-                .map_err(|e| e.to_string())
-                .and_then(|()| match &loaded {
+                .map_err(StartError::from)
+                .and_then(|()| match loaded {
                     Ok(Some(_)) => Ok("readable, its directory writable".into()),
                     Ok(None) => Ok("absent (a start begins empty), its directory writable".into()),
-                    Err(e) => Err(format!("{e:#}")),
+                    Err(e) => Err(e.into()),
                 }),
         );
         if config.durability.wal {
-            // The generations a start would replay: from the snapshot's on.
-            let from = loaded.ok().flatten().map_or(0, |image| image.wal_from);
             check(
                 "--wal".into(),
-                crate::durable::wal::Wal::inspect(path, from).map_err(|e| e.to_string()),
+                crate::durable::wal::Wal::inspect(path, wal_from).map_err(StartError::from),
             );
         }
     }
@@ -97,7 +100,10 @@ pub fn run(config: &Config) -> Vec<Checked> {
         check(
             format!("--engines {}", path.display()),
             std::fs::read_to_string(path)
-                .map_err(|e| e.to_string())
+                .map_err(|source| StartError::FleetFile {
+                    path: path.clone(),
+                    source,
+                })
                 .and_then(|text| {
                     ingest::fleet::parse(
                         &path.display().to_string(),
@@ -105,7 +111,7 @@ pub fn run(config: &Config) -> Vec<Checked> {
                         config.index.block_size,
                     )
                     .map(|d| format!("{} workers declared", d.len()))
-                    .map_err(|e| e.to_string())
+                    .map_err(StartError::from)
                 }),
         );
     }
@@ -116,33 +122,35 @@ pub fn run(config: &Config) -> Vec<Checked> {
                 .and_then(|link| link.connect())
                 .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
                 .map(|pong| format!("answers ({pong})"))
-                .map_err(|e| e.to_string()),
+                .map_err(|source| StartError::Log {
+                    server: log.server.to_string(),
+                    source,
+                }),
         );
     }
     out
 }
 
 /// Whether a TCP address can be bound now (nothing else serves it).
-fn port_free(addr: &str) -> Result<String, String> {
+fn port_free(addr: &str) -> Result<String, StartError> {
+    let shown = addr;
     let addr = addr
         .to_socket_addrs()
-        .map_err(|e| format!("does not resolve: {e}"))?
+        .map_err(StartError::io(format!("resolving {shown}")))?
         .next()
-        .ok_or("resolves to nothing")?;
+        .ok_or_else(|| StartError::Unresolved(shown.to_string()))?;
     match listener::probe_bind(addr) {
         Ok(()) => Ok("free".into()),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            Err("in use by another process (is another kvix-server running?)".into())
-        }
-        Err(e) => Err(e.to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(StartError::InUse),
+        Err(e) => Err(StartError::io(format!("binding {addr}"))(e)),
     }
 }
 
 /// Whether a Unix socket path is free: absent, or a stale socket of a dead server.
-fn unix_free(path: &str) -> Result<String, String> {
+fn unix_free(path: &str) -> Result<String, StartError> {
     match listener::stale_unix_socket(path) {
         Ok(false) => Ok("free".into()),
         Ok(true) => Ok("a stale socket (a start replaces it)".into()),
-        Err(e) => Err(format!("{e} (a start refuses it)")),
+        Err(e) => Err(e),
     }
 }

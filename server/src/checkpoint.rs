@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use kvix_engine::EngineImage;
 
 use crate::durable::{replica, snapshot};
+use crate::error::StartError;
 use crate::executor::Executor;
 use crate::mesh::LocalFuture;
 use crate::metrics::ExecutorMetrics;
@@ -23,7 +24,7 @@ const MARK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// replica, into the log's Redis (which trims the stream below it: a fleet without
 /// snapshot files is trimmed all the same). Written by a helper thread so the executor
 /// keeps serving; at shutdown we wait for it and say whether it was written.
-pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Result<()> {
+pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), StartError> {
     let path = ex.settings().snapshot.clone();
     if path.is_none() && ex.replica().is_none() {
         return Ok(());
@@ -45,7 +46,9 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
         Ok(g) => g.map_or(0, |old| if last { old + 1 } else { old }),
         Err(e) => {
             ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
-            anyhow::bail!("snapshot not taken: {e}");
+            return Err(StartError::SnapshotTaken(failure::Failure::Wal(
+                std::sync::Arc::new(e),
+            )));
         }
     };
     // Replicas: every part cut at the same stream position, by the follower.
@@ -61,9 +64,7 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
             });
             let Ok(mark) = cut.await else {
                 ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
-                anyhow::bail!(
-                    "snapshot not taken: the log follower did not cut the log within {MARK_WAIT:?}"
-                );
+                return Err(StartError::Uncut(MARK_WAIT));
             };
             let parts = mark
                 .parts
@@ -105,7 +106,7 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
             Err(f) => {
                 ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
                 tracing::error!("snapshot not taken: {f}");
-                anyhow::bail!("snapshot not taken: {f}");
+                return Err(StartError::SnapshotTaken(f));
             }
         }
     }
@@ -120,10 +121,13 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
     let replica = ex.replica().cloned();
     let writer = std::thread::spawn(move || {
         if let Some(path) = &path {
-            if let Err(e) = snapshot::write(path, &bytes) {
+            if let Err(source) = snapshot::write(path, &bytes) {
                 failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(path = %path.display(), "snapshot not written: {e}");
-                anyhow::bail!("snapshot {} not written: {e}", path.display());
+                tracing::error!(path = %path.display(), "snapshot not written: {source}");
+                return Err(StartError::SnapshotWrite {
+                    path: path.clone(),
+                    source,
+                });
             }
             written.fetch_add(1, Ordering::Relaxed);
             tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written");
@@ -146,9 +150,12 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> anyhow::Resu
         Ok(())
     });
     if last {
-        return writer
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the snapshot writer panicked")));
+        return writer.join().unwrap_or_else(|_| {
+            Err(StartError::Panicked {
+                executor: 0,
+                why: "the snapshot writer panicked".into(),
+            })
+        });
     }
     Ok(())
 }

@@ -5,10 +5,10 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 
-use anyhow::Context;
 use socket2::{Domain, Socket, Type};
 
 use crate::config::Steering;
+use crate::error::StartError;
 
 /// The bound, listening TCP sockets (one per executor) and the steering in force.
 pub struct TcpGroup {
@@ -17,28 +17,31 @@ pub struct TcpGroup {
     pub steering: Steering,
 }
 
-pub fn tcp_group(addr: SocketAddr, executors: usize, wanted: Steering) -> anyhow::Result<TcpGroup> {
+pub fn tcp_group(
+    addr: SocketAddr,
+    executors: usize,
+    wanted: Steering,
+) -> Result<TcpGroup, StartError> {
     if addr.port() != 0 {
         ensure_unserved(addr)?;
     }
     let mut socks: Vec<Socket> = Vec::with_capacity(executors);
     let mut bound = addr;
     for i in 0..executors {
+        let io = |what: &str| StartError::io(format!("{what} {bound} (executor {i})"));
         let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)
-            .context("creating a TCP socket")?;
-        sock.set_reuse_port(true).context("setting SO_REUSEPORT")?;
+            .map_err(io("a socket for"))?;
+        sock.set_reuse_port(true).map_err(io("SO_REUSEPORT on"))?;
         sock.set_reuse_address(true)
-            .context("setting SO_REUSEADDR")?;
-        sock.set_nodelay(true).context("setting TCP_NODELAY")?;
-        sock.bind(&bound.into())
-            .with_context(|| format!("binding {bound} (executor {i})"))?;
-        sock.listen(1024)
-            .with_context(|| format!("listening on {bound}"))?;
+            .map_err(io("SO_REUSEADDR on"))?;
+        sock.set_nodelay(true).map_err(io("TCP_NODELAY on"))?;
+        sock.bind(&bound.into()).map_err(io("binding"))?;
+        sock.listen(1024).map_err(io("listening on"))?;
         // Port 0 resolves on the first bind; the rest of the group joins that port.
-        bound = sock
-            .local_addr()?
+        let local = sock.local_addr().map_err(io("the address of"))?;
+        bound = local
             .as_socket()
-            .context("TCP socket without an address")?;
+            .ok_or_else(|| StartError::Unresolved(format!("the TCP socket bound to {bound}")))?;
         socks.push(sock);
     }
     let steering = crate::steering::attach(socks[0].as_raw_fd(), executors as u32, wanted);
@@ -56,22 +59,19 @@ const PORT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// SO_REUSEPORT would let this server share a port another process serves (answering
 /// some of its clients from an empty index): a plain bind first says whether it is free.
 /// A port in use is tried again for [`PORT_WAIT`] before the start is refused.
-pub fn ensure_unserved(addr: SocketAddr) -> anyhow::Result<()> {
+pub fn ensure_unserved(addr: SocketAddr) -> Result<(), StartError> {
     let started = std::time::Instant::now();
     loop {
         match probe_bind(addr) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
                 if started.elapsed() >= PORT_WAIT {
-                    anyhow::bail!(
-                        "{addr} is already served by another process (is another kvix-server \
-                         running?); waited {} s for it to be released",
-                        PORT_WAIT.as_secs()
-                    );
+                    let waited_s = PORT_WAIT.as_secs();
+                    return Err(StartError::Served { addr, waited_s });
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
-            Err(e) => return Err(e).with_context(|| format!("binding {addr}")),
+            Err(e) => return Err(StartError::io(format!("binding {addr}"))(e)),
         }
     }
 }
@@ -88,47 +88,46 @@ pub fn probe_bind(addr: SocketAddr) -> std::io::Result<()> {
 /// The metrics endpoint's listening socket. SO_REUSEADDR (which glommio's own bind
 /// does not set) so that the connections a previous instance closed after answering
 /// scrapes, in TIME_WAIT on this port for a minute, do not refuse a restart.
-pub fn metrics_socket(addr: &str) -> anyhow::Result<RawFd> {
+pub fn metrics_socket(addr: &str) -> Result<RawFd, StartError> {
     use std::net::ToSocketAddrs;
+    let shown = addr;
     let addr = addr
         .to_socket_addrs()
-        .with_context(|| format!("metrics address {addr}"))?
+        .map_err(StartError::io(format!("metrics address {shown}")))?
         .next()
-        .with_context(|| format!("metrics address {addr} resolves to nothing"))?;
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)
-        .context("creating the metrics socket")?;
+        .ok_or_else(|| StartError::Unresolved(format!("metrics address {shown}")))?;
+    let io = |what: &str| StartError::io(format!("{what} metrics on {addr}"));
+    let sock =
+        Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(io("a socket for"))?;
     sock.set_reuse_address(true)
-        .context("setting SO_REUSEADDR")?;
-    sock.bind(&addr.into())
-        .with_context(|| format!("binding metrics on {addr}"))?;
-    sock.listen(128)
-        .with_context(|| format!("listening on {addr}"))?;
+        .map_err(io("SO_REUSEADDR on"))?;
+    sock.bind(&addr.into()).map_err(io("binding"))?;
+    sock.listen(128).map_err(io("listening for"))?;
     Ok(sock.into_raw_fd())
 }
 
 /// Makes `path` free for a new Unix socket: removes a stale socket file left by a dead
 /// server, but never a live server's socket or a file that is not a socket.
-pub fn free_unix_path(path: &str) -> anyhow::Result<()> {
+pub fn free_unix_path(path: &str) -> Result<(), StartError> {
     if stale_unix_socket(path)? {
-        std::fs::remove_file(path).with_context(|| format!("removing stale socket {path}"))?;
+        std::fs::remove_file(path)
+            .map_err(StartError::io(format!("removing stale socket {path}")))?;
     }
     Ok(())
 }
 
 /// Whether `path` holds a dead server's socket (false: nothing there); an error when it
 /// holds something a start must not replace (a file that is not a socket, a live server's).
-pub fn stale_unix_socket(path: &str) -> anyhow::Result<bool> {
+pub fn stale_unix_socket(path: &str) -> Result<bool, StartError> {
     use std::os::unix::fs::FileTypeExt;
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return Ok(false);
     };
-    anyhow::ensure!(
-        meta.file_type().is_socket(),
-        "{path} exists and is not a socket; refusing to replace it"
-    );
-    anyhow::ensure!(
-        std::os::unix::net::UnixStream::connect(path).is_err(),
-        "another server is listening on {path}"
-    );
+    if !meta.file_type().is_socket() {
+        return Err(StartError::NotASocket(path.to_string()));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(StartError::UnixServed(path.to_string()));
+    }
     Ok(true)
 }

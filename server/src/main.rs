@@ -1,7 +1,6 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::Parser;
 
 /// `kvix-server [FLAGS]` serves; `kvix-server check [FLAGS]` checks what a start with
@@ -32,8 +31,7 @@ fn main() -> ExitCode {
     let valid = config
         .load_auth_token_file()
         .and_then(|()| config.validate())
-        .map_err(anyhow::Error::from)
-        .context("invalid flags");
+        .map_err(kvix_server::error::StartError::from);
     let outcome = match (valid, check) {
         (Err(e), _) => Err(e),
         (Ok(()), true) => return checked(&config),
@@ -42,8 +40,8 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line with the whole cause chain; no backtrace for an operator's mistake.
-            eprintln!("kvix-server: {e:#}");
+            // One line naming the cause; no backtrace for an operator's mistake.
+            eprintln!("kvix-server: {e}");
             ExitCode::FAILURE
         }
     }

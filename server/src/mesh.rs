@@ -75,11 +75,11 @@ impl<T: 'static> Mesh<T> {
     pub async fn join(
         builder: Builder<T>,
         hops: impl FnOnce(usize) -> Arc<AtomicU64>,
-    ) -> anyhow::Result<(Self, Inbox<T>)> {
+    ) -> Result<(Self, Inbox<T>), crate::error::StartError> {
         let (senders, receivers): (Senders<Sent<T>>, Receivers<Sent<T>>) = builder
             .join()
             .await
-            .map_err(|e| anyhow::anyhow!("joining the executor mesh: {e}"))?;
+            .map_err(crate::error::StartError::spawn("the executor mesh"))?;
         let (me, executors) = (senders.peer_id(), senders.nr_consumers());
         let senders = Rc::new(senders);
         let outbox = (0..executors)

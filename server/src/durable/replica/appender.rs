@@ -33,11 +33,14 @@ pub struct Appender {
 
 impl Appender {
     /// Starts this executor's appending task in `tq`.
-    pub fn start(replica: Arc<Replica>, tq: glommio::TaskQueueHandle) -> anyhow::Result<Appender> {
+    pub fn start(
+        replica: Arc<Replica>,
+        tq: glommio::TaskQueueHandle,
+    ) -> Result<Appender, crate::error::StartError> {
         let (queue, appends) = mpsc::unbounded();
         let name = format!("kvix-append-{}-{}", replica.id, glommio::executor().id());
         glommio::spawn_local_into(run(replica.clone(), appends, name), tq)
-            .map_err(|e| anyhow::anyhow!("starting the log appender: {e}"))?
+            .map_err(crate::error::StartError::spawn("the log appender"))?
             .detach();
         Ok(Appender { replica, queue })
     }

@@ -487,8 +487,16 @@ pub struct LogStart {
 ///
 /// The log's fleet (`KEY:fleet`: the `--fleet` name and block size of the replica that
 /// first started on it) must be this replica's, or the start is refused.
-pub fn fetch_start(server: &super::LogServer, key: &str, fleet: &str) -> anyhow::Result<LogStart> {
-    let link = super::Link::open(server)?;
+pub fn fetch_start(
+    server: &super::LogServer,
+    key: &str,
+    fleet: &str,
+) -> Result<LogStart, crate::error::StartError> {
+    let failed = |source| crate::error::StartError::Log {
+        server: server.to_string(),
+        source,
+    };
+    let link = super::Link::open(server).map_err(failed)?;
     let fetch = || -> redis::RedisResult<LogStart> {
         let mut c = link.connect()?;
         let (_, theirs): (Option<String>, String) = redis::pipe()
@@ -550,7 +558,7 @@ pub fn fetch_start(server: &super::LogServer, key: &str, fleet: &str) -> anyhow:
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
-            done => return Ok(done?),
+            done => return done.map_err(failed),
         }
     }
 }

@@ -243,9 +243,11 @@ impl Replica {
         generation: String,
         position: String,
         inboxes: Vec<mpsc::Sender<LogJob>>,
-    ) -> anyhow::Result<Arc<Replica>> {
-        let link =
-            Link::open(&url.server).map_err(|e| anyhow::anyhow!("--log {}: {e}", url.server))?;
+    ) -> Result<Arc<Replica>, crate::error::StartError> {
+        let link = Link::open(&url.server).map_err(|source| crate::error::StartError::Log {
+            server: url.server.to_string(),
+            source,
+        })?;
         let id = format!("{:016x}", rand_id());
         Ok(Arc::new(Replica {
             id,
