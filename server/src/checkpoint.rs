@@ -113,23 +113,20 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
     image.engine.feeds.sort_unstable_by_key(|(w, _)| *w);
     image.ingest_states.sort_unstable_by_key(|(w, _)| *w);
     let bytes = snapshot::encode(&image, ex.settings().index.block_size);
-    let (written, failed) = (
-        ex.metrics().snapshots.clone(),
-        ex.metrics().snapshot_failures.clone(),
-    );
+    let (metrics, me) = (ex.all_metrics().clone(), ex.me());
     let wal = ex.wal().cloned();
     let replica = ex.replica().cloned();
     let writer = std::thread::spawn(move || {
         if let Some(path) = &path {
             if let Err(source) = snapshot::write(path, &bytes) {
-                failed.fetch_add(1, Ordering::Relaxed);
+                ExecutorMetrics::add(&metrics[me].snapshot_failures, 1);
                 tracing::error!(path = %path.display(), "snapshot not written: {source}");
                 return Err(StartError::SnapshotWrite {
                     path: path.clone(),
                     source,
                 });
             }
-            written.fetch_add(1, Ordering::Relaxed);
+            ExecutorMetrics::add(&metrics[me].snapshots, 1);
             tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written");
             // The log below the snapshot's start is in the file now.
             if let Some(Err(e)) = wal.map(|w| w.drop_below(wal_from)) {

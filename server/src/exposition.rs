@@ -23,6 +23,110 @@ impl Kind {
     }
 }
 
+/// How the values several writers (executors) keep become one sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merge {
+    /// Their sum: each counts its own share.
+    Sum,
+    /// The first one's: each keeps the same value (a copy of the index's size).
+    First,
+}
+
+/// One metric family of a set declared with [`metric_set!`]: where its value is kept.
+pub struct Family<T: 'static> {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub kind: Kind,
+    pub merge: Merge,
+    pub read: Read<T>,
+}
+
+/// Where a family's samples are kept in its set.
+pub enum Read<T: 'static> {
+    One(fn(&T) -> &AtomicU64),
+    /// One sample per value of `label`, in that order.
+    By {
+        label: &'static str,
+        values: &'static [&'static str],
+        read: fn(&T) -> &[AtomicU64],
+    },
+}
+
+/// Declares a struct of counters and gauges, each field once with its family: its help
+/// (the one-line doc comment), kind (`Counter`, `Gauge`), how writers' values merge
+/// (`Sum`, `First`) and name, and for a labelled family its label and values (a const
+/// `&[&str]`). Fields that are not families follow in `extra { ... }`. `FAMILIES` lists
+/// the families for [`Exposition::families`]; a set without extras has a `const fn
+/// new()` too (for a `static`).
+#[macro_export]
+macro_rules! metric_set {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident { $($families:tt)* }
+        extra { $($extra:tt)* }
+    ) => {
+        $crate::metric_set!(@set $(#[$attr])* $name [$($families)*] [$($extra)*]);
+    };
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident {
+            $(
+                #[doc = $help:literal]
+                $field:ident : $kind:ident $merge:ident $family:literal
+                $( by $label:literal ($values:expr) )? ,
+            )*
+        }
+    ) => {
+        $crate::metric_set!(@set $(#[$attr])* $name [$(
+            #[doc = $help] $field : $kind $merge $family $( by $label ($values) )? ,
+        )*] []);
+        impl $name {
+            /// Every value zero, in a const context (a `static`).
+            #[allow(clippy::declare_interior_mutable_const)]
+            pub const fn new() -> Self {
+                const ZERO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                $name { $( $field: $crate::metric_set!(@zero ZERO $( ($values) )?), )* }
+            }
+        }
+    };
+    (@set $(#[$attr:meta])* $name:ident [
+        $(
+            #[doc = $help:literal]
+            $field:ident : $kind:ident $merge:ident $family:literal
+            $( by $label:literal ($values:expr) )? ,
+        )*
+    ] [ $( $(#[$xattr:meta])* $xvis:vis $xfield:ident : $xty:ty ),* $(,)? ]) => {
+        $(#[$attr])*
+        #[derive(Default)]
+        pub struct $name {
+            $( #[doc = $help] pub $field: $crate::metric_set!(@ty $( ($values) )?), )*
+            $( $(#[$xattr])* $xvis $xfield: $xty, )*
+        }
+
+        impl $name {
+            pub const FAMILIES: &'static [$crate::exposition::Family<$name>] = &[
+                $(
+                    $crate::exposition::Family {
+                        name: $family,
+                        help: $help,
+                        kind: $crate::exposition::Kind::$kind,
+                        merge: $crate::exposition::Merge::$merge,
+                        read: $crate::metric_set!(@read $name $field $( $label ($values) )?),
+                    },
+                )*
+            ];
+        }
+    };
+    (@ty) => { std::sync::atomic::AtomicU64 };
+    (@ty ($values:expr)) => { [std::sync::atomic::AtomicU64; $values.len()] };
+    (@zero $zero:ident) => { $zero };
+    (@zero $zero:ident ($values:expr)) => { [$zero; $values.len()] };
+    (@read $name:ident $field:ident) => { $crate::exposition::Read::One(|s: &$name| &s.$field) };
+    (@read $name:ident $field:ident $label:literal ($values:expr)) => {
+        $crate::exposition::Read::By { label: $label, values: $values, read: |s: &$name| &s.$field[..] }
+    };
+}
+
 /// The upper bounds of a [`Buckets`] histogram: small counts, doubling.
 pub const BUCKET_BOUNDS: [u64; 12] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
@@ -57,6 +161,34 @@ impl Exposition {
 
     fn header(&mut self, name: &str, help: &str, kind: &str) {
         let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    /// Every family of a [`metric_set!`] set, merged over `parts` (each writer's set).
+    pub fn families<T>(&mut self, families: &[Family<T>], parts: &[T]) {
+        let merged = |f: &Family<T>, at: &dyn Fn(&T) -> u64| match f.merge {
+            Merge::Sum => parts.iter().map(at).sum(),
+            Merge::First => parts.first().map_or(0, at),
+        };
+        for f in families {
+            match f.read {
+                Read::One(read) => {
+                    let v = merged(f, &|p| read(p).load(Relaxed));
+                    self.one(f.name, f.help.trim(), f.kind, v);
+                }
+                Read::By {
+                    label,
+                    values,
+                    read,
+                } => {
+                    let samples = values
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| (v, merged(f, &|p| read(p)[i].load(Relaxed))));
+                    let samples: Vec<_> = samples.collect();
+                    self.by(f.name, f.help.trim(), f.kind, label, samples);
+                }
+            }
+        }
     }
 
     /// A family of one unlabelled sample.

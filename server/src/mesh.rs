@@ -12,8 +12,6 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
 
 use futures::channel::oneshot;
 use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers, Senders};
@@ -39,8 +37,9 @@ pub struct PeerGone(pub usize);
 pub struct Mesh<T> {
     me: usize,
     outbox: Vec<Option<LocalSender<Sent<T>>>>,
-    /// Calls sent while answering a query (`kvix_query_hops_total`): zero by design.
-    hops: Arc<AtomicU64>,
+    /// Counts a call sent while answering a query (`kvix_query_hops_total`): none by
+    /// design.
+    hop: Box<dyn Fn()>,
 }
 
 /// This executor's receiving end: run by [`Inbox::serve`] once the executor exists.
@@ -71,10 +70,10 @@ impl Drop for QueryScope {
 
 impl<T: 'static> Mesh<T> {
     /// Joins the mesh (every executor must call it) and starts the forwarding tasks;
-    /// `hops(me)` counts what this executor sends while a query is answered.
+    /// `hop(me)` counts a call this executor sends while a query is answered.
     pub async fn join(
         builder: Builder<T>,
-        hops: impl FnOnce(usize) -> Arc<AtomicU64>,
+        hop: impl FnOnce(usize) -> Box<dyn Fn()>,
     ) -> Result<(Self, Inbox<T>), crate::error::StartError> {
         let (senders, receivers): (Senders<Sent<T>>, Receivers<Sent<T>>) = builder
             .join()
@@ -99,8 +98,8 @@ impl<T: 'static> Mesh<T> {
                 })
             })
             .collect();
-        let hops = hops(me);
-        Ok((Mesh { me, outbox, hops }, Inbox { receivers }))
+        let hop = hop(me);
+        Ok((Mesh { me, outbox, hop }, Inbox { receivers }))
     }
 
     /// This executor's index in the mesh.
@@ -120,7 +119,7 @@ impl<T: 'static> Mesh<T> {
         f: impl FnOnce(&Rc<T>) -> LocalFuture<R> + Send + 'static,
     ) -> impl Future<Output = Result<R, PeerGone>> + 'static {
         if IN_QUERY.with(Cell::get) {
-            self.hops.fetch_add(1, Relaxed);
+            (self.hop)();
         }
         let (tx, rx) = oneshot::channel();
         self.spawn_on(to, move |on| {

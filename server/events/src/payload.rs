@@ -36,6 +36,12 @@ pub enum Medium {
 
 impl Medium {
     pub const ALL: [Medium; 3] = [Medium::Gpu, Medium::Cpu, Medium::Other];
+    /// The labels of [`Medium::ALL`], in its order.
+    pub const LABELS: [&'static str; 3] = [
+        Medium::ALL[0].label(),
+        Medium::ALL[1].label(),
+        Medium::ALL[2].label(),
+    ];
 
     fn parse(v: Option<&Value>) -> Result<Medium, DecodeError> {
         match v {
@@ -60,7 +66,7 @@ impl Medium {
     }
 
     /// The label used in metrics.
-    pub fn label(self) -> &'static str {
+    pub const fn label(self) -> &'static str {
         match self {
             Medium::Gpu => "gpu",
             Medium::Cpu => "cpu",

@@ -45,6 +45,17 @@ pub enum Skip {
     ExtraKeysInPages,
 }
 
+/// The labels of [`SKIPS`], in its order.
+pub const SKIP_LABELS: [&str; SKIPS.len()] = {
+    let mut out = [""; SKIPS.len()];
+    let mut i = 0;
+    while i < SKIPS.len() {
+        out[i] = SKIPS[i].1;
+        i += 1;
+    }
+    out
+};
+
 pub const SKIPS: [(Skip, &str); 6] = [
     (Skip::UnknownParent, "unknown_parent"),
     (Skip::LaneMismatch, "lane_mismatch"),

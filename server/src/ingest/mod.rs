@@ -18,14 +18,13 @@ pub mod pool;
 pub mod socket;
 pub mod states;
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc;
 use kvix_wire::{EventSource, Feed, WorkerId};
 
 use crate::exposition::Exposition;
-use crate::exposition::Kind::{self, Counter, Gauge};
 use pool::{Pool, StreamSpec};
 
 /// Deliveries queued per executor before the ingest threads wait.
@@ -441,89 +440,88 @@ impl Ingest {
     }
 }
 
-/// Process-wide ingest counters (the ingest threads and the executors add to them).
-pub struct Metrics {
-    pub messages: AtomicU64,
-    pub applied: AtomicU64,
-    pub malformed: AtomicU64,
-    pub gaps: AtomicU64,
-    pub replayed: AtomicU64,
-    pub replay_failures: AtomicU64,
-    pub replay_holes: AtomicU64,
-    pub restarts: AtomicU64,
-    pub duplicates: AtomicU64,
-    pub skipped: [AtomicU64; translate::SKIPS.len()],
-    pub stored: [AtomicU64; 3],
-    pub removed: [AtomicU64; 3],
-    pub block_events: AtomicU64,
-    pub unknown_removals: AtomicU64,
-    pub extra_keys: AtomicU64,
-    pub salted: AtomicU64,
-    pub refused: AtomicU64,
-    pub dropped_full: AtomicU64,
-    pub unknown_topics: AtomicU64,
-    pub inbox_dropped: AtomicU64,
-    pub history_lost: AtomicU64,
-    pub fleet_applies: AtomicU64,
-    pub fleet_errors: AtomicU64,
-    pub fleet_workers: AtomicU64,
-    pub engines_announced: AtomicU64,
-    pub engines_gone: AtomicU64,
-    pub discovery_refused: AtomicU64,
-    pub orphaned: AtomicU64,
-    pub fenced: AtomicU64,
-    pub out_of_step: AtomicU64,
-    pub rewinds: AtomicU64,
-    pub connect_failures: AtomicU64,
-    pub connected: AtomicU64,
-    pub sources: AtomicU64,
-    pub threads: AtomicU64,
-    pub replays_in_flight: AtomicU64,
-    pub replays_queued: AtomicU64,
+crate::metric_set! {
+    /// Process-wide ingest counters (the ingest threads and the executors add to them).
+    /// docs/operations.md ("Is the stream healthy?") says what each means.
+    pub struct Metrics {
+        /// Live messages received from publishers.
+        messages: Counter Sum "kvix_ingest_messages_total",
+        /// Event batches delivered to their worker's home (live or replayed).
+        applied: Counter Sum "kvix_ingest_batches_applied_total",
+        /// Messages or payloads that could not be decoded (skipped whole).
+        malformed: Counter Sum "kvix_ingest_malformed_total",
+        /// Publisher sequence gaps seen (filled by a replay where the publisher has one).
+        gaps: Counter Sum "kvix_ingest_gaps_total",
+        /// Event batches recovered from a replay socket.
+        replayed: Counter Sum "kvix_ingest_replayed_total",
+        /// Replays that got no answer or did not finish (retried later).
+        replay_failures: Counter Sum "kvix_ingest_replay_failures_total",
+        /// Replays that came back with replies missing (asked again from the hole).
+        replay_holes: Counter Sum "kvix_ingest_replay_holes_total",
+        /// New publisher processes detected: the worker cleared and rebuilt from replay.
+        restarts: Counter Sum "kvix_ingest_restarts_total",
+        /// Batches already applied (seen again live after a replay).
+        duplicates: Counter Sum "kvix_ingest_duplicates_total",
+        /// Engine events skipped, by reason.
+        skipped: Counter Sum "kvix_ingest_skipped_events_total" by "reason" (&translate::SKIP_LABELS),
+        /// Engine blocks stored, by medium.
+        stored: Counter Sum "kvix_ingest_blocks_stored_total" by "medium" (&payload::Medium::LABELS),
+        /// Engine blocks removed, by medium.
+        removed: Counter Sum "kvix_ingest_blocks_removed_total" by "medium" (&payload::Medium::LABELS),
+        /// Keyspace blocks stored or removed by ingested batches.
+        block_events: Counter Sum "kvix_ingest_block_events_total",
+        /// Removed blocks the stream never saw stored.
+        unknown_removals: Counter Sum "kvix_ingest_unknown_removals_total",
+        /// Stores whose blocks carry extra keys (multimodal items, prompt embeddings).
+        extra_keys: Counter Sum "kvix_ingest_extra_keys_total",
+        /// Stores starting a prompt with a cache salt (filed under the salt's keyspace).
+        salted: Counter Sum "kvix_ingest_salted_total",
+        /// Translated batches the worker's feed refused (a bug if it shows up).
+        refused: Counter Sum "kvix_ingest_refused_total",
+        /// Translated stores not indexed because the index held --max-blocks blocks.
+        dropped_full: Counter Sum "kvix_ingest_stores_dropped_full_total",
+        /// Messages on --events-bind whose topic has not the --events-topic form.
+        unknown_topics: Counter Sum "kvix_ingest_unknown_topics_total",
+        /// Messages on --events-bind dropped past what their stream may hold unread.
+        inbox_dropped: Counter Sum "kvix_ingest_inbox_dropped_total",
+        /// Engine-fed workers whose history is lost (batches went by unapplied).
+        history_lost: Gauge Sum "kvix_ingest_workers_history_lost",
+        /// Times the --engines file was applied (at start and at each SIGHUP).
+        fleet_applies: Counter Sum "kvix_fleet_file_applies_total",
+        /// Times the --engines file did not read (nothing changed).
+        fleet_errors: Counter Sum "kvix_fleet_file_errors_total",
+        /// Workers the --engines file declares, as last applied.
+        fleet_workers: Gauge Sum "kvix_fleet_file_workers",
+        /// Announces sent for engines first heard of on --events-bind.
+        engines_announced: Counter Sum "kvix_ingest_engines_announced_total",
+        /// Bound workers retired because their engine had no connection for --events-grace.
+        engines_gone: Counter Sum "kvix_ingest_engines_gone_total",
+        /// Announces of engines first heard of on --events-bind that were refused.
+        discovery_refused: Counter Sum "kvix_ingest_engines_refused_total",
+        /// Deliveries for workers retired or re-announced while on their way.
+        orphaned: Counter Sum "kvix_ingest_orphaned_total",
+        /// Deliveries read under an ingest lease another replica has taken since.
+        fenced: Counter Sum "kvix_ingest_fenced_total",
+        /// Deliveries that do not continue the last batch applied from their stream.
+        out_of_step: Counter Sum "kvix_ingest_out_of_step_total",
+        /// Streams started again from the last batch applied.
+        rewinds: Counter Sum "kvix_ingest_rewinds_total",
+        /// Subscriptions that could not be opened.
+        connect_failures: Counter Sum "kvix_ingest_connect_failures_total",
+        /// Publishers currently connected.
+        connected: Gauge Sum "kvix_ingest_publishers_connected",
+        /// Event sources subscribed.
+        sources: Gauge Sum "kvix_ingest_sources",
+        /// Ingest threads (--ingest-threads).
+        threads: Gauge Sum "kvix_ingest_threads",
+        /// Replays asked for and not yet ended.
+        replays_in_flight: Gauge Sum "kvix_ingest_replays_in_flight",
+        /// Replays waiting for one in flight on their thread to end.
+        replays_queued: Gauge Sum "kvix_ingest_replays_queued",
+    }
 }
 
-#[allow(clippy::declare_interior_mutable_const)]
-const ZERO: AtomicU64 = AtomicU64::new(0);
-
-pub static METRICS: Metrics = Metrics {
-    messages: ZERO,
-    applied: ZERO,
-    malformed: ZERO,
-    gaps: ZERO,
-    replayed: ZERO,
-    replay_failures: ZERO,
-    replay_holes: ZERO,
-    restarts: ZERO,
-    duplicates: ZERO,
-    skipped: [ZERO; translate::SKIPS.len()],
-    stored: [ZERO; 3],
-    removed: [ZERO; 3],
-    block_events: ZERO,
-    unknown_removals: ZERO,
-    extra_keys: ZERO,
-    salted: ZERO,
-    refused: ZERO,
-    dropped_full: ZERO,
-    unknown_topics: ZERO,
-    inbox_dropped: ZERO,
-    history_lost: ZERO,
-    fleet_applies: ZERO,
-    fleet_errors: ZERO,
-    fleet_workers: ZERO,
-    engines_announced: ZERO,
-    engines_gone: ZERO,
-    discovery_refused: ZERO,
-    orphaned: ZERO,
-    fenced: ZERO,
-    out_of_step: ZERO,
-    rewinds: ZERO,
-    connect_failures: ZERO,
-    connected: ZERO,
-    sources: ZERO,
-    threads: ZERO,
-    replays_in_flight: ZERO,
-    replays_queued: ZERO,
-};
+pub static METRICS: Metrics = Metrics::new();
 
 impl Metrics {
     pub fn record(&self, c: &translate::Counts) {
@@ -575,70 +573,7 @@ fn stream_spec(
 
 /// Appends the ingest metrics in Prometheus text format.
 pub fn render(out: &mut Exposition) {
-    let m = &METRICS;
-    let plain: [(&str, &str, Kind, &AtomicU64); 34] = [
-        ("kvix_ingest_messages_total", "Live messages received from publishers.", Counter, &m.messages),
-        ("kvix_ingest_batches_applied_total", "Event batches delivered to their worker's home (live or replayed).", Counter, &m.applied),
-        ("kvix_ingest_malformed_total", "Messages or payloads that could not be decoded (skipped whole).", Counter, &m.malformed),
-        ("kvix_ingest_gaps_total", "Publisher sequence gaps seen (filled by a replay where the publisher has one).", Counter, &m.gaps),
-        ("kvix_ingest_replayed_total", "Event batches recovered from a replay socket.", Counter, &m.replayed),
-        ("kvix_ingest_replay_holes_total", "Replays that came back with replies missing (a publisher whose send queue overflowed): in the middle, applied up to the hole and asked again from there; at the end (no end marker), applied as far as they came and asked again from there when a live batch waits past it, else at the next gap.", Counter, &m.replay_holes),
-        ("kvix_ingest_replay_failures_total", "Replays that got no answer or did not finish (retried at the next gap or reconnect).", Counter, &m.replay_failures),
-        ("kvix_ingest_restarts_total", "New publisher processes detected (or buffers that no longer reached back): the worker was cleared and rebuilt from the replay.", Counter, &m.restarts),
-        ("kvix_ingest_duplicates_total", "Batches already applied (seen again live after a replay).", Counter, &m.duplicates),
-        ("kvix_ingest_block_events_total", "Keyspace blocks stored or removed by ingested batches.", Counter, &m.block_events),
-        ("kvix_ingest_unknown_removals_total", "Removed blocks the stream never saw stored.", Counter, &m.unknown_removals),
-        ("kvix_ingest_extra_keys_total", "Stores whose blocks carry extra keys (multimodal items, prompt embeddings), mixed into their chain.", Counter, &m.extra_keys),
-        ("kvix_ingest_salted_total", "Stores starting a prompt with a cache salt (filed under the salt's keyspace).", Counter, &m.salted),
-        ("kvix_ingest_refused_total", "Translated batches the worker's feed refused (a bug if it shows up).", Counter, &m.refused),
-        ("kvix_ingest_stores_dropped_full_total", "Translated stores not put in the index because it held --max-blocks blocks (the engine holds them; queries miss them until the index has room and the engine stores them again).", Counter, &m.dropped_full),
-        ("kvix_ingest_engines_announced_total", "Announces sent for engines first heard of on --events-bind (their worker named by the topic's host).", Counter, &m.engines_announced),
-        ("kvix_ingest_engines_refused_total", "Announces of engines first heard of on --events-bind that were refused (the log names why: --max-sources, --source-allow, a name taken).", Counter, &m.discovery_refused),
-        ("kvix_ingest_engines_gone_total", "Bound workers retired because their engine had no connection for --events-grace.", Counter, &m.engines_gone),
-        ("kvix_ingest_unknown_topics_total", "Messages on --events-bind whose topic does not have the --events-topic form (dropped).", Counter, &m.unknown_topics),
-        ("kvix_ingest_inbox_dropped_total", "Messages on --events-bind dropped: their stream already held 100,000 unread (waiting for a long replay), or its announce was on its way and the messages held meanwhile reached their bounds. Its replay fills the gap; without --events-replay-port the worker's history is lost.", Counter, &m.inbox_dropped),
-        ("kvix_ingest_workers_history_lost", "Engine-fed workers whose history is lost: batches of their engine's process went by unapplied (a gap past the replay buffer, a late join past it, a gap without replay), so they may hold blocks the index does not report until the engine clears or restarts (the log names each).", Gauge, &m.history_lost),
-        ("kvix_fleet_file_applies_total", "Times the --engines file was applied (at start and at each SIGHUP).", Counter, &m.fleet_applies),
-        ("kvix_fleet_file_errors_total", "Times the --engines file did not read (nothing changed; the log names the line).", Counter, &m.fleet_errors),
-        ("kvix_fleet_file_workers", "Workers the --engines file declares, as last applied.", Gauge, &m.fleet_workers),
-        ("kvix_ingest_orphaned_total", "Deliveries for workers retired or re-announced while on their way.", Counter, &m.orphaned),
-        ("kvix_ingest_fenced_total", "Deliveries dropped because they were read under an ingest lease another replica has taken since.", Counter, &m.fenced),
-        ("kvix_ingest_out_of_step_total", "Deliveries dropped because they do not continue the last batch applied from their stream (one before them was refused, or they were applied already).", Counter, &m.out_of_step),
-        ("kvix_ingest_rewinds_total", "Streams started again from the last batch applied after a delivery of theirs was refused or out of step (the engine's replay re-sends the rest).", Counter, &m.rewinds),
-        ("kvix_ingest_connect_failures_total", "Subscriptions that could not be opened.", Counter, &m.connect_failures),
-        ("kvix_ingest_publishers_connected", "Publishers currently connected.", Gauge, &m.connected),
-        ("kvix_ingest_sources", "Event sources subscribed.", Gauge, &m.sources),
-        ("kvix_ingest_threads", "Ingest threads (--ingest-threads).", Gauge, &m.threads),
-        ("kvix_ingest_replays_in_flight", "Replays asked for and not yet ended (at most 4 per ingest thread).", Gauge, &m.replays_in_flight),
-        ("kvix_ingest_replays_queued", "Replays waiting for one in flight on their thread to end.", Gauge, &m.replays_queued),
-    ];
-    for (name, help, kind, v) in plain {
-        out.one(name, help, kind, v.load(Relaxed));
-    }
-    out.by(
-        "kvix_ingest_skipped_events_total",
-        "Engine events skipped, by reason.",
-        Counter,
-        "reason",
-        (translate::SKIPS.iter())
-            .map(|&(skip, label)| (label, m.skipped[skip as usize].load(Relaxed))),
-    );
-    for (name, help, per_medium) in [
-        (
-            "kvix_ingest_blocks_stored_total",
-            "Engine blocks stored, by medium.",
-            &m.stored,
-        ),
-        (
-            "kvix_ingest_blocks_removed_total",
-            "Engine blocks removed, by medium.",
-            &m.removed,
-        ),
-    ] {
-        let samples = (payload::Medium::ALL.iter().zip(per_medium))
-            .map(|(medium, n)| (medium.label(), n.load(Relaxed)));
-        out.by(name, help, Counter, "medium", samples);
-    }
+    out.families(Metrics::FAMILIES, std::slice::from_ref(&METRICS));
 }
 
 #[cfg(test)]

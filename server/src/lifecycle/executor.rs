@@ -17,6 +17,7 @@ use crate::checkpoint::take_snapshot;
 use crate::durable::replica;
 use crate::error::StartError;
 use crate::executor::Executor;
+use crate::metrics::ExecutorMetrics;
 use crate::{admit, http, listener, mesh, writer};
 
 /// The executor's two task queues: connections (queries) before writes, with ten
@@ -65,8 +66,11 @@ async fn wire(
     mesh: mesh::Builder<Executor>,
     q: &Queues,
 ) -> Result<Rc<Executor>, StartError> {
-    let hops = |me: usize| shared.metrics[me].query_hops.clone();
-    let (mesh, inbox) = mesh::Mesh::join(mesh, hops).await?;
+    let metrics = shared.metrics.clone();
+    let hop = move |me: usize| -> Box<dyn Fn()> {
+        Box::new(move || ExecutorMetrics::add(&metrics[me].query_hops, 1))
+    };
+    let (mesh, inbox) = mesh::Mesh::join(mesh, hop).await?;
     let me = mesh.me();
     let restored = restore::executor(shared, me, mesh.executors());
     // Every executor reports here, failed or not, so none waits for a peer that left.

@@ -39,7 +39,7 @@ use futures::channel::{mpsc, oneshot};
 use crate::durable::snapshot::Part;
 use crate::durable::write::{Outcome, Write};
 use crate::exposition::Exposition;
-use crate::exposition::Kind::{self, Counter, Gauge};
+use crate::exposition::Kind::Gauge;
 use crate::failure::Failure;
 
 pub use link::{Link, LogServer};
@@ -186,21 +186,32 @@ impl std::fmt::Display for LogMark {
     }
 }
 
-/// Counters for the metrics page.
-#[derive(Default)]
-pub struct ReplicaMetrics {
-    pub appended: AtomicU64,
-    pub append_failures: AtomicU64,
-    pub applied: AtomicU64,
-    pub read_failures: AtomicU64,
-    pub leases_held: AtomicU64,
-    pub lease_changes: AtomicU64,
-    pub trimmed: AtomicU64,
-    pub stored: AtomicU64,
-    pub store_failures: AtomicU64,
-    /// The position dispatched last (`ms-seq` of the stream id).
-    pub position_ms: AtomicU64,
-    pub position_seq: AtomicU64,
+crate::metric_set! {
+    /// This replica's side of the log, counted.
+    pub struct ReplicaMetrics {
+        /// Writes this replica appended to the shared log.
+        appended: Counter Sum "kvix_log_appended_total",
+        /// Writes refused (LogUnavailable) because the log could not be reached.
+        append_failures: Counter Sum "kvix_log_append_failures_total",
+        /// Log records this replica applied (everybody's).
+        applied: Counter Sum "kvix_log_applied_total",
+        /// Failed reads of the log (retried).
+        read_failures: Counter Sum "kvix_log_read_failures_total",
+        /// Milliseconds part of the id of the last log entry applied.
+        position_ms: Gauge Sum "kvix_log_position_ms",
+        /// Sequence part of the id of the last log entry applied.
+        position_seq: Gauge Sum "kvix_log_position_seq",
+        /// Log entries trimmed after snapshots.
+        trimmed: Counter Sum "kvix_log_trimmed_total",
+        /// Snapshots this replica stored in the log's Redis.
+        stored: Counter Sum "kvix_log_snapshots_stored_total",
+        /// Snapshots this replica could not store in Redis (nor trim the stream for).
+        store_failures: Counter Sum "kvix_log_snapshot_store_failures_total",
+        /// Engine event streams this replica ingests (holds the lease of).
+        leases_held: Gauge Sum "kvix_ingest_leases_held",
+        /// Ingest leases this replica took.
+        lease_changes: Counter Sum "kvix_ingest_lease_changes_total",
+    }
 }
 
 /// This replica's side of the log.
@@ -369,88 +380,17 @@ impl Replica {
 
 /// Appends the replica's metrics in Prometheus text format.
 pub fn render(r: &Replica, out: &mut Exposition) {
-    let m = &r.metrics;
-    let rows: [(&str, &str, Kind, u64); 12] = [
-        (
-            "kvix_log_appended_total",
-            "Writes this replica appended to the shared log.",
-            Counter,
-            m.appended.load(Relaxed),
-        ),
-        (
-            "kvix_log_append_failures_total",
-            "Writes refused (LogUnavailable) because the log could not be reached.",
-            Counter,
-            m.append_failures.load(Relaxed),
-        ),
-        (
-            "kvix_log_applied_total",
-            "Log records this replica applied (everybody's).",
-            Counter,
-            m.applied.load(Relaxed),
-        ),
-        (
-            "kvix_log_read_failures_total",
-            "Failed reads of the log (retried).",
-            Counter,
-            m.read_failures.load(Relaxed),
-        ),
-        (
-            "kvix_log_position_ms",
-            "Milliseconds part of the id of the last log entry applied (compare replicas for lag).",
-            Gauge,
-            m.position_ms.load(Relaxed),
-        ),
-        (
-            "kvix_log_position_seq",
-            "Sequence part of the id of the last log entry applied.",
-            Gauge,
-            m.position_seq.load(Relaxed),
-        ),
-        (
-            "kvix_log_caught_up",
-            "1 once the replica applied the log as far as it went at start.",
-            Gauge,
-            u64::from(r.caught_up.load(Relaxed)),
-        ),
-        (
-            "kvix_log_trimmed_total",
-            "Log entries trimmed after snapshots.",
-            Counter,
-            m.trimmed.load(Relaxed),
-        ),
-        (
-            "kvix_log_snapshots_stored_total",
-            "Snapshots this replica stored in the log's Redis (after trimming the stream below them).",
-            Counter,
-            m.stored.load(Relaxed),
-        ),
-        (
-            "kvix_log_snapshot_store_failures_total",
-            "Snapshots this replica could not store in Redis (nor trim the stream for): Redis away or full, or the log replaced.",
-            Counter,
-            m.store_failures.load(Relaxed),
-        ),
-        (
-            "kvix_ingest_leases_held",
-            "Engine event streams this replica ingests (holds the lease of).",
-            Gauge,
-            m.leases_held.load(Relaxed),
-        ),
-        (
-            "kvix_ingest_lease_changes_total",
-            "Ingest leases this replica took.",
-            Counter,
-            m.lease_changes.load(Relaxed),
-        ),
-    ];
-    for (name, help, kind, v) in rows {
-        out.one(name, help, kind, v);
-    }
+    out.families(ReplicaMetrics::FAMILIES, std::slice::from_ref(&r.metrics));
+    out.one(
+        "kvix_log_caught_up",
+        "1 once the replica applied the log as far as it went at start.",
+        Gauge,
+        u64::from(r.caught_up.load(Relaxed)),
+    );
     let now = r.stopped_for();
     out.by(
         "kvix_log_stopped",
-        "1 when this replica stopped following the log, by reason: behind_trim (entries after its position were trimmed away), unreadable (a record it cannot read: another kvix version's or a foreign writer's), replaced (the log was flushed, restarted without persistence or recreated). It refuses writes and fails /healthz until restarted.",
+        "1 when this replica stopped following the log, by reason.",
         Gauge,
         "reason",
         Stopped::ALL.map(|reason| (reason.label(), u64::from(now == Some(reason)))),
