@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Fails when the server crate's modules depend on each other in a cycle.
+"""Fails when the server crate's modules depend on each other in a cycle, or a module
+imports from a layer above its own (the layers below, bottom first; every module must
+be in one, so a new module is placed on purpose).
 
 A module depends on another when its code (not its comments or its `mod tests`) names a
 path into it: `crate::a::b`, `super::x`, `use crate::{a, b}`. A module containing
@@ -93,19 +95,59 @@ def cycles(edges):
     return out
 
 
+# The layers of server/src, bottom first (docs/design.md, "Module layers"): a module
+# matches the entry naming it or, failing that, its closest enclosing module's.
+LAYERS = [
+    ("formats", ["write::record", "durable::wal::format", "exposition", "clock", "latch",
+                 "loud", "rlimit", "auth", "tls"]),
+    ("state and ingest", ["ingest", "durable", "failure", "config", "error", "listener",
+                          "steering", "mesh", "metrics"]),
+    ("one executor", ["executor", "write::job"]),
+    ("on an executor", ["write", "handler", "conn", "admit", "http", "checkpoint"]),
+    ("the process", ["lifecycle", "check", "crate"]),
+]
+
+
+def layer_of(module):
+    parts = module.split("::")
+    for k in range(len(parts), 0, -1):
+        name = "::".join(parts[:k])
+        for i, (_, members) in enumerate(LAYERS):
+            if name in members:
+                return i
+    return None
+
+
+def layer_faults(edges):
+    faults = []
+    for m in sorted(edges):
+        lm = layer_of(m)
+        if lm is None:
+            faults.append(f"{m} is in no layer: add it to LAYERS in scripts/module-cycles.py")
+            continue
+        for t in sorted(edges[m]):
+            lt = layer_of(t)
+            if lt is not None and lt > lm:
+                faults.append(f"{m} ({LAYERS[lm][0]}) imports {t} ({LAYERS[lt][0]}), a layer above")
+    return faults
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "server/src"
     mods = modules(root)
     edges = edges_of(mods)
+    faults = layer_faults(edges)
+    for f in faults:
+        print(f)
     found = cycles(edges)
     for comp in found:
         print(f"import cycle among {len(comp)} modules of {root}: {', '.join(comp)}")
         for m in comp:
             inside = sorted(t for t in edges[m] if t in comp)
             print(f"  {m} -> {', '.join(inside)}")
-    if found:
+    if found or faults:
         sys.exit(1)
-    print(f"{len(mods)} modules of {root}, no import cycle")
+    print(f"{len(mods)} modules of {root} in {len(LAYERS)} layers, no import cycle, none from a layer above")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ use crate::error::StartError;
 use crate::executor::Executor;
 use crate::mesh::LocalFuture;
 use crate::metrics::ExecutorMetrics;
-use crate::{failure, mesh, writer};
+use crate::{failure, mesh, write};
 
 /// How long a snapshot waits for the log follower to cut the log: between two reads it
 /// does at once, and while Redis is away too; a follower that does not is stuck, and a
@@ -81,7 +81,7 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
         }
         None => (
             (0..ex.executors())
-                .map(|e| ex.queue_on(e, writer::export))
+                .map(|e| ex.queue_on(e, write::queue::export))
                 .collect(),
             None,
         ),
@@ -165,7 +165,7 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
 /// second time, it sees those updates applied.
 fn drain(on: &Rc<Executor>) -> mesh::LocalFuture<Result<(), failure::Failure>> {
     let flushes: Vec<_> = (0..on.executors())
-        .map(|e| on.queue_on(e, writer::flush))
+        .map(|e| on.queue_on(e, write::queue::flush))
         .collect();
     Box::pin(async move {
         for f in flushes {

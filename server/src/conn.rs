@@ -135,7 +135,7 @@ where
                 }
             };
             let query_read_at = matches!(msg, kvix_wire::MessageRef::Query(_))
-                .then(crate::writer::slices_at_turn_before_last);
+                .then(crate::write::apply::slices_at_turn_before_last);
             let reply = handle(&ex, &mut session, &frame.header, msg, frame.body);
             reader.consume(len);
             if session.hello {

@@ -5,7 +5,7 @@
 //! A query is answered here, from this copy, without leaving the executor. A write is
 //! done by the worker's home (`worker % executors`): its write queue turns it into an
 //! update, applies it in bounded slices and hands it to every other executor's queue;
-//! the reply goes out once every executor applied it (see [`crate::writer`]). Work for
+//! the reply goes out once every executor applied it (see [`crate::write`]). Work for
 //! another executor is a closure run there ([`Executor::on`]), in place when local.
 
 use std::cell::{RefCell, RefMut};
@@ -23,98 +23,15 @@ use kvix_wire::{ArchivedQuery, WorkerId};
 use crate::config::ExecutorSettings;
 use crate::durable::replica::{appender::Appender, Replica};
 use crate::durable::wal::Wal;
-use crate::durable::write::Write;
 use crate::failure::Failure;
 use crate::ingest::states::{IngestStates, LOST};
 use crate::ingest::Ingest;
 use crate::mesh::{LocalFuture, QueryScope};
 use crate::metrics::{ExecutorMetrics, Outcome};
+use crate::write::job::{answer, stopping, Queued, Written};
+use crate::write::record::Write;
 
 pub type Mesh = crate::mesh::Mesh<Executor>;
-
-/// What an executor's write queue runs, each after every one queued before it. The two
-/// kinds every write takes run inline in the queue's one task (no future allocated per
-/// write: docs/benchmarks.md §11); the rare kinds are futures of their own.
-pub enum Queued {
-    /// A write of a worker homed here (`writer::home_write`), answered on `reply` once
-    /// every executor applied it.
-    Home {
-        write: Write,
-        reply: oneshot::Sender<Result<crate::durable::write::Outcome, Failure>>,
-    },
-    /// An update another executor published; `tally` counts it applied.
-    Apply {
-        update: Arc<kvix_engine::Update>,
-        tally: Arc<Tally>,
-    },
-    /// Anything else (install, forget, expire, export, flush), made when queued (an
-    /// `async fn`'s future does nothing until polled).
-    Other(LocalFuture<()>),
-}
-
-/// The peers that have yet to apply a published update; the last one answers.
-pub struct Tally {
-    left: std::sync::atomic::AtomicUsize,
-    done: std::sync::Mutex<Option<oneshot::Sender<()>>>,
-}
-
-impl Tally {
-    /// A tally of `peers`, and what answers once all of them applied.
-    pub fn new(peers: usize) -> (Arc<Tally>, Acks) {
-        let (tx, rx) = oneshot::channel();
-        let tally = Tally {
-            left: std::sync::atomic::AtomicUsize::new(peers),
-            done: std::sync::Mutex::new(Some(tx)),
-        };
-        (Arc::new(tally), rx)
-    }
-
-    pub fn applied(&self) {
-        if self.left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
-            let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(tx) = done {
-                let _ = tx.send(());
-            }
-        }
-    }
-}
-
-/// Sends a queued write's `result` on `reply` now, or once `acks` resolve (beside the
-/// queue: it does not wait for the other executors).
-pub fn answer<R: 'static>(reply: oneshot::Sender<R>, Written { result, acks }: Written<R>) {
-    match acks {
-        None => drop(reply.send(result)),
-        Some(acks) => {
-            glommio::spawn_local(async move {
-                let _ = acks.await;
-                let _ = reply.send(result);
-            })
-            .detach();
-        }
-    }
-}
-
-/// Answered once every other executor applied a published update (a dropped sender: the
-/// process is stopping, nothing to wait for).
-pub type Acks = oneshot::Receiver<()>;
-
-/// What a queued write gives back: its result, due once `acks` resolve.
-pub struct Written<R> {
-    pub result: R,
-    pub acks: Option<Acks>,
-}
-
-impl<R> Written<R> {
-    /// A result due now (nothing was published).
-    pub fn now(result: R) -> Self {
-        Written { result, acks: None }
-    }
-}
-
-/// The failure a write sees when the process stopped under it.
-fn stopping() -> Failure {
-    Failure::Stopping
-}
 
 /// The process-wide services every executor reaches.
 #[derive(Clone)]
@@ -235,7 +152,7 @@ impl Executor {
     }
 
     /// The registry of names, on executor 0 (announces, retires and their checks are
-    /// routed there: [`crate::writer`]).
+    /// routed there: [`crate::write`]).
     pub fn registry(&self) -> RefMut<'_, Registry> {
         self.registry
             .as_ref()
@@ -326,7 +243,7 @@ impl Executor {
     pub fn queue_home(
         &self,
         write: Write,
-    ) -> LocalFuture<Result<crate::durable::write::Outcome, Failure>> {
+    ) -> LocalFuture<Result<crate::write::record::Outcome, Failure>> {
         let (reply, rx) = oneshot::channel();
         self.enqueue(Queued::Home { write, reply });
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err(stopping())) })

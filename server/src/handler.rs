@@ -10,12 +10,12 @@ use kvix_wire::{
     Welcome, BYTE_CHUNK,
 };
 
-use crate::durable::write::{Body as WriteBody, Outcome, Write};
 use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::mesh::LocalFuture;
 use crate::metrics::Rejected;
-use crate::writer::{route_write, Origin};
+use crate::write::{route_write, Origin};
+use crate::write::{Body as WriteBody, Outcome, Write};
 
 /// Longest worker name accepted (names are kept for the life of the server).
 pub const MAX_NAME: usize = 256;

@@ -3,8 +3,8 @@
 //! Data path, top to bottom: [`listener`] (sockets, [`steering`]) → [`conn`] (frames)
 //! → [`handler`] (messages) → [`executor`] (this core's copy of the engine) →
 //! `kvix_engine` → the answer frame back through [`conn`]. A query never leaves the
-//! executor that read it; every write ([`durable::write::Write`], whoever sent it) takes
-//! [`writer::route_write`] to its worker's home [`writer`] queue, which publishes it to
+//! executor that read it; every write ([`write::Write`], whoever sent it) takes
+//! [`write::route_write`] to its worker's home write queue ([`write`]), which publishes it to
 //! every executor over the [`mesh`].
 
 pub mod admit;
@@ -31,7 +31,7 @@ pub mod metrics;
 pub mod rlimit;
 pub mod steering;
 pub mod tls;
-pub mod writer;
+pub mod write;
 
 pub use config::Config;
 pub use lifecycle::{run, run_with};

@@ -38,7 +38,7 @@ pub struct ConnLimits {
     pub block_size: u32,
 }
 
-/// The index's and its writes' settings (writer.rs, queries, snapshots).
+/// The index's and its writes' settings (write/, queries, snapshots).
 #[derive(Debug, Clone, Copy)]
 pub struct IndexSettings {
     /// Tokens per keyspace block.

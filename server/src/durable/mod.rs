@@ -6,4 +6,3 @@
 pub mod replica;
 pub mod snapshot;
 pub mod wal;
-pub mod write;

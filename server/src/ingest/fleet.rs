@@ -30,7 +30,7 @@ use kvix_wire::{EventSource, Feed, Lane, LaneKind, WorkerId};
 
 use super::bound::rank_endpoint;
 use super::METRICS;
-use crate::durable::write::Write;
+use crate::write::record::Write;
 
 /// One worker the file declares.
 #[derive(Debug, Clone, PartialEq, Eq)]

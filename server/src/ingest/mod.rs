@@ -4,7 +4,7 @@
 //! The path of one batch: [`pool`] (a bounded set of plain threads, each polling many
 //! [`socket`] subscriptions) → [`stream`] (sequence, replay, restart detection; the
 //! payload decoded by [`payload`]) → the worker's home executor over a bounded channel
-//! (`writer::serve_deliveries`, then `writer::route_write`) → its write queue, where
+//! (`write::inbox::serve_deliveries`, then `write::route_write`) → its write queue, where
 //! [`states`] translates the engine events ([`translate`]) and the engine's feed turns them into block operations for every
 //! executor, like any other write. Nothing goes through the network to the server
 //! itself, and an ingest fault never takes an executor down.
@@ -146,7 +146,7 @@ pub fn check_hosts(
 /// The process's ingest: its threads, the executors' inboxes, the sources subscribed.
 pub struct Ingest {
     pool: Pool,
-    inboxes: Mutex<Vec<Option<mpsc::Receiver<crate::durable::write::Write>>>>,
+    inboxes: Mutex<Vec<Option<mpsc::Receiver<crate::write::record::Write>>>>,
     /// Every subscribed source by worker (executor 0 announces and retires; snapshots).
     sources: fleet::Sources,
     max_sources: usize,
@@ -219,7 +219,7 @@ impl Ingest {
     }
 
     /// Executor `me`'s end of its inbox (once).
-    pub fn take_inbox(&self, me: usize) -> Option<mpsc::Receiver<crate::durable::write::Write>> {
+    pub fn take_inbox(&self, me: usize) -> Option<mpsc::Receiver<crate::write::record::Write>> {
         self.inboxes.lock().ok()?.get_mut(me)?.take()
     }
 

@@ -21,8 +21,8 @@ use super::bound::{self, BindSpec, Bound, Frame};
 use super::context::{Context, SOCKETS_PER_SOURCE};
 use super::socket::{Backoff, Link, ReplayCall, Subscription};
 use super::{SourceSpec, METRICS};
-use crate::durable::write::Write;
 use crate::loud::count_loudly;
+use crate::write::record::Write;
 use kvix_events::stream::{Ask, Delivery, LastBatch, Stream, Tally};
 
 /// How long a thread waits in `zmq_poll` before it looks at its commands again.

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::METRICS;
-use crate::durable::write::Write;
+use crate::write::record::Write;
 use kvix_events::payload::EngineEvent;
 use kvix_events::stream::LastBatch;
 use kvix_events::translate::{Counts, Group, Translator, TranslatorImage};

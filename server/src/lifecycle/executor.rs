@@ -18,7 +18,7 @@ use crate::durable::replica;
 use crate::error::StartError;
 use crate::executor::Executor;
 use crate::metrics::ExecutorMetrics;
-use crate::{admit, http, listener, mesh, writer};
+use crate::{admit, http, listener, mesh, write};
 
 /// The executor's two task queues: connections (queries) before writes, with ten
 /// times the write queue's shares (long writes yield between slices). Neither is
@@ -102,10 +102,16 @@ async fn wire(
             .map(glommio::Task::detach)
             .map_err(StartError::spawn(what))
     };
-    spawn("the write queue", Box::pin(writer::run(ex.clone(), queue)))?;
+    spawn(
+        "the write queue",
+        Box::pin(write::queue::run(ex.clone(), queue)),
+    )?;
     let log_inbox = shared.log_inboxes.lock().unwrap_or_else(|p| p.into_inner())[me].take();
     if let (Some(rx), Some(r)) = (log_inbox, ex.replica()) {
-        spawn("the log inbox", Box::pin(writer::serve_log(ex.clone(), rx)))?;
+        spawn(
+            "the log inbox",
+            Box::pin(write::inbox::serve_log(ex.clone(), rx)),
+        )?;
         // The follower runs on executor 0: its barriers (announces, retires) are applied
         // there, in place.
         if let Some(follow) = (me == 0).then(|| r.take_follow()).flatten() {
@@ -114,7 +120,7 @@ async fn wire(
         }
     }
     if let Some(deliveries) = shared.services.ingest.take_inbox(me) {
-        let inbox = writer::serve_deliveries(ex.clone(), deliveries);
+        let inbox = write::inbox::serve_deliveries(ex.clone(), deliveries);
         spawn("the ingest inbox", Box::pin(inbox))?;
     }
     Ok(ex)
@@ -201,7 +207,7 @@ async fn tick(ex: &Rc<Executor>, shared: &Shared) {
         glommio::timer::sleep(Duration::from_millis(50)).await;
         ticks += 1;
         if ticks.is_multiple_of(20) {
-            drop(ex.queue(writer::expire));
+            drop(ex.queue(write::queue::expire));
         }
         if ex.me() == 0 && snapshot_ticks > 0 && ticks.is_multiple_of(snapshot_ticks) {
             // A failure is counted and logged; the next period tries again.

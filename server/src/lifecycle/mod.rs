@@ -15,12 +15,13 @@ use std::sync::Arc;
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::config::Config;
-use crate::durable::{replica, snapshot, write};
+use crate::durable::{replica, snapshot};
 use crate::error::StartError;
 use crate::executor::{Executor, Services};
 use crate::ingest::Ingest;
 use crate::listener::TcpGroup;
 use crate::metrics::ExecutorMetrics;
+use crate::write;
 use crate::{admit, ingest, listener, mesh, rlimit};
 
 mod cpus;

@@ -11,11 +11,12 @@ use kvix_engine::{Core, Registry};
 
 use super::Shared;
 use crate::config::Config;
-use crate::durable::{replica, snapshot, wal, write::Write};
+use crate::durable::{replica, snapshot, wal};
 use crate::error::StartError;
 use crate::executor::Executor;
 use crate::ingest::states::IngestStates;
-use crate::writer;
+use crate::write;
+use crate::write::Write;
 
 /// What the process read before its executors start.
 pub struct Loaded {
@@ -185,7 +186,7 @@ const REPLAY_WINDOW: usize = 4096;
 const REPLAY_BATCH: usize = 256;
 
 /// Applies the log's records in their order. Records of workers homed on one executor
-/// go to it in batches ([`writer::home_writes`]: one update, one publish per batch), in
+/// go to it in batches ([`write::feed::home_writes`]: one update, one publish per batch), in
 /// their order, so writes of one worker keep their order without waiting on each other;
 /// only announces and retires (which number workers and change every executor's
 /// roster) wait for everything before them and are awaited themselves.
@@ -194,7 +195,7 @@ async fn replay(ex: &Rc<Executor>, records: Vec<Write>) {
     let mut pending = Vec::new();
     let mut queued = 0;
     let send = |home: usize, batch: Vec<Write>, pending: &mut Vec<_>| {
-        pending.push(ex.queue_on(home, move |on| writer::home_writes(on, batch)));
+        pending.push(ex.queue_on(home, move |on| write::feed::home_writes(on, batch)));
     };
     for mut r in records {
         if r.changes_roster() || queued >= REPLAY_WINDOW {
@@ -209,7 +210,7 @@ async fn replay(ex: &Rc<Executor>, records: Vec<Write>) {
             queued = 0;
         }
         if r.changes_roster() {
-            let _ = writer::route_write(ex, r, writer::Origin::Logged).await;
+            let _ = write::route_write(ex, r, write::Origin::Logged).await;
             continue;
         }
         // A record that does not read was refused when it was first taken too.

@@ -12,8 +12,8 @@ use futures::StreamExt;
 
 use super::resp::Resp;
 use super::Replica;
-use crate::durable::write::{Outcome, Write};
 use crate::failure::Failure;
+use crate::write::record::{Outcome, Write};
 
 /// One record to append, and the token its reply waits under.
 struct Append {

@@ -19,7 +19,7 @@ use super::{
     fleet_key, generation_key, id_key, positions_key, snapshot_key, Follow, LogJob, Mark, Replica,
     Stopped,
 };
-use crate::durable::write::Write;
+use crate::write::record::Write;
 
 /// Entries read per round trip, and how long one read waits for new ones.
 const COUNT: usize = 256;

@@ -37,10 +37,10 @@ use std::time::Duration;
 use futures::channel::{mpsc, oneshot};
 
 use crate::durable::snapshot::Part;
-use crate::durable::write::{Outcome, Write};
 use crate::exposition::Exposition;
 use crate::exposition::Kind::Gauge;
 use crate::failure::Failure;
+use crate::write::record::{Outcome, Write};
 
 pub use link::{Link, LogServer};
 

@@ -37,7 +37,7 @@ use std::time::Duration;
 use futures::channel::oneshot;
 use rkyv::rancor;
 
-use crate::durable::write::Write;
+use crate::write::record::Write;
 use format::Field;
 
 #[derive(Debug, thiserror::Error)]

@@ -10,7 +10,7 @@ use rkyv::rancor;
 
 use super::format::{self, End, Field};
 use super::{io, Recover, WalError};
-use crate::durable::write::Write;
+use crate::write::record::Write;
 
 /// One generation's file as read.
 struct Surveyed {

@@ -1,6 +1,6 @@
 //! A write, as the server accepts it and the logs keep it: the one type the protocol
 //! handler, the write-ahead log's replay, the replicated log and the engine-event ingest
-//! hand to [`crate::writer::route_write`], and what `--wal` and `--log` store (rkyv).
+//! hand to [`crate::write::route_write`], and what `--wal` and `--log` store (rkyv).
 
 use kvix_wire::{AlignedVec, Announced, Applied, EventSource, Feed, Lane, WorkerId};
 use rkyv::rancor::Fallible;
