@@ -134,7 +134,7 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
             }
         }
         if let (Some(r), Some(at)) = (replica, cut_at) {
-            match replica::follower::publish_snapshot(&r, &bytes, &at.position) {
+            match replica::store::publish_snapshot(&r, &bytes, &at.position) {
                 Ok(()) => {
                     r.metrics.stored.fetch_add(1, Ordering::Relaxed);
                 }

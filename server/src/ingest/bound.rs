@@ -28,6 +28,10 @@ use super::context::{Context, Kind};
 pub use super::socket::Frame;
 use super::socket::MAX_FRAME;
 
+pub mod topic;
+
+pub use topic::{BadTopic, TopicTemplate};
+
 /// The source endpoint form of a bound stream.
 pub const SCHEME: &str = "bound://";
 
@@ -40,96 +44,6 @@ const ANNOUNCE_AGAIN: Duration = Duration::from_secs(10);
 /// and this many payload bytes in all.
 const EARLY_PER_STREAM: usize = 1024;
 const EARLY_BYTES: usize = 64 << 20;
-
-/// `--events-topic`: literal text around `{host}` and `{model}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopicTemplate {
-    parts: Vec<Part>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Text(String),
-    Host,
-    Model,
-}
-
-/// An `--events-topic` that is not a template of the engines' topics.
-#[derive(Debug, thiserror::Error)]
-pub enum BadTopic {
-    #[error("{template:?}: {{host}} and {{model}} need text between them")]
-    Adjacent { template: String },
-    #[error("{template:?}: needs {tag} exactly once (like kv@{{host}}@{{model}})")]
-    Count { template: String, tag: &'static str },
-}
-
-impl std::str::FromStr for TopicTemplate {
-    type Err = BadTopic;
-
-    fn from_str(template: &str) -> Result<Self, BadTopic> {
-        let mut parts = Vec::new();
-        let mut rest = template;
-        while !rest.is_empty() {
-            let next = [("{host}", Part::Host), ("{model}", Part::Model)]
-                .into_iter()
-                .filter_map(|(tag, part)| rest.find(tag).map(|at| (at, tag, part)))
-                .min_by_key(|(at, _, _)| *at);
-            match next {
-                Some((at, tag, part)) => {
-                    if at > 0 {
-                        parts.push(Part::Text(rest[..at].to_string()));
-                    } else if matches!(parts.last(), Some(Part::Host | Part::Model)) {
-                        let template = template.to_string();
-                        return Err(BadTopic::Adjacent { template });
-                    }
-                    parts.push(part);
-                    rest = &rest[at + tag.len()..];
-                }
-                None => {
-                    parts.push(Part::Text(rest.to_string()));
-                    rest = "";
-                }
-            }
-        }
-        for (part, tag) in [(Part::Host, "{host}"), (Part::Model, "{model}")] {
-            if parts.iter().filter(|p| **p == part).count() != 1 {
-                let template = template.to_string();
-                return Err(BadTopic::Count { template, tag });
-            }
-        }
-        Ok(TopicTemplate { parts })
-    }
-}
-
-impl TopicTemplate {
-    /// The host and model a topic names, if it has the template's form: each field ends
-    /// at the first occurrence of the text after it (the last one takes the rest).
-    pub fn parse(&self, topic: &str) -> Option<(String, String)> {
-        let (mut host, mut model, mut rest) = (None, None, topic);
-        for (i, part) in self.parts.iter().enumerate() {
-            match part {
-                Part::Text(t) => rest = rest.strip_prefix(t.as_str())?,
-                field => {
-                    let end = match self.parts.get(i + 1) {
-                        Some(Part::Text(t)) => rest.find(t.as_str())?,
-                        _ => rest.len(),
-                    };
-                    let value = &rest[..end];
-                    if value.is_empty() {
-                        return None;
-                    }
-                    match field {
-                        Part::Host => host = Some(value.to_string()),
-                        _ => model = Some(value.to_string()),
-                    }
-                    rest = &rest[end..];
-                }
-            }
-        }
-        rest.is_empty().then_some(())?;
-        Some((host?, model?))
-    }
-}
 
 /// Rank `rank`'s endpoint of an engine configured with `base`, as vLLM and SGLang offset
 /// it (`offset_endpoint_port`): the tcp port plus the rank, `_dp<rank>` after an ipc path.
@@ -472,74 +386,4 @@ fn peer_address(fd: i32) -> Option<IpAddr> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn topics_parse_by_the_template_and_others_do_not() {
-        let t: TopicTemplate = "kv@{host}@{model}".parse().unwrap();
-        assert_eq!(
-            t.parse("kv@10.0.0.5@meta-llama/Llama-3.1-8B"),
-            Some(("10.0.0.5".into(), "meta-llama/Llama-3.1-8B".into()))
-        );
-        assert_eq!(
-            t.parse("kv@pod-a@m@x"),
-            Some(("pod-a".into(), "m@x".into()))
-        );
-        for bad in ["", "kv", "kv@", "kv@@m", "kv@h@", "xv@h@m"] {
-            assert_eq!(t.parse(bad), None, "{bad:?}");
-        }
-        let t: TopicTemplate = "{model}|{host}".parse().unwrap();
-        assert_eq!(t.parse("m|h"), Some(("h".into(), "m".into())));
-        for bad in [
-            "kv@{host}",
-            "{model}",
-            "{host}{model}",
-            "{host}@{host}@{model}",
-        ] {
-            assert!(bad.parse::<TopicTemplate>().is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn ranks_offset_endpoints_as_the_engines_do() {
-        assert_eq!(rank_endpoint("tcp://*:5557", 0).unwrap(), "tcp://*:5557");
-        assert_eq!(rank_endpoint("tcp://*:5557", 3).unwrap(), "tcp://*:5560");
-        assert_eq!(
-            rank_endpoint("ipc:///tmp/kv", 2).unwrap(),
-            "ipc:///tmp/kv_dp2"
-        );
-        assert!(rank_endpoint("tcp://*:65535", 1).is_err());
-        assert!(rank_endpoint("tcp://*", 1).is_err());
-    }
-
-    #[test]
-    fn a_discovered_engine_is_named_by_its_host_and_rank() {
-        let spec = BindSpec {
-            endpoints: vec!["tcp://*:5557".into(), "tcp://*:5558".into()],
-            topic: "kv@{host}@{model}".parse().unwrap(),
-            replay_port: Some(5600),
-            lanes: vec![kvix_wire::Lane::full(16)],
-            grace: Duration::from_secs(60),
-        };
-        let d = spec.discover(1, "kv@10.0.0.5@m").unwrap();
-        assert_eq!(d.name, "10.0.0.5/dp1");
-        assert_eq!(d.source.endpoint, "bound://1/kv@10.0.0.5@m");
-        assert_eq!(d.source.replay, "tcp://10.0.0.5:5601");
-        assert_eq!(d.source.model, "m");
-        assert_eq!(
-            parse_source_endpoint(&d.source.endpoint),
-            Some((1, "kv@10.0.0.5@m"))
-        );
-        assert_eq!(
-            spec.discover(0, "kv@fd00::1@m").unwrap().source.replay,
-            "tcp://[fd00::1]:5600"
-        );
-        assert_eq!(
-            spec.peer_of("kv@10.0.0.5@m"),
-            Some("10.0.0.5".parse().unwrap())
-        );
-        assert_eq!(spec.peer_of("kv@pod-a@m"), None);
-        assert_eq!(spec.discover(0, "other"), None);
-    }
-}
+mod tests;

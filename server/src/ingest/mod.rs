@@ -13,10 +13,16 @@ pub mod bound;
 mod context;
 pub mod fleet;
 
-use kvix_events::{payload, stream, translate};
+use kvix_events::stream;
+pub mod metrics;
 pub mod pool;
 pub mod socket;
+pub mod sources;
 pub mod states;
+
+pub use metrics::{render, METRICS};
+use sources::check_endpoint;
+pub use sources::{check_hosts, SourceError};
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -24,7 +30,6 @@ use std::sync::{Arc, Mutex};
 use futures::channel::mpsc;
 use kvix_wire::{EventSource, Feed, WorkerId};
 
-use crate::exposition::Exposition;
 use pool::{Pool, StreamSpec};
 
 /// Deliveries queued per executor before the ingest threads wait.
@@ -53,96 +58,6 @@ impl From<&EventSource> for SourceSpec {
 }
 
 /// Why an event source is refused at announce.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SourceError {
-    #[error(
-        "event source endpoint {0:?}: expected tcp://HOST:PORT or ipc://PATH (at most 107 bytes)"
-    )]
-    Endpoint(String),
-    #[error("event source endpoint {0:?}: connect to the engine's address, not a wildcard (the engine binds tcp://*:PORT; name its host here)")]
-    Wildcard(String),
-    #[error("an event source needs the Events feed")]
-    Feed,
-    #[error("{max} event sources are subscribed already (--max-sources)")]
-    TooMany { max: usize },
-    #[error("event source endpoint {endpoint:?}: {addr} is outside --source-allow")]
-    NotAllowed { endpoint: String, addr: String },
-    #[error("event source endpoint {endpoint:?}: {why}")]
-    Unresolved { endpoint: String, why: String },
-    #[error("event source endpoint {0:?}: this server binds no --events-bind socket for that rank (bound://RANK/TOPIC)")]
-    NotBound(String),
-    #[error("a bound source may not take over {0:?}: that worker has another source, or none (retire it first)")]
-    NameTaken(String),
-}
-
-/// Checks an endpoint the way libzmq will use it to connect, or a `bound://` one against
-/// the ranks this server binds.
-fn check_endpoint(ep: &str, bound_ranks: usize) -> Result<(), SourceError> {
-    if ep.starts_with(bound::SCHEME) {
-        return match bound::parse_source_endpoint(ep) {
-            Some((rank, topic)) if rank < bound_ranks && !topic.is_empty() => Ok(()),
-            _ => Err(SourceError::NotBound(ep.to_string())),
-        };
-    }
-    let bad = || SourceError::Endpoint(ep.to_string());
-    if let Some(path) = ep.strip_prefix("ipc://") {
-        // A Unix socket path holds at most 107 bytes (sun_path).
-        return if path.is_empty() || path.len() > 107 {
-            Err(bad())
-        } else {
-            Ok(())
-        };
-    }
-    let rest = ep.strip_prefix("tcp://").ok_or_else(bad)?;
-    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
-    if host == "*" || host == "0.0.0.0" || host == "[::]" {
-        return Err(SourceError::Wildcard(ep.to_string()));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 && !host.is_empty() => Ok(()),
-        _ => Err(bad()),
-    }
-}
-
-/// Checks that every address a tcp endpoint names (or resolves to) is in `allow` (None:
-/// any). Blocking: it may ask the resolver.
-pub fn check_hosts(
-    source: &EventSource,
-    allow: Option<&[ipnet::IpNet]>,
-) -> Result<(), SourceError> {
-    use std::net::ToSocketAddrs;
-    let Some(allow) = allow else { return Ok(()) };
-    for ep in [&source.endpoint, &source.replay] {
-        let Some(rest) = ep.strip_prefix("tcp://") else {
-            continue;
-        };
-        let (host, port) = rest.rsplit_once(':').unwrap_or((rest, "0"));
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let port: u16 = port.parse().unwrap_or(0);
-        let addrs: Vec<std::net::IpAddr> = match host.parse() {
-            Ok(ip) => vec![ip],
-            Err(_) => (host, port)
-                .to_socket_addrs()
-                .map_err(|e| SourceError::Unresolved {
-                    endpoint: ep.clone(),
-                    why: e.to_string(),
-                })?
-                .map(|a| a.ip())
-                .collect(),
-        };
-        if let Some(bad) = addrs
-            .iter()
-            .find(|ip| !allow.iter().any(|n| n.contains(*ip)))
-        {
-            return Err(SourceError::NotAllowed {
-                endpoint: ep.clone(),
-                addr: bad.to_string(),
-            });
-        }
-    }
-    Ok(())
-}
-
 /// The process's ingest: its threads, the executors' inboxes, the sources subscribed.
 pub struct Ingest {
     pool: Pool,
@@ -440,121 +355,6 @@ impl Ingest {
     }
 }
 
-crate::metric_set! {
-    /// Process-wide ingest counters (the ingest threads and the executors add to them).
-    /// docs/operations.md ("Is the stream healthy?") says what each means.
-    pub struct Metrics {
-        /// Live messages received from publishers.
-        messages: Counter Sum "kvix_ingest_messages_total",
-        /// Event batches delivered to their worker's home (live or replayed).
-        applied: Counter Sum "kvix_ingest_batches_applied_total",
-        /// Messages or payloads that could not be decoded (skipped whole).
-        malformed: Counter Sum "kvix_ingest_malformed_total",
-        /// Publisher sequence gaps seen (filled by a replay where the publisher has one).
-        gaps: Counter Sum "kvix_ingest_gaps_total",
-        /// Event batches recovered from a replay socket.
-        replayed: Counter Sum "kvix_ingest_replayed_total",
-        /// Replays that got no answer or did not finish (retried later).
-        replay_failures: Counter Sum "kvix_ingest_replay_failures_total",
-        /// Replays that came back with replies missing (asked again from the hole).
-        replay_holes: Counter Sum "kvix_ingest_replay_holes_total",
-        /// New publisher processes detected: the worker cleared and rebuilt from replay.
-        restarts: Counter Sum "kvix_ingest_restarts_total",
-        /// Batches already applied (seen again live after a replay).
-        duplicates: Counter Sum "kvix_ingest_duplicates_total",
-        /// Engine events skipped, by reason.
-        skipped: Counter Sum "kvix_ingest_skipped_events_total" by "reason" (&translate::SKIP_LABELS),
-        /// Engine blocks stored, by medium.
-        stored: Counter Sum "kvix_ingest_blocks_stored_total" by "medium" (&payload::Medium::LABELS),
-        /// Engine blocks removed, by medium.
-        removed: Counter Sum "kvix_ingest_blocks_removed_total" by "medium" (&payload::Medium::LABELS),
-        /// Keyspace blocks stored or removed by ingested batches.
-        block_events: Counter Sum "kvix_ingest_block_events_total",
-        /// Removed blocks the stream never saw stored.
-        unknown_removals: Counter Sum "kvix_ingest_unknown_removals_total",
-        /// Stores whose blocks carry extra keys (multimodal items, prompt embeddings).
-        extra_keys: Counter Sum "kvix_ingest_extra_keys_total",
-        /// Stores starting a prompt with a cache salt (filed under the salt's keyspace).
-        salted: Counter Sum "kvix_ingest_salted_total",
-        /// Translated batches the worker's feed refused (a bug if it shows up).
-        refused: Counter Sum "kvix_ingest_refused_total",
-        /// Translated stores not indexed because the index held --max-blocks blocks.
-        dropped_full: Counter Sum "kvix_ingest_stores_dropped_full_total",
-        /// Messages on --events-bind whose topic has not the --events-topic form.
-        unknown_topics: Counter Sum "kvix_ingest_unknown_topics_total",
-        /// Messages on --events-bind dropped past what their stream may hold unread.
-        inbox_dropped: Counter Sum "kvix_ingest_inbox_dropped_total",
-        /// Engine-fed workers whose history is lost (batches went by unapplied).
-        history_lost: Gauge Sum "kvix_ingest_workers_history_lost",
-        /// Times the --engines file was applied (at start and at each SIGHUP).
-        fleet_applies: Counter Sum "kvix_fleet_file_applies_total",
-        /// Times the --engines file did not read (nothing changed).
-        fleet_errors: Counter Sum "kvix_fleet_file_errors_total",
-        /// Workers the --engines file declares, as last applied.
-        fleet_workers: Gauge Sum "kvix_fleet_file_workers",
-        /// Announces sent for engines first heard of on --events-bind.
-        engines_announced: Counter Sum "kvix_ingest_engines_announced_total",
-        /// Bound workers retired because their engine had no connection for --events-grace.
-        engines_gone: Counter Sum "kvix_ingest_engines_gone_total",
-        /// Announces of engines first heard of on --events-bind that were refused.
-        discovery_refused: Counter Sum "kvix_ingest_engines_refused_total",
-        /// Deliveries for workers retired or re-announced while on their way.
-        orphaned: Counter Sum "kvix_ingest_orphaned_total",
-        /// Deliveries read under an ingest lease another replica has taken since.
-        fenced: Counter Sum "kvix_ingest_fenced_total",
-        /// Deliveries that do not continue the last batch applied from their stream.
-        out_of_step: Counter Sum "kvix_ingest_out_of_step_total",
-        /// Streams started again from the last batch applied.
-        rewinds: Counter Sum "kvix_ingest_rewinds_total",
-        /// Subscriptions that could not be opened.
-        connect_failures: Counter Sum "kvix_ingest_connect_failures_total",
-        /// Publishers currently connected.
-        connected: Gauge Sum "kvix_ingest_publishers_connected",
-        /// Event sources subscribed.
-        sources: Gauge Sum "kvix_ingest_sources",
-        /// Ingest threads (--ingest-threads).
-        threads: Gauge Sum "kvix_ingest_threads",
-        /// Replays asked for and not yet ended.
-        replays_in_flight: Gauge Sum "kvix_ingest_replays_in_flight",
-        /// Replays waiting for one in flight on their thread to end.
-        replays_queued: Gauge Sum "kvix_ingest_replays_queued",
-    }
-}
-
-pub static METRICS: Metrics = Metrics::new();
-
-impl Metrics {
-    pub fn record(&self, c: &translate::Counts) {
-        for (a, n) in self.skipped.iter().zip(c.skipped) {
-            a.fetch_add(n, Relaxed);
-        }
-        for (a, n) in self.stored.iter().zip(c.stored) {
-            a.fetch_add(n, Relaxed);
-        }
-        for (a, n) in self.removed.iter().zip(c.removed) {
-            a.fetch_add(n, Relaxed);
-        }
-        self.unknown_removals.fetch_add(c.unknown_removals, Relaxed);
-        self.extra_keys.fetch_add(c.extra_keys, Relaxed);
-        self.salted.fetch_add(c.salted, Relaxed);
-    }
-
-    pub fn tally(&self, t: &stream::Tally) {
-        self.applied.fetch_add(t.applied, Relaxed);
-        self.duplicates.fetch_add(t.duplicates, Relaxed);
-        self.gaps.fetch_add(t.gaps, Relaxed);
-        self.replayed.fetch_add(t.replayed, Relaxed);
-        self.replay_failures.fetch_add(t.replay_failures, Relaxed);
-        self.replay_holes.fetch_add(t.holes, Relaxed);
-        self.restarts.fetch_add(t.restarts, Relaxed);
-        self.malformed.fetch_add(t.malformed, Relaxed);
-    }
-
-    pub fn block_events(&self, n: u64) {
-        self.block_events.fetch_add(n, Relaxed);
-    }
-}
-
 /// The subscription of `worker`'s source, its stream resuming after `last`.
 fn stream_spec(
     worker: WorkerId,
@@ -571,82 +371,5 @@ fn stream_spec(
     }
 }
 
-/// Appends the ingest metrics in Prometheus text format.
-pub fn render(out: &mut Exposition) {
-    out.families(Metrics::FAMILIES, std::slice::from_ref(&METRICS));
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hosts_outside_the_allowed_networks_are_refused() {
-        let allow: Vec<ipnet::IpNet> = vec![
-            "127.0.0.0/8".parse().unwrap(),
-            "10.0.0.0/8".parse().unwrap(),
-        ];
-        let src = |ep: &str, replay: &str| EventSource {
-            endpoint: ep.into(),
-            replay: replay.into(),
-            model: String::new(),
-            salt: String::new(),
-        };
-        let ok = |ep, replay| check_hosts(&src(ep, replay), Some(&allow[..]));
-        assert_eq!(ok("tcp://127.0.0.1:5", "tcp://10.1.2.3:6"), Ok(()));
-        assert_eq!(ok("ipc:///tmp/x", ""), Ok(()));
-        assert_eq!(ok("tcp://localhost:5", ""), Ok(()));
-        assert!(matches!(
-            ok("tcp://8.8.8.8:5", ""),
-            Err(SourceError::NotAllowed { .. })
-        ));
-        assert!(matches!(
-            ok("tcp://127.0.0.1:5", "tcp://[2001:db8::1]:6"),
-            Err(SourceError::NotAllowed { .. })
-        ));
-        assert_eq!(check_hosts(&src("tcp://8.8.8.8:5", ""), None), Ok(()));
-    }
-
-    #[test]
-    fn endpoints_are_checked_as_libzmq_connects_to_them() {
-        for ok in [
-            "tcp://127.0.0.1:5557",
-            "tcp://[::1]:5557",
-            "tcp://engine-0:1",
-            "ipc:///tmp/kv.sock",
-        ] {
-            assert_eq!(check_endpoint(ok, 0), Ok(()), "{ok}");
-        }
-        for bad in [
-            "",
-            "tcp://127.0.0.1",
-            "tcp://:5557",
-            "tcp://h:0",
-            "tcp://h:x",
-            "udp://h:1",
-            "ipc://",
-            "inproc://kv",
-            &format!("ipc:///{}", "x".repeat(120)),
-        ] {
-            assert!(
-                matches!(check_endpoint(bad, 0), Err(SourceError::Endpoint(_))),
-                "{bad}"
-            );
-        }
-        assert!(matches!(
-            check_endpoint("tcp://*:5557", 0),
-            Err(SourceError::Wildcard(_))
-        ));
-        assert_eq!(check_endpoint("bound://1/kv@h@m", 2), Ok(()));
-        for bad in ["bound://2/kv@h@m", "bound://0/", "bound://x/t", "bound://0"] {
-            assert!(
-                matches!(check_endpoint(bad, 2), Err(SourceError::NotBound(_))),
-                "{bad}"
-            );
-        }
-        assert!(matches!(
-            check_endpoint("bound://0/kv@h@m", 0),
-            Err(SourceError::NotBound(_))
-        ));
-    }
-}
+mod tests;

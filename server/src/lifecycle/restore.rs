@@ -45,7 +45,7 @@ pub fn load(config: &Config) -> Result<Loaded, StartError> {
     let mut generation = String::new();
     if let Some(log) = &config.durability.log {
         let fleet = format!("fleet {:?}, --block-size {block}", config.durability.fleet);
-        let start = replica::follower::fetch_start(&log.server, &log.key, &fleet)?;
+        let start = replica::store::fetch_start(&log.server, &log.key, &fleet)?;
         generation = start.generation;
         image = image.filter(|mine| of_this_log(config, mine, &generation));
         // A replica without its own snapshot (new, or too far behind a trimmed stream)

@@ -20,11 +20,15 @@
 //! Snapshots carry the stream position they cover and are also stored in Redis
 //! (`KEY:snapshot`), so a new replica starts from the newest one and replays the stream
 //! from there; the stream is trimmed below the oldest position still needed
-//! ([`follower::trim`]). Engine event streams are ingested by one replica each, under a
+//! ([`store::trim`]). Engine event streams are ingested by one replica each, under a
 //! lease ([`lease`]) whose epoch fences a deposed holder's late appends.
 
 pub mod appender;
 pub mod follower;
+pub mod store;
+pub mod url;
+
+pub use url::{BadLogUrl, LogUrl};
 pub mod lease;
 pub mod link;
 pub mod resp;
@@ -46,64 +50,6 @@ pub use link::{Link, LogServer};
 
 /// How long a Redis command may take before the link counts as down.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Where the log is: `redis://HOST:PORT/KEY`, or `redis+sentinel://S1:P1[,S2:P2...]/MASTER/KEY`
-/// to follow the primary Redis Sentinel names MASTER.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogUrl {
-    pub server: LogServer,
-    pub key: String,
-}
-
-/// A `--log` that names no stream: the URL is shown with its password hidden.
-#[derive(Debug, thiserror::Error)]
-#[error("--log {shown:?}: {why} (expected redis://HOST:PORT/KEY or redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER/KEY)")]
-pub struct BadLogUrl {
-    shown: String,
-    why: &'static str,
-}
-
-impl std::str::FromStr for LogUrl {
-    type Err = BadLogUrl;
-
-    fn from_str(s: &str) -> Result<Self, BadLogUrl> {
-        let bad = |why| BadLogUrl {
-            shown: link::redact(s),
-            why,
-        };
-        if let Some(rest) = s.strip_prefix("redis://") {
-            let (host, key) = rest
-                .split_once('/')
-                .filter(|(h, k)| !h.is_empty() && !k.is_empty())
-                .ok_or_else(|| bad("a stream key must follow the address"))?;
-            return Ok(LogUrl {
-                server: LogServer::Direct(format!("redis://{host}")),
-                key: key.to_string(),
-            });
-        }
-        let rest = s
-            .strip_prefix("redis+sentinel://")
-            .ok_or_else(|| bad("unknown scheme"))?;
-        let mut parts = rest.splitn(3, '/');
-        let (hosts, master, key) = (parts.next(), parts.next(), parts.next());
-        let (Some(hosts), Some(master), Some(key)) = (hosts, master, key) else {
-            return Err(bad(
-                "sentinels, the master's name and a stream key are needed",
-            ));
-        };
-        let hosts: Vec<&str> = hosts.split(',').map(str::trim).collect();
-        if hosts.iter().any(|h| h.is_empty()) || master.is_empty() || key.is_empty() {
-            return Err(bad("empty sentinel address, master name or key"));
-        }
-        Ok(LogUrl {
-            server: LogServer::Sentinel {
-                sentinels: hosts.iter().map(|h| format!("redis://{h}")).collect(),
-                master: master.to_string(),
-            },
-            key: key.to_string(),
-        })
-    }
-}
 
 pub type Waiter = oneshot::Sender<Result<Outcome, Failure>>;
 
@@ -430,73 +376,4 @@ pub fn id_key(id: &str) -> (u64, u64) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A replica that stops following its log answers the writes waiting to be read
-    /// back (they waited for ever), and refuses the next before it is appended.
-    #[test]
-    fn stopping_to_follow_answers_the_writes_waiting() {
-        use futures::FutureExt;
-        let url: LogUrl = "redis://127.0.0.1:1/kvix".parse().unwrap();
-        let r = Replica::new(url, "g".into(), "0-0".into(), Vec::new()).unwrap();
-        let (tx, mut waiting) = oneshot::channel();
-        assert!(r.expect(tx).is_some());
-        assert!(waiting.try_recv().unwrap().is_none());
-        r.stop_following(Stopped::Unreadable, "a record it cannot read".into());
-        let answered = waiting.now_or_never().expect("answered").expect("sent");
-        assert!(
-            matches!(answered, Err(Failure::LogUnavailable(why)) if why.contains("cannot read"))
-        );
-        let (tx, later) = oneshot::channel();
-        assert!(r.expect(tx).is_none(), "appended after the stop");
-        let refused = later.now_or_never().expect("answered").expect("sent");
-        assert!(matches!(refused, Err(Failure::LogUnavailable(_))));
-    }
-
-    #[test]
-    fn log_urls_name_a_server_and_a_key() {
-        let u: LogUrl = "redis://127.0.0.1:6379/kvix".parse().unwrap();
-        assert_eq!(u.server, LogServer::Direct("redis://127.0.0.1:6379".into()));
-        assert_eq!(u.key, "kvix");
-        let s: LogUrl = "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/logmaster/kvix"
-            .parse()
-            .unwrap();
-        assert_eq!(
-            s.server,
-            LogServer::Sentinel {
-                sentinels: vec![
-                    "redis://10.0.0.1:26379".into(),
-                    "redis://10.0.0.2:26379".into()
-                ],
-                master: "logmaster".into()
-            }
-        );
-        assert_eq!(s.key, "kvix");
-        assert_eq!(
-            s.server.to_string(),
-            "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/logmaster"
-        );
-        for bad in [
-            "redis://127.0.0.1:6379",
-            "redis://127.0.0.1:6379/",
-            "http://x/k",
-            "redis:///k",
-            "redis+sentinel://10.0.0.1:26379/logmaster",
-            "redis+sentinel://10.0.0.1:26379//kvix",
-            "redis+sentinel://,10.0.0.1:26379/m/kvix",
-        ] {
-            assert!(bad.parse::<LogUrl>().is_err(), "{bad}");
-        }
-        let err = "redis://:s3cret@10.0.0.1:6379"
-            .parse::<LogUrl>()
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("redis://:***@10.0.0.1:6379") && !err.contains("s3cret"),
-            "{err}"
-        );
-        assert!(id_key("12-3") < id_key("12-10"));
-        assert!(id_key("9-99") < id_key("10-0"));
-    }
-}
+mod tests;
