@@ -88,7 +88,7 @@ pub fn admit<A: Accepted>(ex: &Rc<Executor>, accepted: A, queue: TaskQueueHandle
     let max = ex.settings().conn.max_connections;
     let all = ex.all_metrics();
     if take_slot(ex.metrics(), max) {
-        serve::<A>(ex, accepted.bind(), queue);
+        start::<A>(ex, accepted.bind(), queue);
         return;
     }
     if let Some(peer) = spill_target(all, ex.me(), max) {
@@ -96,7 +96,7 @@ pub fn admit<A: Accepted>(ex: &Rc<Executor>, accepted: A, queue: TaskQueueHandle
         ex.mesh().spawn_on(peer, move |on| {
             let queue = CONN_QUEUE.with(Cell::get);
             match queue {
-                Some(queue) => serve::<A>(on, accepted.bind(), queue),
+                Some(queue) => start::<A>(on, accepted.bind(), queue),
                 // The peer serves nothing yet: give its slot back and refuse.
                 None => {
                     on.metrics().connections_open.fetch_sub(1, Relaxed);
@@ -125,7 +125,7 @@ where
 }
 
 /// Serves a connection whose slot on `ex` is taken; the slot is given back when it ends.
-fn serve<A: Accepted>(ex: &Rc<Executor>, stream: A::Stream, queue: TaskQueueHandle) {
+fn start<A: Accepted>(ex: &Rc<Executor>, stream: A::Stream, queue: TaskQueueHandle) {
     ExecutorMetrics::add(&ex.metrics().connections_total, 1);
     let on = ex.clone();
     let peer = A::peer(&stream);

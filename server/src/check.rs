@@ -105,7 +105,7 @@ pub fn run(config: &Config) -> Vec<Checked> {
                     source,
                 })
                 .and_then(|text| {
-                    ingest::fleet::parse(
+                    ingest::engines_file::parse(
                         &path.display().to_string(),
                         &text,
                         config.index.block_size,

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::config::ConfigError;
 use crate::durable::snapshot::SnapshotError;
 use crate::durable::wal::WalError;
-use crate::ingest::fleet::FleetError;
+use crate::ingest::engines_file::FleetError;
 use crate::tls::TlsError;
 
 #[derive(Debug, thiserror::Error)]

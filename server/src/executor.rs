@@ -27,7 +27,7 @@ use crate::failure::Failure;
 use crate::ingest::states::{IngestStates, LOST};
 use crate::ingest::Ingest;
 use crate::mesh::{LocalFuture, QueryScope};
-use crate::metrics::{ExecutorMetrics, Outcome};
+use crate::metrics::{ExecutorMetrics, QueryOutcome};
 use crate::write::job::{answer, stopping, Queued, Written};
 use crate::write::record::Write;
 
@@ -304,11 +304,11 @@ impl Executor {
             a.history_lost.sort_unstable();
         }
         let outcome = if !answer.scores.is_empty() {
-            Outcome::Hit
+            QueryOutcome::Hit
         } else if answer.unscorable > 0 {
-            Outcome::Unscorable
+            QueryOutcome::Unscorable
         } else {
-            Outcome::Empty
+            QueryOutcome::Empty
         };
         self.metrics().query(outcome, started.elapsed());
         f(&answer)

@@ -15,7 +15,7 @@ use crate::failure::Failure;
 use crate::mesh::LocalFuture;
 use crate::metrics::Rejected;
 use crate::write::{route_write, Origin};
-use crate::write::{Body as WriteBody, Outcome, Write};
+use crate::write::{FrameBytes, Outcome, Write};
 
 /// Longest worker name accepted (names are kept for the life of the server).
 pub const MAX_NAME: usize = 256;
@@ -183,10 +183,10 @@ fn write_of(msg: &MessageRef<'_>, body: &[u8]) -> Result<Write, Failure> {
         },
         // `body` is the frame body `msg` was read (and validated) from.
         MessageRef::EventBatch(_) => Write::Events {
-            body: WriteBody::validated(body, kvix_wire::Kind::EventBatch),
+            body: FrameBytes::validated(body, kvix_wire::Kind::EventBatch),
         },
         MessageRef::Placement(_) => Write::Place {
-            body: WriteBody::validated(body, kvix_wire::Kind::Placement),
+            body: FrameBytes::validated(body, kvix_wire::Kind::Placement),
         },
         _ => return Err(Failure::Bug("write_of is given writes")),
     })

@@ -23,7 +23,7 @@ const HEALTH_RESERVE: usize = 8;
 /// A scrape must arrive and be taken within this long.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-pub async fn serve(
+pub async fn serve_metrics(
     listener: TcpListener,
     shards: Arc<[ExecutorMetrics]>,
     replica: Option<Arc<crate::durable::replica::Replica>>,

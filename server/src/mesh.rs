@@ -42,7 +42,7 @@ pub struct Mesh<T> {
     hop: Box<dyn Fn()>,
 }
 
-/// This executor's receiving end: run by [`Inbox::serve`] once the executor exists.
+/// This executor's receiving end: run by [`Inbox::run_for`] once the executor exists.
 pub struct Inbox<T> {
     receivers: Receivers<Sent<T>>,
 }
@@ -143,7 +143,7 @@ impl<T: 'static> Mesh<T> {
 
 impl<T: 'static> Inbox<T> {
     /// Runs what other executors send to `on`, in arrival order per sender.
-    pub fn serve(mut self, on: &Rc<T>) {
+    pub fn run_for(mut self, on: &Rc<T>) {
         for (_, rx) in self.receivers.streams() {
             let on = Rc::downgrade(on);
             glommio::spawn_local(async move {

@@ -50,7 +50,7 @@ impl Rejected {
 
 /// How a query ended: the index of its `outcome` label in `kvix_queries_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum QueryOutcome {
     /// Some worker scored above zero.
     Hit,
     /// Nobody holds any of the chain.
@@ -146,7 +146,7 @@ fn record(h: &Mutex<Option<Histogram<u64>>>, d: Duration) {
 }
 
 impl ExecutorMetrics {
-    pub fn query(&self, outcome: Outcome, took: Duration) {
+    pub fn query(&self, outcome: QueryOutcome, took: Duration) {
         self.queries[outcome as usize].fetch_add(1, Relaxed);
         record(&self.query_us, took);
     }
@@ -262,9 +262,9 @@ mod tests {
     #[test]
     fn render_sums_executors_and_labels_outcomes() {
         let shards: Vec<ExecutorMetrics> = (0..2).map(|_| ExecutorMetrics::default()).collect();
-        shards[0].query(Outcome::Hit, Duration::from_micros(10));
-        shards[1].query(Outcome::Hit, Duration::from_micros(30));
-        shards[1].query(Outcome::Unscorable, Duration::from_micros(5));
+        shards[0].query(QueryOutcome::Hit, Duration::from_micros(10));
+        shards[1].query(QueryOutcome::Hit, Duration::from_micros(30));
+        shards[1].query(QueryOutcome::Unscorable, Duration::from_micros(5));
         shards[0].reject(Rejected::Oversize);
         shards[1].blocks.store(7, Relaxed);
         shards[0].blocks.store(7, Relaxed);

@@ -27,17 +27,13 @@ fn server(args: &[&str]) -> Command {
     cmd
 }
 
+/// A server on port 0 with no metrics or Unix socket.
+const QUIET: [&str; 6] = ["--listen", "127.0.0.1:0", "--metrics", "", "--unix", ""];
+
 /// `kvix-server check` of a server on port 0 with no metrics or Unix socket, and `more`.
 fn check_quiet(more: &[&str]) -> Output {
-    let mut args = vec![
-        "check",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics",
-        "",
-        "--unix",
-        "",
-    ];
+    let mut args = vec!["check"];
+    args.extend_from_slice(&QUIET);
     args.extend_from_slice(more);
     server(&args).output().unwrap()
 }
@@ -210,16 +206,7 @@ fn help_names_check_and_errors_and_logs_are_plain() {
 fn log_of_a_start_and_stop(tty: bool, no_color: bool) -> String {
     use std::io::{BufRead, Read};
     use std::os::fd::{FromRawFd, OwnedFd};
-    let mut cmd = server(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics",
-        "",
-        "--unix",
-        "",
-        "--cores",
-        "1",
-    ]);
+    let mut cmd = server(&[&QUIET[..], &["--cores", "1"]].concat());
     cmd.env("KVIX_LOG", "info").env_remove("NO_COLOR");
     if no_color {
         cmd.env("NO_COLOR", "1");

@@ -11,7 +11,7 @@
 
 pub mod bound;
 mod context;
-pub mod fleet;
+pub mod engines_file;
 
 use kvix_events::stream;
 pub mod metrics;
@@ -63,7 +63,7 @@ pub struct Ingest {
     pool: Pool,
     inboxes: Mutex<Vec<Option<mpsc::Receiver<crate::write::record::Write>>>>,
     /// Every subscribed source by worker (executor 0 announces and retires; snapshots).
-    sources: fleet::Sources,
+    sources: engines_file::Sources,
     max_sources: usize,
     /// Ranks bound for engines to connect to (--events-bind; 0 without).
     bound_ranks: usize,
@@ -82,14 +82,14 @@ pub struct Ingest {
     /// Streams with a rewind scheduled ([`Ingest::rewind_due`]).
     rewinding: Mutex<std::collections::HashSet<WorkerId>>,
     /// `--engines`: started once the server has restored ([`Ingest::resume`]).
-    fleet: Mutex<Option<fleet::Applier>>,
-    fleet_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    fleet_stop: Arc<std::sync::atomic::AtomicBool>,
+    engines_file: Mutex<Option<engines_file::Applier>>,
+    engines_file_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    engines_file_stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Ingest {
     /// Starts `threads` ingest threads for `executors` executors, binding `bind`'s
-    /// sockets for engines that connect; `engines` is the fleet file and `--block-size`.
+    /// sockets for engines that connect; `engines` is the --engines file and `--block-size`.
     pub fn start(
         threads: usize,
         executors: usize,
@@ -101,19 +101,19 @@ impl Ingest {
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..executors).map(|_| mpsc::channel(INBOX)).unzip();
         METRICS.threads.store(threads.max(1) as u64, Relaxed);
-        let sources = fleet::Sources::default();
-        let fleet_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let fleet = engines.map(|(path, block)| fleet::Applier {
+        let sources = engines_file::Sources::default();
+        let engines_file_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let applier = engines.map(|(path, block)| engines_file::Applier {
             path,
             block,
             inbox: senders[0].clone(),
             sources: sources.clone(),
-            stop: fleet_stop.clone(),
+            stop: engines_file_stop.clone(),
         });
         Ok(Ingest {
-            fleet: Mutex::new(fleet),
-            fleet_thread: Mutex::new(None),
-            fleet_stop,
+            engines_file: Mutex::new(applier),
+            engines_file_thread: Mutex::new(None),
+            engines_file_stop,
             bound_ranks: bind.as_ref().map_or(0, |b| b.endpoints.len()),
             pool: Pool::start(threads, max_sources, senders, bind)?,
             inboxes: Mutex::new(receivers.into_iter().map(Some).collect()),
@@ -140,7 +140,7 @@ impl Ingest {
 
     /// Checks an announce's source before anything is registered: `known` is the id the
     /// name already has, if any (a worker replacing its own source is not one more).
-    pub fn check(
+    pub fn admit_source(
         &self,
         source: &EventSource,
         feed: Feed,
@@ -178,7 +178,7 @@ impl Ingest {
         fresh: bool,
     ) {
         let mut sources = self.sources.lock().expect("not poisoned");
-        let sourced = |source| fleet::Sourced {
+        let sourced = |source| engines_file::Sourced {
             name: name.to_string(),
             source,
         };
@@ -214,7 +214,7 @@ impl Ingest {
     /// Records the source of worker `name` restored from a snapshot (subscribed by
     /// [`Ingest::resume`]).
     pub fn restore(&self, worker: WorkerId, name: &str, source: EventSource) {
-        let sourced = fleet::Sourced {
+        let sourced = engines_file::Sourced {
             name: name.to_string(),
             source,
         };
@@ -235,12 +235,12 @@ impl Ingest {
         drop(sources);
         self.paused.store(false, Relaxed);
         self.pool.discover();
-        if let Some(applier) = self.fleet.lock().expect("not poisoned").take() {
+        if let Some(applier) = self.engines_file.lock().expect("not poisoned").take() {
             match std::thread::Builder::new()
                 .name("kvix-fleet".into())
                 .spawn(move || applier.run())
             {
-                Ok(t) => *self.fleet_thread.lock().expect("not poisoned") = Some(t),
+                Ok(t) => *self.engines_file_thread.lock().expect("not poisoned") = Some(t),
                 Err(e) => tracing::error!(
                     "--engines: the thread that applies the file did not start: {e}"
                 ),
@@ -347,8 +347,13 @@ impl Ingest {
 
     /// Stops the ingest threads.
     pub fn stop(&self) {
-        self.fleet_stop.store(true, Relaxed);
-        if let Some(t) = self.fleet_thread.lock().expect("not poisoned").take() {
+        self.engines_file_stop.store(true, Relaxed);
+        if let Some(t) = self
+            .engines_file_thread
+            .lock()
+            .expect("not poisoned")
+            .take()
+        {
             let _ = t.join();
         }
         self.pool.stop();
@@ -358,7 +363,7 @@ impl Ingest {
 /// The subscription of `worker`'s source, its stream resuming after `last`.
 fn stream_spec(
     worker: WorkerId,
-    s: &fleet::Sourced,
+    s: &engines_file::Sourced,
     last: Option<stream::LastBatch>,
     epoch: u64,
 ) -> StreamSpec {

@@ -117,7 +117,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Err while the wait after a failed replay lasts.
-    pub fn check(&self, endpoint: &str) -> Result<(), ReplayCallError> {
+    pub fn may_ask(&self, endpoint: &str) -> Result<(), ReplayCallError> {
         let now = Instant::now();
         match self.until.filter(|u| now < *u) {
             Some(until) => Err(ReplayCallError::BackingOff {

@@ -96,7 +96,7 @@ async fn wire(
     );
     ex.refresh_gauges();
     admit::set_conn_queue(q.queries);
-    inbox.serve(&ex);
+    inbox.run_for(&ex);
     let spawn = |what: &'static str, task: futures::future::LocalBoxFuture<'static, ()>| {
         glommio::spawn_local_into(task, q.writes)
             .map(glommio::Task::detach)
@@ -161,7 +161,7 @@ fn listen(
             .map_err(|e| StartError::io("the metrics address")(e.into()))?;
         println!("kvix-server metrics on http://{bound}/metrics");
         let replica = ex.replica().cloned();
-        glommio::spawn_local(http::serve(l, shared.metrics.clone(), replica)).detach();
+        glommio::spawn_local(http::serve_metrics(l, shared.metrics.clone(), replica)).detach();
     }
     if ex.me() == 0 && !config.listen.unix.is_empty() {
         let path = &config.listen.unix;

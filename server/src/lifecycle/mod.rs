@@ -174,7 +174,7 @@ fn start_ingest(config: &Config) -> Result<Arc<Ingest>, StartError> {
             path: path.clone(),
             source,
         })?;
-        ingest::fleet::parse(&path.display().to_string(), &text, block)?;
+        ingest::engines_file::parse(&path.display().to_string(), &text, block)?;
     }
     let i = &config.ingest;
     let started = Ingest::start(

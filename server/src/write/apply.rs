@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use kvix_engine::{Cursor, Update};
 
-use super::job::{Acks, Queued, Tally};
+use super::job::{Acks, Countdown, Queued};
 use crate::executor::Executor;
 use crate::metrics::ExecutorMetrics;
 
@@ -27,7 +27,7 @@ pub(super) async fn publish(ex: &Rc<Executor>, update: Update) -> Option<Acks> {
     let update = Arc::new(update);
     let peers = ex.executors() - 1;
     let acked = (peers > 0).then(|| {
-        let (tally, acks) = Tally::new(peers);
+        let (tally, acks) = Countdown::new(peers);
         for peer in (0..ex.executors()).filter(|&p| p != ex.me()) {
             let (update, tally) = (update.clone(), tally.clone());
             ex.mesh()

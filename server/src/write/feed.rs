@@ -10,7 +10,7 @@ use kvix_wire::{Applied, ApplyStatus, Event, EventBatch, Placement, WorkerId};
 
 use super::apply::{publish, slice_done, SLICE_BLOCKS};
 use super::job::Written;
-use super::record::{Body, Outcome, Write};
+use super::record::{FrameBytes, Outcome, Write};
 use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::ingest::states::Dropped;
@@ -106,7 +106,7 @@ async fn feed_step(ex: &Rc<Executor>, write: Write, u: &mut Update) -> Result<Ou
 }
 
 /// The feed step of an event batch: checks it whole and turns it into `u`, in slices.
-async fn events(ex: &Executor, body: &Body, u: &mut Update) -> Result<Outcome, Failure> {
+async fn events(ex: &Executor, body: &FrameBytes, u: &mut Update) -> Result<Outcome, Failure> {
     let b = body
         .access::<EventBatch>()
         .map_err(|source| Failure::Invalid {
@@ -209,7 +209,7 @@ async fn feed_ingest(ex: &Executor, worker: WorkerId, groups: &[(Ks, Vec<Event>)
 }
 
 /// The feed step of a placement, in slices (a chain may hold millions of blocks).
-async fn place(ex: &Executor, body: &Body, u: &mut Update) -> Result<(), Failure> {
+async fn place(ex: &Executor, body: &FrameBytes, u: &mut Update) -> Result<(), Failure> {
     let p = body
         .access::<Placement>()
         .map_err(|source| Failure::Invalid {

@@ -22,7 +22,7 @@ pub enum Queued {
     /// An update another executor published; `tally` counts it applied.
     Apply {
         update: Arc<kvix_engine::Update>,
-        tally: Arc<Tally>,
+        tally: Arc<Countdown>,
     },
     /// Anything else (install, forget, expire, export, flush), made when queued (an
     /// `async fn`'s future does nothing until polled).
@@ -30,16 +30,16 @@ pub enum Queued {
 }
 
 /// The peers that have yet to apply a published update; the last one answers.
-pub struct Tally {
+pub struct Countdown {
     left: std::sync::atomic::AtomicUsize,
     done: std::sync::Mutex<Option<oneshot::Sender<()>>>,
 }
 
-impl Tally {
+impl Countdown {
     /// A tally of `peers`, and what answers once all of them applied.
-    pub fn new(peers: usize) -> (Arc<Tally>, Acks) {
+    pub fn new(peers: usize) -> (Arc<Countdown>, Acks) {
         let (tx, rx) = oneshot::channel();
-        let tally = Tally {
+        let tally = Countdown {
             left: std::sync::atomic::AtomicUsize::new(peers),
             done: std::sync::Mutex::new(Some(tx)),
         };

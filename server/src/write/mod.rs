@@ -21,5 +21,5 @@ pub mod record;
 pub mod roster;
 pub mod route;
 
-pub use record::{Body, Outcome, Write};
+pub use record::{FrameBytes, Outcome, Write};
 pub use route::{route_write, Origin};

@@ -25,11 +25,11 @@ pub enum Write {
     },
     /// An `EventBatch` frame body.
     Events {
-        body: Body,
+        body: FrameBytes,
     },
     /// A `Placement` frame body.
     Place {
-        body: Body,
+        body: FrameBytes,
     },
     /// A delivery of the engine-event ingest.
     Ingest {
@@ -70,8 +70,8 @@ impl Write {
         use kvix_wire::{EventBatch, Placement};
         Ok(match self {
             Write::Announce { .. } | Write::Retire { .. } => None,
-            Write::Events { body } => Some(body.check::<EventBatch>()?.worker.to_native()),
-            Write::Place { body } => Some(body.check::<Placement>()?.worker.to_native()),
+            Write::Events { body } => Some(body.validate::<EventBatch>()?.worker.to_native()),
+            Write::Place { body } => Some(body.validate::<Placement>()?.worker.to_native()),
             Write::Ingest { worker, .. } => Some(*worker),
         })
     }
@@ -87,32 +87,32 @@ pub enum Outcome {
 
 /// A frame body, kept aligned so the frame reads in place (rkyv), stored as its bytes.
 /// It remembers the message kind it was validated as (by the frame reader, or the first
-/// [`Body::check`] on its way), so that a body read on the route and again in the write
+/// [`FrameBytes::validate`] on its way), so that a body read on the route and again in the write
 /// queue is validated once: a client's event batch was validated three times.
 #[derive(Clone, Debug, Default)]
-pub struct Body {
+pub struct FrameBytes {
     bytes: AlignedVec,
     /// Validated as this kind's archived message (not stored: a log is read afresh).
     checked: Option<kvix_wire::Kind>,
 }
 
-impl From<&[u8]> for Body {
+impl From<&[u8]> for FrameBytes {
     fn from(bytes: &[u8]) -> Self {
         let mut v = AlignedVec::with_capacity(bytes.len());
         v.extend_from_slice(bytes);
-        Body {
+        FrameBytes {
             bytes: v,
             checked: None,
         }
     }
 }
 
-impl Body {
+impl FrameBytes {
     /// Bytes the frame reader validated as a `kind` message.
     pub fn validated(bytes: &[u8], kind: kvix_wire::Kind) -> Self {
-        Body {
+        FrameBytes {
             checked: Some(kind),
-            ..Body::from(bytes)
+            ..FrameBytes::from(bytes)
         }
     }
 
@@ -127,8 +127,8 @@ impl Body {
         kvix_wire::codec::access::<M>(&self.bytes)
     }
 
-    /// [`Body::access`], remembering the body as validated.
-    pub fn check<M: kvix_wire::Body>(&mut self) -> Result<&M::Archived, kvix_wire::FrameError> {
+    /// [`FrameBytes::access`], remembering the body as validated.
+    pub fn validate<M: kvix_wire::Body>(&mut self) -> Result<&M::Archived, kvix_wire::FrameError> {
         if self.checked != Some(M::KIND) {
             kvix_wire::codec::access::<M>(&self.bytes)?;
             self.checked = Some(M::KIND);
@@ -145,14 +145,14 @@ impl Body {
     }
 }
 
-impl PartialEq for Body {
+impl PartialEq for FrameBytes {
     fn eq(&self, other: &Self) -> bool {
         self.bytes[..] == other.bytes[..]
     }
 }
 
 // Archived exactly as a `Vec<u8>` (what the logs held before bodies were kept aligned).
-impl Archive for Body {
+impl Archive for FrameBytes {
     type Archived = ArchivedVec<u8>;
     type Resolver = VecResolver;
 
@@ -161,15 +161,15 @@ impl Archive for Body {
     }
 }
 
-impl<S: Fallible + Allocator + Writer + ?Sized> Serialize<S> for Body {
+impl<S: Fallible + Allocator + Writer + ?Sized> Serialize<S> for FrameBytes {
     fn serialize(&self, s: &mut S) -> Result<VecResolver, S::Error> {
         ArchivedVec::<u8>::serialize_from_slice(&self.bytes[..], s)
     }
 }
 
-impl<D: Fallible + ?Sized> Deserialize<Body, D> for ArchivedVec<u8> {
-    fn deserialize(&self, _: &mut D) -> Result<Body, D::Error> {
-        Ok(Body::from(self.as_slice()))
+impl<D: Fallible + ?Sized> Deserialize<FrameBytes, D> for ArchivedVec<u8> {
+    fn deserialize(&self, _: &mut D) -> Result<FrameBytes, D::Error> {
+        Ok(FrameBytes::from(self.as_slice()))
     }
 }
 
@@ -196,9 +196,9 @@ mod body_tests {
     #[test]
     fn a_body_is_validated_once_as_its_kind_and_never_trusted_as_another() {
         let bytes = event_batch_body();
-        let mut body = Body::from(&bytes[..]);
+        let mut body = FrameBytes::from(&bytes[..]);
         assert_eq!(body.checked, None);
-        assert_eq!(body.check::<EventBatch>().unwrap().worker.to_native(), 3);
+        assert_eq!(body.validate::<EventBatch>().unwrap().worker.to_native(), 3);
         assert_eq!(body.checked, Some(Kind::EventBatch));
         assert_eq!(body.access::<EventBatch>().unwrap().seq.to_native(), 1);
         // Checked as an event batch says nothing of it as a placement: validated again.
@@ -206,7 +206,7 @@ mod body_tests {
         assert_eq!(body.checked, Some(Kind::EventBatch));
         // What a log holds is read afresh: the mark is not stored.
         let mut write = Write::Events {
-            body: Body::validated(&bytes, Kind::EventBatch),
+            body: FrameBytes::validated(&bytes, Kind::EventBatch),
         };
         let stored = rkyv::to_bytes::<rkyv::rancor::Error>(&write).unwrap();
         let mut back = rkyv::from_bytes::<Write, rkyv::rancor::Error>(&stored).unwrap();
@@ -218,7 +218,7 @@ mod body_tests {
         assert_eq!(write.home_worker().unwrap(), Some(3));
         // Damaged bytes are refused, not trusted.
         let mut damaged = Write::Events {
-            body: Body::from(&bytes[..bytes.len() / 2]),
+            body: FrameBytes::from(&bytes[..bytes.len() / 2]),
         };
         assert!(damaged.home_worker().is_err());
     }

@@ -112,7 +112,7 @@ pub(super) fn check_source(
         let registry = ex.registry();
         registry.id_of(name).filter(|&w| registry.is_active(w))
     };
-    if let Err(source) = ex.ingest().check(source, feed, known) {
+    if let Err(source) = ex.ingest().admit_source(source, feed, known) {
         let worker = name.to_string();
         return Box::pin(std::future::ready(Err(Failure::Source { worker, source })));
     }

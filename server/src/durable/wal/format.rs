@@ -31,7 +31,7 @@ const V1_HEADER: usize = 12;
 /// and more); a length past the file's bound is damage even where its check passes.
 pub const MAX_RECORD: u32 = 256 << 20;
 
-fn check(bytes: &[u8]) -> u32 {
+fn header_check(bytes: &[u8]) -> u32 {
     xxh3_64(bytes) as u32
 }
 
@@ -40,7 +40,7 @@ pub fn file_header() -> [u8; FILE_HEADER] {
     let mut h = [0; FILE_HEADER];
     h[..8].copy_from_slice(&MAGIC);
     h[8..12].copy_from_slice(&MAX_RECORD.to_le_bytes());
-    let c = check(&h[..12]);
+    let c = header_check(&h[..12]);
     h[12..].copy_from_slice(&c.to_le_bytes());
     h
 }
@@ -53,7 +53,7 @@ pub fn record(body: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(RECORD_HEADER + body.len());
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&xxh3_64(body).to_le_bytes());
-    let c = check(&out[..12]);
+    let c = header_check(&out[..12]);
     out.extend_from_slice(&c.to_le_bytes());
     out.extend_from_slice(body);
     Some(out)
@@ -179,7 +179,7 @@ fn file_bound(bytes: &[u8]) -> Result<u32, End> {
             format!("version byte {:#04x} is not one this kvix reads", h[7]),
         ));
     }
-    if check(&h[..12]) != u32_at(h, 12) {
+    if header_check(&h[..12]) != u32_at(h, 12) {
         return Err(damaged(0, Field::FileHeader, "it fails its check".into()));
     }
     Ok(u32_at(h, 8))
@@ -203,7 +203,7 @@ fn next_record(bytes: &[u8], at: usize, bound: u32) -> Result<Range<usize>, End>
         });
     }
     let len = u32_at(rest, 0);
-    if check(&rest[..12]) != u32_at(rest, 12) {
+    if header_check(&rest[..12]) != u32_at(rest, 12) {
         return Err(damaged(
             at,
             Field::RecordHeader,

@@ -126,7 +126,7 @@ impl Live {
                 return;
             }
             let endpoint = &self.spec.source.replay;
-            let started = self.backoff.check(endpoint).and_then(|()| {
+            let started = self.backoff.may_ask(endpoint).and_then(|()| {
                 ReplayCall::start(&r.ctx, endpoint, from)
                     .inspect_err(|_| self.backoff.record(false))
             });

@@ -66,7 +66,7 @@ impl IngestThread {
                 ready.dedup();
             }
             for i in ready {
-                self.serve(i, &mut out);
+                self.read_stream(i, &mut out);
                 if !self.deliver(i, &mut out) {
                     return;
                 }
@@ -188,7 +188,7 @@ impl IngestThread {
     /// Reads what stream `i` has waiting: its replay's replies if one is in flight, else
     /// monitor events first (a reconnect catches up before the messages that follow
     /// it), then a burst of messages, until the stream asks for a replay.
-    pub(super) fn serve(&mut self, i: usize, out: &mut Vec<Delivery>) {
+    pub(super) fn read_stream(&mut self, i: usize, out: &mut Vec<Delivery>) {
         let (s, r) = (&mut self.streams[i], &mut self.replays);
         let mut tally = Tally::default();
         s.progress(r, out, &mut tally);
