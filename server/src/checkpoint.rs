@@ -5,10 +5,12 @@
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use kvix_engine::EngineImage;
 
-use crate::durable::{replica, snapshot};
+use crate::durable::wal::Wal;
+use crate::durable::{replica, snapshot, Log};
 use crate::error::StartError;
 use crate::executor::Executor;
 use crate::mesh::LocalFuture;
@@ -26,7 +28,7 @@ const MARK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// keeps serving; at shutdown we wait for it and say whether it was written.
 pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), StartError> {
     let path = ex.settings().snapshot.clone();
-    if path.is_none() && ex.replica().is_none() {
+    if path.is_none() && ex.log().shared().is_none() {
         return Ok(());
     }
     if last {
@@ -40,55 +42,16 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
             }
         }
     }
-    // Everything appended from here on may be missing from the parts: replay it. At the
-    // last snapshot nothing before the rotation is.
-    let wal_from = match ex.wal().map(|w| w.rotate()).transpose() {
-        Ok(g) => g.map_or(0, |old| if last { old + 1 } else { old }),
+    let (cut, parts) = match cut(ex, last).await {
+        Ok(cut) => cut,
         Err(e) => {
             ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
-            return Err(StartError::SnapshotTaken(failure::Failure::Wal(
-                std::sync::Arc::new(e),
-            )));
+            return Err(e);
         }
-    };
-    // Replicas: every part cut at the same stream position, by the follower.
-    let (parts, cut_at): (
-        Vec<LocalFuture<Result<snapshot::Part, failure::Failure>>>,
-        Option<replica::LogMark>,
-    ) = match ex.replica() {
-        Some(r) => {
-            let mark = r.mark();
-            let cut = glommio::timer::timeout(MARK_WAIT, async move {
-                mark.await
-                    .map_err(|_| glommio::GlommioError::IoError(std::io::Error::other("stopped")))
-            });
-            let Ok(mark) = cut.await else {
-                ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
-                return Err(StartError::Uncut(MARK_WAIT));
-            };
-            let parts = mark
-                .parts
-                .into_iter()
-                .map(|rx| -> LocalFuture<_> {
-                    Box::pin(async move { rx.await.map_err(|_| failure::Failure::Stopping) })
-                })
-                .collect();
-            let at = replica::LogMark {
-                position: mark.position,
-                generation: Some(r.generation.clone()),
-            };
-            (parts, Some(at))
-        }
-        None => (
-            (0..ex.executors())
-                .map(|e| ex.queue_on(e, write::queue::export))
-                .collect(),
-            None,
-        ),
     };
     let mut image = snapshot::ServerImage {
-        wal_from,
-        log_position: cut_at.as_ref().map_or(String::new(), ToString::to_string),
+        wal_from: cut.wal_from(),
+        log_position: cut.position(),
         engine: EngineImage {
             workers: ex.registry().export(),
             ..Default::default()
@@ -114,8 +77,6 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
     image.ingest_states.sort_unstable_by_key(|(w, _)| *w);
     let bytes = snapshot::encode(&image, ex.settings().index.block_size);
     let (metrics, me) = (ex.all_metrics().clone(), ex.me());
-    let wal = ex.wal().cloned();
-    let replica = ex.replica().cloned();
     let writer = std::thread::spawn(move || {
         if let Some(path) = &path {
             if let Err(source) = snapshot::write(path, &bytes) {
@@ -128,22 +89,8 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
             }
             ExecutorMetrics::add(&metrics[me].snapshots, 1);
             tracing::info!(path = %path.display(), bytes = bytes.len(), "snapshot written");
-            // The log below the snapshot's start is in the file now.
-            if let Some(Err(e)) = wal.map(|w| w.drop_below(wal_from)) {
-                tracing::warn!("write-ahead log: old generations not removed: {e}");
-            }
         }
-        if let (Some(r), Some(at)) = (replica, cut_at) {
-            match replica::store::publish_snapshot(&r, &bytes, &at.position) {
-                Ok(()) => {
-                    r.metrics.stored.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    r.metrics.store_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("snapshot not stored in Redis (the log is not trimmed): {e}");
-                }
-            }
-        }
+        cut.settle(&bytes, path.is_some());
         Ok(())
     });
     if last {
@@ -155,6 +102,116 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
         });
     }
     Ok(())
+}
+
+/// Where a snapshot's parts are cut, per log, and what the log does once it is written.
+enum Cut {
+    /// No log: each part as its executor's queue has it.
+    Plain,
+    /// The write-ahead log rotated: the generations from `from` on are replayed over it.
+    Wal { wal: Arc<Wal>, from: u64 },
+    /// Every part cut at one stream position by the follower.
+    Shared {
+        replica: Arc<replica::Replica>,
+        at: replica::LogMark,
+    },
+}
+
+type Parts = Vec<LocalFuture<Result<snapshot::Part, failure::Failure>>>;
+
+/// Cuts the log where the snapshot starts, and asks every executor for its part.
+async fn cut(ex: &Rc<Executor>, last: bool) -> Result<(Cut, Parts), StartError> {
+    let export = || -> Parts {
+        (0..ex.executors())
+            .map(|e| ex.queue_on(e, write::queue::export))
+            .collect()
+    };
+    match ex.log() {
+        Log::None => Ok((Cut::Plain, export())),
+        // Everything appended from here on may be missing from the parts: replay it. At
+        // the last snapshot nothing before the rotation is.
+        Log::Wal(wal) => {
+            let old = wal
+                .rotate()
+                .map_err(|e| StartError::SnapshotTaken(failure::Failure::Wal(Arc::new(e))))?;
+            let from = if last { old + 1 } else { old };
+            Ok((
+                Cut::Wal {
+                    wal: wal.clone(),
+                    from,
+                },
+                export(),
+            ))
+        }
+        Log::Shared(r) => {
+            let mark = r.mark();
+            let cut = glommio::timer::timeout(MARK_WAIT, async move {
+                mark.await
+                    .map_err(|_| glommio::GlommioError::IoError(std::io::Error::other("stopped")))
+            });
+            let mark = cut.await.map_err(|_| StartError::Uncut(MARK_WAIT))?;
+            let parts = mark
+                .parts
+                .into_iter()
+                .map(|rx| -> LocalFuture<_> {
+                    Box::pin(async move { rx.await.map_err(|_| failure::Failure::Stopping) })
+                })
+                .collect();
+            let at = replica::LogMark {
+                position: mark.position,
+                generation: Some(r.generation.clone()),
+            };
+            Ok((
+                Cut::Shared {
+                    replica: r.clone(),
+                    at,
+                },
+                parts,
+            ))
+        }
+    }
+}
+
+impl Cut {
+    fn wal_from(&self) -> u64 {
+        match self {
+            Cut::Wal { from, .. } => *from,
+            _ => 0,
+        }
+    }
+
+    fn position(&self) -> String {
+        match self {
+            Cut::Shared { at, .. } => at.to_string(),
+            _ => String::new(),
+        }
+    }
+
+    /// Once the snapshot is written (`in_file`: to `--snapshot`): the write-ahead log
+    /// drops what the file covers; a replica stores it in Redis, which trims the stream.
+    fn settle(self, bytes: &[u8], in_file: bool) {
+        match self {
+            Cut::Plain => {}
+            Cut::Wal { wal, from } => {
+                if let (true, Err(e)) = (in_file, wal.drop_below(from)) {
+                    tracing::warn!("write-ahead log: old generations not removed: {e}");
+                }
+            }
+            Cut::Shared { replica: r, at } => {
+                match replica::store::publish_snapshot(&r, bytes, &at.position) {
+                    Ok(()) => {
+                        r.metrics.stored.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        r.metrics.store_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            "snapshot not stored in Redis (the log is not trimmed): {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Waits, on executor `on`, until the writes accepted so far are applied everywhere (a

@@ -21,8 +21,8 @@ use kvix_engine::{Answer, Core, Ks, Registry};
 use kvix_wire::{ArchivedQuery, WorkerId};
 
 use crate::config::ExecutorSettings;
-use crate::durable::replica::{appender::Appender, Replica};
-use crate::durable::wal::Wal;
+use crate::durable::replica::appender::Appender;
+use crate::durable::Log;
 use crate::failure::Failure;
 use crate::ingest::states::{IngestStates, LOST};
 use crate::ingest::Ingest;
@@ -38,10 +38,8 @@ pub type Mesh = crate::mesh::Mesh<Executor>;
 pub struct Services {
     /// The engine-event ingest (executor 0 subscribes and retires sources).
     pub ingest: Arc<Ingest>,
-    /// The write-ahead log (`--wal`).
-    pub wal: Option<Arc<Wal>>,
-    /// The replicated write log (`--log`).
-    pub replica: Option<Arc<Replica>>,
+    /// Where accepted writes are kept (`--wal`, `--log`, or nothing).
+    pub log: Log,
     /// Set once the process is stopping: client writes are refused from then on.
     pub stopping: Arc<std::sync::atomic::AtomicBool>,
     /// The placement clock (milliseconds since the process started).
@@ -169,8 +167,9 @@ impl Executor {
         self.services.tls.as_ref()
     }
 
-    pub fn replica(&self) -> Option<&Arc<Replica>> {
-        self.services.replica.as_ref()
+    /// Where accepted writes are kept.
+    pub fn log(&self) -> &Log {
+        &self.services.log
     }
 
     /// Where this executor's clients' writes go to the replicated log, with `--log`.
@@ -178,15 +177,11 @@ impl Executor {
         self.log_appender.as_ref()
     }
 
-    pub fn wal(&self) -> Option<&Arc<Wal>> {
-        self.services.wal.as_ref()
-    }
-
     /// Appends an accepted write to the write-ahead log (if there is one) and waits
     /// until it is as durable as `--wal-sync-ms` promises; a log that refuses the write
     /// refuses it to the client.
-    pub async fn log(&self, record: &Write) -> Result<(), Failure> {
-        let Some(wal) = &self.services.wal else {
+    pub async fn keep(&self, record: &Write) -> Result<(), Failure> {
+        let Some(wal) = self.services.log.wal() else {
             return Ok(());
         };
         match wal.append(record) {

@@ -78,7 +78,7 @@ async fn wire(
     let (core, registry, states) = restored?;
     all?;
     let (jobs, queue) = glommio::channels::local_channel::new_unbounded();
-    let appender = shared.services.replica.clone();
+    let appender = shared.services.log.shared().cloned();
     let log_appender = appender
         .map(|r| replica::appender::Appender::start(r, q.writes))
         .transpose()?;
@@ -107,7 +107,7 @@ async fn wire(
         Box::pin(write::queue::run(ex.clone(), queue)),
     )?;
     let log_inbox = shared.log_inboxes.lock().unwrap_or_else(|p| p.into_inner())[me].take();
-    if let (Some(rx), Some(r)) = (log_inbox, ex.replica()) {
+    if let (Some(rx), Some(r)) = (log_inbox, ex.log().shared()) {
         spawn(
             "the log inbox",
             Box::pin(write::inbox::serve_log(ex.clone(), rx)),
@@ -129,7 +129,7 @@ async fn wire(
 /// A replica serves once it has applied the log as far as it went at start (or stops,
 /// if told to before).
 async fn caught_up(ex: &Rc<Executor>, shared: &Shared) {
-    let Some(r) = ex.replica() else { return };
+    let Some(r) = ex.log().shared() else { return };
     let mut caught_up = std::pin::pin!(r.first_caught_up.wait());
     while !shared.stop.load(Ordering::Relaxed) {
         let tick = std::pin::pin!(glommio::timer::sleep(Duration::from_millis(50)));
@@ -160,7 +160,7 @@ fn listen(
             .local_addr()
             .map_err(|e| StartError::io("the metrics address")(e.into()))?;
         println!("kvix-server metrics on http://{bound}/metrics");
-        let replica = ex.replica().cloned();
+        let replica = ex.log().shared().cloned();
         glommio::spawn_local(http::serve_metrics(l, shared.metrics.clone(), replica)).detach();
     }
     if ex.me() == 0 && !config.listen.unix.is_empty() {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::config::Config;
-use crate::durable::{replica, snapshot};
+use crate::durable::{replica, snapshot, Log};
 use crate::error::StartError;
 use crate::executor::{Executor, Services};
 use crate::ingest::Ingest;
@@ -101,8 +101,11 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> Result<(
         restored: loaded.image,
         services: Services {
             ingest: ingest.clone(),
-            wal: loaded.wal,
-            replica: replica.clone(),
+            log: match (loaded.wal, replica.clone()) {
+                (Some(wal), _) => Log::Wal(wal),
+                (None, Some(r)) => Log::Shared(r),
+                (None, None) => Log::None,
+            },
             stopping: stop,
             clock,
             tls,

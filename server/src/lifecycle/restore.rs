@@ -159,14 +159,14 @@ pub async fn finish(ex: &Rc<Executor>, shared: &Shared) {
     if !records.is_empty() {
         let (count, started) = (records.len(), std::time::Instant::now());
         tracing::info!(records = count, "replaying the write-ahead log");
-        if let Some(wal) = ex.wal() {
+        if let Some(wal) = ex.log().wal() {
             wal.replaying(true);
         }
         replay(ex, records).await;
         ex.metrics()
             .wal_replayed
             .store(count as u64, Ordering::Relaxed);
-        if let Some(wal) = ex.wal() {
+        if let Some(wal) = ex.log().wal() {
             wal.replaying(false);
         }
         let took = started.elapsed().as_secs_f64();

@@ -71,7 +71,7 @@ fn fills_in(ex: &Executor, write: &mut Write) -> bool {
 
 /// One write's feed step: logged, then turned into block operations appended to `u`.
 async fn feed_step(ex: &Rc<Executor>, write: Write, u: &mut Update) -> Result<Outcome, Failure> {
-    let logged = ex.log(&write).await;
+    let logged = ex.keep(&write).await;
     match write {
         Write::Events { body } => match logged {
             Ok(()) => events(ex, &body, u).await,

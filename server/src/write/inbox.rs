@@ -133,7 +133,7 @@ pub async fn serve_log(
                 let ex = ex.clone();
                 glommio::spawn_local(async move {
                     let outcome = done.await;
-                    if let Some(r) = ex.replica() {
+                    if let Some(r) = ex.log().shared() {
                         r.metrics
                             .applied
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

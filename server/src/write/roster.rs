@@ -33,7 +33,7 @@ pub(super) async fn announce(
     if !checked {
         check_source(ex0, name, *feed, source.as_ref()).await?;
     }
-    ex0.log(&write).await?;
+    ex0.keep(&write).await?;
     let block = ex0.settings().index.block_size;
     let registered = ex0.registry().register(name, lanes, *feed, block);
     let (entry, outcome) = registered.map_err(Failure::Roster)?;
@@ -58,7 +58,7 @@ pub(super) async fn retire(ex0: &Rc<Executor>, worker: WorkerId) -> Result<(), F
     if !ex0.registry().is_active(worker) {
         return Err(EngineError::UnknownWorker(worker).into());
     }
-    ex0.log(&Write::Retire { worker }).await?;
+    ex0.keep(&Write::Retire { worker }).await?;
     ex0.registry().retire(worker)?;
     ex0.ingest().retired(worker);
     ex0.queue_on(ex0.home_of(worker), move |home| forget(home, worker))
