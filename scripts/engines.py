@@ -20,11 +20,22 @@ release's ZmqEventPublisher sends, over pyzmq.
         and exits when a port is taken). Then reads one JSON command
         per line on stdin and answers one line on stdout:
           {"op": "publish", "events": [EVENT, ...]}  -> "published SEQ" once sent
+          {"op": "offload", ...}                     -> "published SEQ" (vllm-0.34.0)
           {"op": "stop"}                             -> "stopped", and exits
         EVENT is {"type": "BlockStored" | "BlockRemoved" | "AllBlocksCleared", FIELD:
         VALUE ...} with the release's own field names; fields the release does not have
         are dropped (and named on stderr), missing ones without a default are null. A
         hash written {"bytes": "HEX"} is sent as raw bytes.
+
+        "offload" runs vLLM 0.34's own offloading-connector event tracker
+        (kv_connector/v1/offloading/events.py, OffloadingEventsTracker) on one request
+        and publishes the events it builds as one batch:
+          {"op": "offload", "self_describing": BOOL, "block_size": N,
+           "block_hashes": [INT, ...], "token_ids": [INT, ...],
+           "store": [CHUNK, ...] | "remove": [CHUNK, ...], "medium": "CPU" | "STORAGE"}
+        A chunk is one block (its index in the request). Self-describing: the tracker
+        captured the request at store time, so its BlockStored carries the tokens;
+        otherwise it emits the legacy placeholder (one hash, no tokens, block size 0).
 
 RELEASE is one of: vllm-0.9.2, vllm-0.34.0, sglang-0.5.23.
 """
@@ -200,6 +211,94 @@ class BaseModel:
     },
 }
 
+# vLLM 0.34's offloading connector's event tracker, loaded as it is; what it imports
+# from the rest of vLLM (which needs torch) is stubbed. The definitions it uses from
+# vllm/v1/kv_offload/base.py are taken from the wheel's own file (OFFLOAD_BASE_NAMES).
+OFFLOAD_EVENTS = ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.events",
+                  "vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py",
+                  "offloading_events.py")
+OFFLOAD_BASE = "vllm/v1/kv_offload/base.py"
+OFFLOAD_BASE_NAMES = ["OffloadKey", "make_offload_key", "get_offload_block_hash",
+                      "get_offload_group_idx", "_T", "Medium", "Locality", "TierMatcher",
+                      "TierFilter", "ReqContext", "OffloadingEvent", "OffloadingKVEventsConfig"]
+OFFLOAD_BASE_HEADER = """from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from enum import Enum, auto
+from typing import Any, ClassVar, NamedTuple, NewType, TypeVar
+KvHintsEnvelope = object  # a type hint only, here
+"""
+OFFLOAD_STUBS = {
+    "vllm/distributed/kv_transfer/__init__.py": "",
+    "vllm/distributed/kv_transfer/kv_connector/__init__.py": "",
+    "vllm/distributed/kv_transfer/kv_connector/v1/__init__.py": "",
+    "vllm/distributed/kv_transfer/kv_connector/v1/offloading/__init__.py": "",
+    "vllm/v1/kv_offload/__init__.py": "",
+    "vllm/v1/request.py": "class Request:\n    pass\n",
+    # As vllm/v1/core/kv_cache_utils.py defines them (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
+    # on, its default; one hash block size).
+    "vllm/v1/core/kv_cache_utils.py": '''from typing import Any, NewType, TypeAlias
+ExternalBlockHash: TypeAlias = bytes | int
+BlockHash = NewType("BlockHash", bytes)
+
+def maybe_convert_block_hash(hash_bytes):
+    return int.from_bytes(hash_bytes, byteorder="big") & ((1 << 64) - 1)
+
+def resolve_block_hashes(block_hashes, hash_block_size, block_size, **kw):
+    assert block_size == hash_block_size, "one hash block size in these tests"
+    return block_hashes
+
+def to_event_extra_keys(extra_keys):
+    if not extra_keys:
+        return None
+    event_keys = [None if keys is None
+                  else tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
+                  for keys in extra_keys]
+    return event_keys or None
+''',
+    # Full-attention groups only in these tests.
+    "vllm/v1/kv_cache_interface.py": '''from enum import Enum
+class KVCacheSpec: pass
+class MambaSpec(KVCacheSpec): pass
+class FullAttentionSpec(KVCacheSpec): pass
+class KVCacheGroupSpec:
+    def __init__(self, kv_cache_spec):
+        self.kv_cache_spec = kv_cache_spec
+class _Kind(Enum):
+    FULL_ATTENTION = "full_attention"
+    MAMBA = "mamba"
+def get_kv_cache_spec_kind(spec):
+    return _Kind.MAMBA if isinstance(spec, MambaSpec) else _Kind.FULL_ATTENTION
+def get_kv_cache_spec_sliding_window(spec):
+    return None
+''',
+}
+
+
+def top_level(source, names):
+    """The source of the top-level definitions of `names` (classes, functions,
+    assignments, and assignments to their attributes), in file order."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    keep, found = [], set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            name = node.name
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            name = target.value.id if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+        else:
+            continue
+        if name in names:
+            found.add(name)
+            # From its first decorator (a dataclass's is part of it) to its end.
+            first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+            keep.append("\n".join(lines[first - 1:node.end_lineno]))
+    missing = sorted(set(names) - found)
+    if missing:
+        raise SystemExit(f"{OFFLOAD_BASE}: no {missing} in this release")
+    return "\n\n".join(keep) + "\n"
+
+
 RELEASES = {
     # release: (pip requirement, extra pip download flags, wheel glob,
     #           [(module name, member in the wheel, file name)])
@@ -261,6 +360,19 @@ def record_hash(zf, member):
     return None
 
 
+def sha256_record(data):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def files_checked(zf, member, path):
+    """Writes `member` of the wheel to `path` once it matches the wheel's RECORD."""
+    data = zf.read(member)
+    if sha256_record(data) != record_hash(zf, member):
+        raise SystemExit(f"{member} does not match its RECORD")
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 def extract(release, out, marker):
     """Takes the real files out of the wheel (checked against its RECORD); the marker,
     written last, says they are whole."""
@@ -275,6 +387,14 @@ def extract(release, out, marker):
                 raise SystemExit(f"{release}: {member} does not match its RECORD ({got} != {want})")
             with open(os.path.join(out, name), "wb") as f:
                 f.write(data)
+        if release == "vllm-0.34.0":
+            _, member, name = OFFLOAD_EVENTS
+            files_checked(zf, member, os.path.join(out, name))
+            base = zf.read(OFFLOAD_BASE)
+            if sha256_record(base) != record_hash(zf, OFFLOAD_BASE):
+                raise SystemExit(f"{release}: {OFFLOAD_BASE} does not match its RECORD")
+            with open(os.path.join(out, "offload_base.py"), "w") as f:
+                f.write(OFFLOAD_BASE_HEADER + top_level(base.decode(), OFFLOAD_BASE_NAMES))
         if release == "vllm-0.9.2":  # the stub KVEventsConfig mirrors the real one
             tree = ast.parse(zf.read("vllm/config.py"))
             cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KVEventsConfig")
@@ -291,14 +411,16 @@ def prepare(release):
     returns (directory of the real files, stub directory)."""
     out = os.path.join(CACHE, "extracted", release)
     stubs = os.path.join(out, "stubs")
-    marker = os.path.join(out, ".verified")
+    # -2: the offloading tracker's files are extracted too.
+    marker = os.path.join(out, ".verified-3")
     if not os.path.exists(marker):
         # Downloaded and extracted once, under testenv's lock: publishers of several
         # processes starting at once wait for the first.
         with testenv.Locked():
             if not os.path.exists(marker):
                 extract(release, out, marker)
-    for rel, text in STUBS[release].items():
+    extra = OFFLOAD_STUBS if release == "vllm-0.34.0" else {}
+    for rel, text in {**STUBS[release], **extra}.items():
         p = os.path.join(stubs, rel)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         try:
@@ -325,6 +447,53 @@ def load_real(release):
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
     return mod
+
+
+def load_offloading(release):
+    """vLLM 0.34's OffloadingEventsTracker and what it needs, over the loaded publisher."""
+    if release != "vllm-0.34.0":
+        raise SystemExit(f"offload: {release} has no offloading connector events")
+    out, _ = prepare(release)
+    mods = {}
+    for name, fname in [("vllm.v1.kv_offload.base", "offload_base.py"),
+                        (OFFLOAD_EVENTS[0], OFFLOAD_EVENTS[2])]:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(out, fname))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        mods[name] = mod
+    return mods["vllm.v1.kv_offload.base"], mods[OFFLOAD_EVENTS[0]], {}
+
+
+def offload_events(base, events_mod, trackers, cmd):
+    """The events vLLM's tracker builds for storing (or removing) blocks of one request
+    in an offloading tier: one tracker per mode, kept across commands as the connector
+    keeps its own."""
+    from types import SimpleNamespace as NS
+    bs = cmd["block_size"]
+    hashes = [h.to_bytes(8, "big") for h in cmd["block_hashes"]]
+    sd = cmd.get("self_describing", True)
+    if sd not in trackers:
+        config = base.OffloadingKVEventsConfig(enable_kv_cache_events=True,
+                                               self_describing_kv_events=sd)
+        trackers[sd] = events_mod.OffloadingEventsTracker(config)
+    tracker = trackers[sd]
+    spec = sys.modules["vllm.v1.kv_cache_interface"].FullAttentionSpec()
+    group = NS(group_idx=0, hashes_per_chunk=1, tokens_per_chunk=bs, tokens_per_block=bs,
+               sliding_window_size_in_chunks=None, kv_cache_spec=spec,
+               kv_event_group_spec=events_mod.OffloadingEventGroupSpec("full_attention", None))
+    req = NS(block_hashes=hashes, all_token_ids=cmd["token_ids"], lora_request=None,
+             resumable=False, kv_transfer_params=None)
+    medium = base.Medium[cmd.get("medium", "CPU")]
+    removed = "remove" in cmd
+    chunks = cmd["remove"] if removed else cmd["store"]
+    keys = [base.make_offload_key(hashes[c], 0) for c in chunks]
+    if not removed:
+        for c, key in zip(chunks, keys):
+            tracker.record_store(req, group, c, key)
+    ev = base.OffloadingEvent(keys=keys, medium=medium, removed=removed,
+                              locality=base.Locality.LOCAL, removal_expected=True)
+    return list(tracker.take_events([ev]))
 
 
 def hash_value(v):
@@ -370,6 +539,7 @@ def publish(argv):
     p.add_argument("--buffer", type=int, default=10_000)
     a = p.parse_args(argv)
     mod = load_real(a.release)
+    offloading = None
     rank = {"attn_dp_rank" if a.release.startswith("sglang") else "data_parallel_rank": a.rank}
     import zmq
     try:
@@ -395,6 +565,13 @@ def publish(argv):
                 pub.publish(mod.KVEventBatch(ts=time.time(), events=events))
                 pub._event_queue.join()  # task_done() follows the send
                 seq += 1
+            print(f"published {seq}", flush=True)
+        elif cmd["op"] == "offload":
+            offloading = offloading or load_offloading(a.release)
+            events = offload_events(*offloading, cmd)
+            pub.publish(mod.KVEventBatch(ts=time.time(), events=events))
+            pub._event_queue.join()
+            seq += 1
             print(f"published {seq}", flush=True)
         elif cmd["op"] == "stop":
             break

@@ -120,7 +120,7 @@ pub fn replay(
             .filter_map(|&(id, b)| index_of.get(id as usize).map(|&w| (w as u32, b)))
             .filter(|&(w, _)| w as usize != usize::MAX);
         let picked = picker.pick(scores, &inflight, cfg.alpha, i as u64);
-        let (w, got) = (picked.index, picked.blocks);
+        let (w, got) = (picked.index, picked.reuse as u32);
         let p0 = Instant::now();
         target.place(workers[w], &chain, now_us / 1000)?;
         record(&mut hp, p0.elapsed().as_nanos() as u64);

@@ -142,6 +142,10 @@ pub struct ClientConfig {
     /// TLS to the servers at TCP addresses (`kvix-server --tls-cert`). None (default):
     /// plain TCP.
     pub tls: Option<crate::ClientTls>,
+    /// What reuse from CPU and from storage is worth against reuse from GPU, for
+    /// queries that do not say ([`crate::QueryOptions::weights`]): answers are ranked by
+    /// it and each score's `reuse` weighed by it. Default Dynamo's: 0.75 and 0.25.
+    pub tier_weights: kvix_wire::TierWeights,
 }
 
 impl Default for ClientConfig {
@@ -162,6 +166,7 @@ impl Default for ClientConfig {
             replicas: false,
             hedge_after: None,
             tls: None,
+            tier_weights: kvix_wire::TierWeights::DYNAMO,
         }
     }
 }
@@ -195,6 +200,9 @@ impl ClientConfig {
         }
         if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
             return bad("connect_timeout and request_timeout must be positive");
+        }
+        if !self.tier_weights.is_valid() {
+            return bad("tier_weights: each weight is a number in [0, 1]");
         }
         Ok(())
     }

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvix_wire::{
-    to_native, Announced, Answer, ErrorCode, ErrorReply, Frame, Kind, MessageRef, Roster, Stats,
-    DEFAULT_MAX_FRAME,
+    to_native, Announced, ErrorCode, ErrorReply, Frame, Kind, MessageRef, Roster, Stats,
+    TieredAnswer, DEFAULT_MAX_FRAME,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::{tcp, unix, TcpStream, UnixStream};
@@ -33,7 +33,7 @@ const MAX_BACKLOG: usize = 64 << 20;
 /// A reply, copied out of the read buffer.
 #[derive(Debug)]
 pub(crate) enum Reply {
-    Answer(Answer),
+    Answer(TieredAnswer),
     Announced(Announced),
     Ack,
     Stats(Stats),
@@ -46,7 +46,7 @@ impl Reply {
     /// Converts a validated message; `None` for kinds a server never sends.
     fn from_message(m: &MessageRef<'_>) -> Option<Reply> {
         Some(match m {
-            MessageRef::Answer(a) => Reply::Answer(to_native::<Answer>(a)),
+            MessageRef::TieredAnswer(a) => Reply::Answer(to_native::<TieredAnswer>(a)),
             MessageRef::Announced(a) => Reply::Announced(to_native::<Announced>(a)),
             MessageRef::Ack(_) => Reply::Ack,
             MessageRef::Stats(s) => Reply::Stats(to_native::<Stats>(s)),
@@ -470,6 +470,7 @@ fn is_reply_kind(k: Kind) -> bool {
         k,
         Kind::Welcome
             | Kind::Answer
+            | Kind::TieredAnswer
             | Kind::Announced
             | Kind::Ack
             | Kind::Applied

@@ -80,4 +80,4 @@ pub use hdrhistogram;
 /// The protocol crate, for message, keyspace and lane types.
 pub use kvix_wire as wire;
 /// Worker ids as the server assigns them.
-pub use kvix_wire::WorkerId;
+pub use kvix_wire::{Depths, SuspectCause, TierWeights, WorkerId};

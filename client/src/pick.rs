@@ -1,7 +1,9 @@
-//! The load-aware choice a gateway makes from an answer: maximise the reusable prefix,
-//! penalise load. Each worker scores `blocks − alpha · load`, the highest wins; ties go
-//! to the less loaded worker, then to a per-request pseudo-random order (so that equal
-//! workers share the work instead of the lowest one taking it all).
+//! The load-aware choice a gateway makes from an answer: maximise the reusable prefix
+//! (weighed by tier: a block reused from CPU or storage is worth less than one on GPU,
+//! [`crate::WorkerScore::reuse`]), penalise load. Each worker scores `reuse − alpha ·
+//! load`, the highest wins; ties go to the less loaded worker, then to a per-request
+//! pseudo-random order (so that equal workers share the work instead of the lowest one
+//! taking it all).
 //!
 //! With `load` counted in KV blocks (queued prompts' blocks plus decoding ones) and
 //! `alpha = 1 / w`, this is Dynamo's KV router cost at temperature 0 (`w` its
@@ -18,14 +20,14 @@ use crate::types::QueryOutcome;
 /// overlap weight, load in blocks).
 pub const DEFAULT_ALPHA: f64 = 1.0;
 
-/// The chosen worker: its index among the workers given, and the blocks of the prompt
-/// it can reuse (the expected hit, 0 when none holds any of it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The chosen worker: its index among the workers given, and the reuse it was chosen
+/// for (the expected hit, 0 when none holds any of the prompt).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Picked {
     /// Index into the workers given.
     pub index: usize,
-    /// Reusable prefix in keyspace blocks, as the answer scored it.
-    pub blocks: u32,
+    /// Reusable prefix weighed by tier, in GPU keyspace blocks ([`crate::WorkerScore::reuse`]).
+    pub reuse: f64,
 }
 
 /// Picks among `workers` (name, load) for a query's `outcome`; `tie` seeds the order of
@@ -42,18 +44,18 @@ pub fn pick<N: AsRef<str>>(
         QueryOutcome::Scores(s) => &s[..],
         _ => &[],
     };
-    let blocks = |name: &str| {
+    let reuse = |name: &str| {
         scores
             .iter()
             .find(|s| s.name.as_deref() == Some(name))
-            .map_or(0, |s| s.blocks)
+            .map_or(0.0, |s| s.reuse)
     };
     let mut best: Option<(Key, Picked)> = None;
     for (index, (name, load)) in workers.iter().enumerate() {
-        let b = blocks(name.as_ref());
-        let key = Key::new(b, *load, alpha, tie, index);
+        let r = reuse(name.as_ref());
+        let key = Key::new(r, *load, alpha, tie, index);
         if best.as_ref().is_none_or(|(k, _)| key.beats(k)) {
-            best = Some((key, Picked { index, blocks: b }));
+            best = Some((key, Picked { index, reuse: r }));
         }
     }
     best.map(|(_, p)| p)
@@ -63,7 +65,7 @@ pub fn pick<N: AsRef<str>>(
 /// for callers that pick among many workers at a high rate (the bench's simulators).
 #[derive(Debug, Clone)]
 pub struct Picker {
-    overlap: Vec<u32>,
+    overlap: Vec<f64>,
     touched: Vec<usize>,
 }
 
@@ -71,42 +73,42 @@ impl Picker {
     /// Scratch for workers `0..workers`.
     pub fn new(workers: usize) -> Self {
         Picker {
-            overlap: vec![0; workers],
+            overlap: vec![0.0; workers],
             touched: Vec::new(),
         }
     }
 
     /// Picks among `load.len()` workers given an answer's `scores` ((worker index,
-    /// blocks)); as [`pick`].
-    pub fn pick<L: Copy + Into<f64>>(
+    /// reuse: blocks, or blocks weighed by tier)); as [`pick`].
+    pub fn pick<R: Into<f64>, L: Copy + Into<f64>>(
         &mut self,
-        scores: impl IntoIterator<Item = (WorkerId, u32)>,
+        scores: impl IntoIterator<Item = (WorkerId, R)>,
         load: &[L],
         alpha: f64,
         tie: u64,
     ) -> Picked {
         for i in self.touched.drain(..) {
-            self.overlap[i] = 0;
+            self.overlap[i] = 0.0;
         }
-        for (w, b) in scores {
+        for (w, r) in scores {
             let w = w as usize;
             if w < self.overlap.len() {
-                self.overlap[w] = b;
+                self.overlap[w] = r.into();
                 self.touched.push(w);
             }
         }
         let mut best: Option<(Key, Picked)> = None;
         for (index, &l) in load.iter().enumerate() {
-            let b = self.overlap.get(index).copied().unwrap_or(0);
-            let key = Key::new(b, l.into(), alpha, tie, index);
+            let r = self.overlap.get(index).copied().unwrap_or(0.0);
+            let key = Key::new(r, l.into(), alpha, tie, index);
             if best.as_ref().is_none_or(|(k, _)| key.beats(k)) {
-                best = Some((key, Picked { index, blocks: b }));
+                best = Some((key, Picked { index, reuse: r }));
             }
         }
         best.map_or(
             Picked {
                 index: 0,
-                blocks: 0,
+                reuse: 0.0,
             },
             |(_, p)| p,
         )
@@ -121,9 +123,9 @@ struct Key {
 }
 
 impl Key {
-    fn new(blocks: u32, load: f64, alpha: f64, tie: u64, index: usize) -> Key {
+    fn new(reuse: f64, load: f64, alpha: f64, tie: u64, index: usize) -> Key {
         Key {
-            score: f64::from(blocks) - alpha * load,
+            score: reuse - alpha * load,
             load,
             order: mix(tie ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         }
@@ -148,17 +150,13 @@ fn mix(mut z: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::WorkerScore;
+    use kvix_wire::{Depths, TierWeights};
 
     fn scores(s: &[(&str, u32)]) -> QueryOutcome {
         QueryOutcome::Scores(
             s.iter()
                 .enumerate()
-                .map(|(i, (n, b))| WorkerScore {
-                    worker: i as u32,
-                    name: Some((*n).into()),
-                    blocks: *b,
-                    history_lost: false,
-                })
+                .map(|(i, (n, b))| WorkerScore::on_gpu(i as u32, Some((*n).into()), *b))
                 .collect(),
         )
     }
@@ -170,7 +168,7 @@ mod tests {
             p.pick([(1, 10)], &[0u32, 3, 0], 1.0, 7),
             Picked {
                 index: 1,
-                blocks: 10
+                reuse: 10.0
             }
         );
         // Too loaded: 10 − 12 < 0.
@@ -187,7 +185,7 @@ mod tests {
             pick(&out, &workers, 1.0, 1),
             Some(Picked {
                 index: 1,
-                blocks: 8
+                reuse: 8.0
             })
         );
         // Load weighs more: c (3 − 4·1) vs b (8 − 4·2) vs a (0).
@@ -195,7 +193,7 @@ mod tests {
             pick(&out, &workers, 4.0, 1),
             Some(Picked {
                 index: 0,
-                blocks: 0
+                reuse: 0.0
             })
         );
         // Failed open or empty: the least loaded.
@@ -249,11 +247,8 @@ mod tests {
             let out = QueryOutcome::Scores(
                 (0..k)
                     .filter(|&i| overlap[i] > 0)
-                    .map(|i| WorkerScore {
-                        worker: i as u32,
-                        name: Some(names[i].as_str().into()),
-                        blocks: overlap[i],
-                        history_lost: false,
+                    .map(|i| {
+                        WorkerScore::on_gpu(i as u32, Some(names[i].as_str().into()), overlap[i])
                     })
                     .collect(),
             );
@@ -266,6 +261,39 @@ mod tests {
                 pick(&out, &workers, 1.0 / w, next(1 << 20)).unwrap().index,
                 want
             );
+        }
+    }
+
+    #[test]
+    fn reuse_from_cpu_is_weighed_against_gpu() {
+        // a: 8 blocks on GPU; b: 2 on GPU then 10 more from CPU. By blocks b wins; at
+        // Dynamo's weights (CPU 0.75) b's 2 + 7.5 beats a's 8; at CPU 0.5 a wins.
+        let tiers = |gpu, cpu| Depths {
+            gpu,
+            cpu,
+            storage: cpu,
+        };
+        let score = |worker, name: &str, d: Depths, w: &TierWeights| WorkerScore {
+            tiers: d,
+            reuse: d.weighed(w),
+            ..WorkerScore::on_gpu(worker, Some(name.into()), d.storage)
+        };
+        let workers = [("a", 0.0), ("b", 0.0)];
+        for (w, want) in [
+            (TierWeights::DYNAMO, 1),
+            (
+                TierWeights {
+                    cpu: 0.5,
+                    storage: 0.0,
+                },
+                0,
+            ),
+        ] {
+            let out = QueryOutcome::Scores(vec![
+                score(0, "a", tiers(8, 8), &w),
+                score(1, "b", tiers(2, 12), &w),
+            ]);
+            assert_eq!(pick(&out, &workers, 1.0, 3).unwrap().index, want, "{w:?}");
         }
     }
 }

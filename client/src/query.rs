@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use kvix_wire::{Answer, ErrorCode, ErrorReply, Keyspace, Kind, Query};
+use kvix_wire::{ErrorCode, ErrorReply, Keyspace, Kind, TierWeights, TieredAnswer, TieredQuery};
 
 use crate::conn::Reply;
 use crate::counters::Counters;
@@ -77,12 +77,13 @@ impl Client {
             return QueryOutcome::Disconnected;
         }
         let (keyspace, chain) = self.prompt_chain(keyspace, prompt);
-        let mut q = Query {
+        let mut q = TieredQuery {
             keyspace,
             chain,
             candidates: Vec::new(),
             top_k: opts.top_k,
             want_runs: false,
+            weights: opts.weights.unwrap_or(sh.cfg.tier_weights),
         };
         // Servers whose connection was lost under this query: it goes to the next one
         // up while time is left, so a server dying fails no query another could answer.
@@ -123,7 +124,7 @@ impl Client {
                     hedged_to = Some(second.0);
                     self.hedged(&q, opts, (slot, conn), second, at, until).await
                 }
-                _ => match sh.call(&conn, &q, Kind::Answer, until).await {
+                _ => match sh.call(&conn, &q, Kind::TieredAnswer, until).await {
                     Ok(w) => Ok((slot, w)),
                     Err(e) => Err(failed(e)),
                 },
@@ -143,7 +144,7 @@ impl Client {
                 Err(outcome) => return outcome,
             };
             return match reply {
-                Reply::Answer(a) => self.named(slot, a, until).await,
+                Reply::Answer(a) => self.named(slot, a, q.weights, until).await,
                 Reply::Error(e) => QueryOutcome::Rejected(e),
                 _ => QueryOutcome::Disconnected,
             };
@@ -172,7 +173,7 @@ impl Client {
     /// too: the first answer wins. Returns the answering server's slot and its reply.
     async fn hedged(
         &self,
-        q: &Query,
+        q: &TieredQuery,
         opts: &QueryOptions,
         (slot, conn): (usize, std::sync::Arc<crate::conn::Conn>),
         (slot2, conn2): (usize, std::sync::Arc<crate::conn::Conn>),
@@ -182,7 +183,7 @@ impl Client {
         let sh = &self.shared;
         let id = conn.next_id();
         let Some(mut rx) = sh
-            .send_request(&conn, id, q, 0, Some(Kind::Answer))
+            .send_request(&conn, id, q, 0, Some(Kind::TieredAnswer))
             .map_err(failed)?
         else {
             return Err(QueryOutcome::Disconnected);
@@ -198,7 +199,8 @@ impl Client {
         let mut q2 = q.clone();
         q2.candidates = sh.ids_on(slot2, &opts.candidates);
         let id2 = conn2.next_id();
-        let Ok(Some(mut rx2)) = sh.send_request(&conn2, id2, &q2, 0, Some(Kind::Answer)) else {
+        let Ok(Some(mut rx2)) = sh.send_request(&conn2, id2, &q2, 0, Some(Kind::TieredAnswer))
+        else {
             if primary_gone {
                 return Ok((slot, Waited::Closed));
             }
@@ -230,7 +232,13 @@ impl Client {
 
     /// The answer's outcome, every score named: ids this client cannot name are
     /// looked up in the server's roster first, while the deadline allows.
-    async fn named(&self, slot: usize, a: Answer, until: Instant) -> QueryOutcome {
+    async fn named(
+        &self,
+        slot: usize,
+        a: TieredAnswer,
+        weights: TierWeights,
+        until: Instant,
+    ) -> QueryOutcome {
         let sh = &self.shared;
         let known = sh.slots[slot].ids.lock().map_or(0, |m| m.reissued);
         if a.reissued != known {
@@ -247,10 +255,10 @@ impl Client {
         if let Some(id) = lowest {
             sh.learn(slot, Want::Ids(id), Instant::now(), until).await;
         }
-        self.outcome(slot, a)
+        self.outcome(slot, a, weights)
     }
 
-    fn outcome(&self, slot: usize, a: Answer) -> QueryOutcome {
+    fn outcome(&self, slot: usize, a: TieredAnswer, weights: TierWeights) -> QueryOutcome {
         let c = &self.shared.counters.n.unscorable;
         c.fetch_add(u64::from(a.unscorable), Ordering::Relaxed);
         if a.scores.is_empty() {
@@ -269,8 +277,11 @@ impl Client {
                 .map(|s| WorkerScore {
                     worker: s.worker,
                     name: ids.as_ref().and_then(|m| m.by_id.get(&s.worker).cloned()),
-                    blocks: s.blocks,
+                    blocks: s.tiers.storage,
+                    tiers: s.tiers,
+                    reuse: s.tiers.weighed(&weights),
                     history_lost: a.history_lost.contains(&s.worker),
+                    suspect: s.suspect,
                 })
                 .collect(),
         )

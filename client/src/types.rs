@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvix_wire::{ErrorReply, WorkerId};
+use kvix_wire::{Depths, ErrorReply, SuspectCause, TierWeights, WorkerId};
 
 /// A worker named by the id the server gave it or by its announced name.
 ///
@@ -72,25 +72,49 @@ pub struct QueryOptions {
     pub top_k: u32,
     /// This query's deadline instead of the configured one.
     pub deadline: Option<Duration>,
+    /// What reuse from CPU and storage is worth against GPU for this query; None: the
+    /// client's [`crate::ClientConfig::tier_weights`].
+    pub weights: Option<TierWeights>,
 }
 
-/// One worker's joint reusable prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One worker's reusable prefix.
+#[derive(Debug, Clone, PartialEq)]
 pub struct WorkerScore {
     /// The worker's id on the server that answered.
     pub worker: WorkerId,
     /// Its name (None only when the server's roster could not be fetched in time).
     pub name: Option<Arc<str>>,
-    /// Reusable prefix, in keyspace blocks.
+    /// Reusable prefix loading from any tier, in keyspace blocks (`tiers.storage`).
     pub blocks: u32,
+    /// The prefix by tier: from GPU alone, then continuing from CPU, then from storage.
+    pub tiers: Depths,
+    /// `tiers` weighed by the query's tier weights, in GPU blocks: what the pick weighs.
+    pub reuse: f64,
     /// The worker's history is lost: batches of its engine went by unapplied, so the
     /// engine may hold more of the prompt than `blocks` (never less) until it clears
     /// its cache or restarts.
     pub history_lost: bool,
+    /// The server doubts this score, and why (its engine's reuse reports disagree).
+    pub suspect: Option<SuspectCause>,
+}
+
+impl WorkerScore {
+    /// A score whose blocks are all on GPU (tests, and answers built by hand).
+    pub fn on_gpu(worker: WorkerId, name: Option<Arc<str>>, blocks: u32) -> Self {
+        WorkerScore {
+            worker,
+            name,
+            blocks,
+            tiers: Depths::gpu_only(blocks),
+            reuse: f64::from(blocks),
+            history_lost: false,
+            suspect: None,
+        }
+    }
 }
 
 /// What a query came to. Every variant but `Scores` means "route without the index".
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum QueryOutcome {
     /// Workers that can reuse part of the prompt, best first.
     Scores(Vec<WorkerScore>),

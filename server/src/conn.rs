@@ -26,7 +26,7 @@ use glommio::sync::{Semaphore, StaticPermit};
 use kvix_wire::{AlignedVec, ErrorCode, ErrorReply, FrameError, FrameReader, MAX_HELLO_FRAME};
 
 use crate::executor::Executor;
-use crate::handler::{error_frame, handle, Reply, Session};
+use crate::handler::{error_frame, handle, Reply, ReplyTo, Session};
 use crate::metrics::{ExecutorMetrics, Rejected};
 
 /// A reply on its way to the socket, holding its share of the byte budget.
@@ -134,8 +134,11 @@ where
                     break 'conn Closed::Protocol;
                 }
             };
-            let query_read_at = matches!(msg, kvix_wire::MessageRef::Query(_))
-                .then(crate::write::apply::slices_at_turn_before_last);
+            let query_read_at = matches!(
+                msg,
+                kvix_wire::MessageRef::Query(_) | kvix_wire::MessageRef::TieredQuery(_)
+            )
+            .then(crate::write::apply::slices_at_turn_before_last);
             let reply = handle(&ex, &mut session, &frame.header, msg, frame.body);
             reader.consume(len);
             if session.hello {
@@ -269,7 +272,9 @@ async fn refuse(ex: &Executor, out: &Out, id: u64, e: &FrameError) {
     ex.metrics().reject(Rejected::of(e));
     tracing::debug!("closing a connection: {e}");
     let code = match e {
-        FrameError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
+        FrameError::UnsupportedVersion(_) | FrameError::KindTooNew { .. } => {
+            ErrorCode::UnsupportedVersion
+        }
         _ => ErrorCode::BadFrame,
     };
     refuse_with(out, id, code, &e.to_string()).await;
@@ -277,7 +282,7 @@ async fn refuse(ex: &Executor, out: &Out, id: u64, e: &FrameError) {
 
 async fn refuse_with(out: &Out, id: u64, code: ErrorCode, message: &str) {
     let frame = error_frame(
-        id,
+        ReplyTo::unread(id),
         &ErrorReply {
             code,
             message: message.to_string(),
@@ -292,6 +297,8 @@ pub async fn refuse_overloaded<S: AsyncWrite + Unpin>(mut stream: S) {
         code: ErrorCode::Overloaded,
         message: "too many connections on this executor".into(),
     };
-    let _ = stream.write_all(&error_frame(0, &msg)).await;
+    let _ = stream
+        .write_all(&error_frame(ReplyTo::unread(0), &msg))
+        .await;
     let _ = stream.close().await;
 }

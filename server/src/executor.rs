@@ -17,8 +17,8 @@ use std::time::Instant;
 use futures::channel::oneshot;
 use futures::Future;
 use glommio::channels::local_channel::LocalSender;
-use kvix_engine::{Answer, Core, Ks, Registry};
-use kvix_wire::{ArchivedQuery, WorkerId};
+use kvix_engine::{Answer, Ask, Core, Registry};
+use kvix_wire::WorkerId;
 
 use crate::config::ExecutorSettings;
 use crate::durable::replica::appender::Appender;
@@ -28,6 +28,7 @@ use crate::ingest::states::{IngestStates, LOST};
 use crate::ingest::Ingest;
 use crate::mesh::{LocalFuture, QueryScope};
 use crate::metrics::{ExecutorMetrics, QueryOutcome};
+use crate::query::Asked;
 use crate::write::job::{answer, stopping, Queued, Written};
 use crate::write::record::Write;
 
@@ -264,27 +265,21 @@ impl Executor {
     }
 
     /// Answers a query from this executor's copy; `f` reads the answer in place.
-    pub fn query<R>(&self, q: &ArchivedQuery, f: impl FnOnce(&Answer) -> R) -> R {
+    pub fn query<R>(&self, q: &Asked<'_>, f: impl FnOnce(&Answer) -> R) -> R {
         let _scope = QueryScope::enter();
         let started = Instant::now();
-        let ks = Ks {
-            seed: q.keyspace.seed(self.settings.index.block_size),
-            kind: q.keyspace.kind(),
-        };
         let mut candidates = self.candidates.borrow_mut();
         candidates.clear();
-        candidates.extend(q.candidates.iter().map(|w| w.to_native()));
-        let filter = (!q.candidates.is_empty()).then_some(&candidates[..]);
+        q.candidates.copy_to(&mut candidates);
+        let ask = Ask {
+            candidates: (!q.candidates.is_empty()).then_some(&candidates[..]),
+            top_k: q.top_k,
+            want_runs: q.want_runs,
+            weights: q.weights,
+        };
         let mut answer = self.answer.borrow_mut();
         let mut core = self.core.borrow_mut();
-        core.query_into(
-            ks,
-            kvix_wire::u64s(&q.chain),
-            filter,
-            q.top_k.to_native(),
-            q.want_runs,
-            &mut answer,
-        );
+        core.query_into(q.ks, q.chain, &ask, &mut answer);
         let a = &mut *answer;
         a.reissued = core.roster().reissued();
         drop(core);

@@ -6,14 +6,15 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use kvix_wire::{
-    encode, AlignedVec, ArchivedHello, Body, ErrorCode, ErrorReply, Header, MessageRef, Stats,
-    Welcome, BYTE_CHUNK,
+    encode_in_version, AlignedVec, ArchivedHello, Body, ErrorCode, ErrorReply, Header, MessageRef,
+    Stats, Welcome, BYTE_CHUNK, OLDEST_VERSION,
 };
 
 use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::mesh::LocalFuture;
-use crate::metrics::Rejected;
+use crate::metrics::{ExecutorMetrics, Rejected};
+use crate::query;
 use crate::write::{route_write, Origin};
 use crate::write::{FrameBytes, Outcome, Write};
 
@@ -44,11 +45,37 @@ pub enum Reply {
     Nothing,
 }
 
-/// Encodes a reply frame; a reply too large to encode becomes an Internal error frame.
-pub fn frame<M: Body>(id: u64, msg: &M) -> AlignedVec {
-    encode(msg, id, 0).unwrap_or_else(|e| {
-        error_frame(
+/// Where a reply goes: the request it answers, in the protocol version the request
+/// came in (a v4 client reads v4 frames only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyTo {
+    pub id: u64,
+    pub version: u16,
+}
+
+impl ReplyTo {
+    pub fn of(header: &Header) -> Self {
+        ReplyTo {
+            id: header.request_id,
+            version: header.version,
+        }
+    }
+
+    /// A reply to a request whose header could not be read: in the oldest version, which
+    /// every client reads.
+    pub const fn unread(id: u64) -> Self {
+        ReplyTo {
             id,
+            version: OLDEST_VERSION,
+        }
+    }
+}
+
+/// Encodes a reply frame; a reply too large to encode becomes an Internal error frame.
+pub fn frame<M: Body>(to: ReplyTo, msg: &M) -> AlignedVec {
+    encode_in_version(msg, to.version, to.id, 0, AlignedVec::new()).unwrap_or_else(|e| {
+        error_frame(
+            to,
             &ErrorReply {
                 code: ErrorCode::Internal,
                 message: e.to_string(),
@@ -57,14 +84,20 @@ pub fn frame<M: Body>(id: u64, msg: &M) -> AlignedVec {
     })
 }
 
-pub fn error_frame(id: u64, e: &ErrorReply) -> AlignedVec {
-    encode(e, id, 0).expect("an error reply always encodes")
+/// An error reply, its code as the request's version knows it.
+pub fn error_frame(to: ReplyTo, e: &ErrorReply) -> AlignedVec {
+    let e = ErrorReply {
+        code: e.code.for_version(to.version),
+        message: e.message.clone(),
+    };
+    encode_in_version(&e, to.version, to.id, 0, AlignedVec::new())
+        .expect("an error reply always encodes")
 }
 
 /// The frame edge: a failure becomes the `ErrorReply` its client reads.
-pub fn failure_frame(id: u64, f: Failure) -> AlignedVec {
+pub fn failure_frame(to: ReplyTo, f: Failure) -> AlignedVec {
     error_frame(
-        id,
+        to,
         &ErrorReply {
             code: f.code(),
             message: f.to_string(),
@@ -81,7 +114,7 @@ pub fn handle(
     msg: MessageRef<'_>,
     body: &[u8],
 ) -> Reply {
-    let id = header.request_id;
+    let id = ReplyTo::of(header);
     if !session.hello {
         return match msg {
             MessageRef::Hello(h) => hello(ex, session, id, h),
@@ -118,21 +151,16 @@ pub fn handle(
             }))
         };
     }
+    let block = ex.settings().index.block_size;
     let reply = match msg {
-        MessageRef::Query(q) => Reply::Now(ex.query(q, |a| {
-            let bytes = frame(id, &a.to_wire());
-            let max = ex.settings().conn.max_frame as usize;
-            if bytes.len() <= max {
-                return bytes;
-            }
-            failure_frame(
-                id,
-                Failure::AnswerTooLarge {
-                    bytes: bytes.len(),
-                    max,
-                },
-            )
+        MessageRef::Query(q) => Reply::Now(ex.query(&query::Asked::joint(q, block), |a| {
+            bounded(ex, id, frame(id, &a.to_wire()))
         })),
+        MessageRef::TieredQuery(q) => Reply::Now(match query::Asked::tiered(q, block) {
+            Ok(asked) => ex.query(&asked, |a| bounded(ex, id, frame(id, &a.to_tiered()))),
+            Err(f) => failure_frame(id, f),
+        }),
+        MessageRef::ReuseReport(r) => Reply::Now(reuse(ex, id, r)),
         MessageRef::StatsRequest(_) => stats(ex, id),
         MessageRef::RosterRequest(r) => Reply::Now(roster(ex, id, r)),
         MessageRef::Echo(e) => echo(ex, id, e.reply_len.to_native()),
@@ -152,6 +180,28 @@ pub fn handle(
         Reply::Later(_) | Reply::Now(_) if !header.wants_reply() => Reply::Nothing,
         reply => reply,
     }
+}
+
+/// An answer's frame, or the refusal of one past the frame limit.
+fn bounded(ex: &Executor, id: ReplyTo, bytes: AlignedVec) -> AlignedVec {
+    let max = ex.settings().conn.max_frame as usize;
+    if bytes.len() <= max {
+        return bytes;
+    }
+    failure_frame(
+        id,
+        Failure::AnswerTooLarge {
+            bytes: bytes.len(),
+            max,
+        },
+    )
+}
+
+/// Counts a gateway's reuse reports (what the engines say they reused); the verdicts
+/// drawn from them are not built yet, so the reports are counted and acknowledged.
+fn reuse(ex: &Executor, id: ReplyTo, r: &kvix_wire::ArchivedReuseReport) -> AlignedVec {
+    ExecutorMetrics::add(&ex.metrics().reuse_reports, r.reports.len() as u64);
+    frame(id, &kvix_wire::Ack {})
 }
 
 fn is_write(msg: &MessageRef<'_>) -> bool {
@@ -193,7 +243,7 @@ fn write_of(msg: &MessageRef<'_>, body: &[u8]) -> Result<Write, Failure> {
 }
 
 /// The outcome of one applied write as the reply frame its client waits for.
-fn reply_frame(id: u64, outcome: Result<Outcome, Failure>) -> AlignedVec {
+fn reply_frame(id: ReplyTo, outcome: Result<Outcome, Failure>) -> AlignedVec {
     match outcome {
         Ok(Outcome::Announced(a)) => frame(id, &a),
         Ok(Outcome::Applied(a)) => frame(id, &a),
@@ -231,7 +281,7 @@ fn check_announce(a: &kvix_wire::Announce) -> Result<(), Failure> {
     }
 }
 
-fn hello(ex: &Executor, session: &mut Session, id: u64, h: &ArchivedHello) -> Reply {
+fn hello(ex: &Executor, session: &mut Session, id: ReplyTo, h: &ArchivedHello) -> Reply {
     let cfg = &ex.settings().conn;
     let refuse = |session: &mut Session, why: Rejected, code, message: String| {
         ex.metrics().reject(why);
@@ -299,7 +349,7 @@ const MAX_ROSTER_NAMES: usize = 256;
 /// The active workers the request asks for, from this executor's roster (every
 /// executor installs every announce before it is answered). The id-ordered part stops
 /// at about a quarter of the frame limit; the client asks again from `next`.
-fn roster(ex: &Executor, id: u64, r: &kvix_wire::ArchivedRosterRequest) -> AlignedVec {
+fn roster(ex: &Executor, id: ReplyTo, r: &kvix_wire::ArchivedRosterRequest) -> AlignedVec {
     let core = ex.core();
     let roster = core.roster();
     let entry = |w: &kvix_engine::WorkerEntry| kvix_wire::RosterEntry {
@@ -335,7 +385,7 @@ fn roster(ex: &Executor, id: u64, r: &kvix_wire::ArchivedRosterRequest) -> Align
     )
 }
 
-fn echo(ex: &Executor, id: u64, reply_len: u32) -> Reply {
+fn echo(ex: &Executor, id: ReplyTo, reply_len: u32) -> Reply {
     let cap = ex.settings().conn.max_frame as usize - kvix_wire::HEADER_LEN - 64;
     let payload = vec![0u8; (reply_len as usize).min(cap)];
     Reply::Now(frame(id, &kvix_wire::Echo { payload, reply_len }))
@@ -343,7 +393,7 @@ fn echo(ex: &Executor, id: u64, reply_len: u32) -> Reply {
 
 /// Every executor's counters: the roster and index are whole on each (one copy counts),
 /// queries and events add up.
-fn stats(ex: &Rc<Executor>, id: u64) -> Reply {
+fn stats(ex: &Rc<Executor>, id: ReplyTo) -> Reply {
     let parts: Vec<_> = (0..ex.executors())
         .map(|e| ex.on(e, |on| Box::pin(std::future::ready(Ok(stats_part(on))))))
         .collect();

@@ -28,6 +28,7 @@ pub mod listener;
 pub mod loud;
 pub mod mesh;
 pub mod metrics;
+pub mod query;
 pub mod rlimit;
 pub mod steering;
 pub mod tls;

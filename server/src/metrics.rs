@@ -39,7 +39,7 @@ impl Rejected {
     pub fn of(e: &FrameError) -> Rejected {
         match e {
             FrameError::BadMagic(_) => Rejected::BadMagic,
-            FrameError::UnsupportedVersion(_) => Rejected::Version,
+            FrameError::UnsupportedVersion(_) | FrameError::KindTooNew { .. } => Rejected::Version,
             FrameError::UnknownKind(_) | FrameError::Unexpected { .. } => Rejected::Kind,
             FrameError::UnknownFlags(_) | FrameError::Reserved(_) => Rejected::Flags,
             FrameError::Oversize { .. } => Rejected::Oversize,
@@ -65,6 +65,8 @@ crate::metric_set! {
     pub struct ExecutorMetrics {
         /// Queries answered, by outcome.
         queries: Counter Sum "kvix_queries_total" by "outcome" (&["hit", "empty", "unscorable"]),
+        /// Reuse reports taken (v5 `ReuseReport`: what engines said they reused).
+        reuse_reports: Counter Sum "kvix_reuse_reports_total",
         /// Frames or connections refused, by reason.
         rejected: Counter Sum "kvix_rejected_frames_total" by "reason" (&[
             "bad_magic", "version", "kind", "flags", "oversize", "invalid_body", "no_hello",

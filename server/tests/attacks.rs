@@ -267,6 +267,7 @@ fn silent_connections_are_closed_by_the_handshake_timeout() {
 fn hello_header(body_len: u32) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     Header {
+        version: kvix_wire::PROTOCOL_VERSION,
         kind: Kind::Hello as u8,
         flags: 0,
         request_id: 1,
@@ -313,6 +314,7 @@ fn headers_announcing_megabytes_after_hello_pin_no_memory() {
     let before = rss_mib(server.pid());
     let mut header = [0u8; HEADER_LEN];
     Header {
+        version: kvix_wire::PROTOCOL_VERSION,
         kind: Kind::Echo as u8,
         flags: 0,
         request_id: 9,

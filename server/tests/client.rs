@@ -72,12 +72,7 @@ fn raw_stats(conn: &mut Conn) -> Stats {
 }
 
 fn score(worker: u32, name: &str, blocks: u32) -> WorkerScore {
-    WorkerScore {
-        worker,
-        name: Some(name.into()),
-        blocks,
-        history_lost: false,
-    }
+    WorkerScore::on_gpu(worker, Some(name.into()), blocks)
 }
 
 /// Queries until `done` holds for the outcome (placements are fire-and-forget, so they
@@ -553,12 +548,7 @@ async fn a_query_whose_real_server_dies_under_it_is_answered_by_the_next_one() {
     }
     a.kill();
     // Named from the second server's roster, though this client announced nothing.
-    let want = WorkerScore {
-        worker: ids[1],
-        name: Some("w".into()),
-        blocks: 4,
-        history_lost: false,
-    };
+    let want = score(ids[1], "w", 4);
     assert_eq!(query.await.unwrap(), QueryOutcome::Scores(vec![want]));
     let n = c.counters();
     assert_eq!(

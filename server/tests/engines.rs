@@ -2091,11 +2091,7 @@ fn the_mock_engines_encoding_is_vllm_0_34s_byte_for_byte() {
         events: vec![
             EngineEvent::Stored(Stored::plain(vec![big | 7, 300], None, tokens, 16)),
             EngineEvent::Stored(window),
-            EngineEvent::Removed(Removed {
-                block_hashes: vec![300, 1 << 40],
-                medium: Medium::Gpu,
-                group_idx: 0,
-            }),
+            EngineEvent::Removed(Removed::new(vec![300, 1 << 40], Medium::Gpu, 0)),
             EngineEvent::Cleared,
         ],
         dp_rank: decoded.dp_rank,
@@ -2146,4 +2142,131 @@ fn the_fuzz_corpus_vllm_0_9_seed_is_the_real_publishers_bytes() {
         "/events/fuzz/seeds/payload/v09_arrays"
     );
     assert_eq!(real, std::fs::read(seed).unwrap());
+}
+
+/// Waits (bounded) until a v5 query of `chain` gives exactly `want` (worker, tiers).
+fn expect_tiers(
+    c: &mut Conn,
+    ks: &Keyspace,
+    chain: &[u64],
+    want: &[(WorkerId, Depths)],
+    what: &str,
+) {
+    let q = TieredQuery {
+        keyspace: ks.clone(),
+        chain: chain.to_vec(),
+        weights: TierWeights::DYNAMO,
+        ..Default::default()
+    };
+    let mut last = None;
+    for _ in 0..600 {
+        let a: TieredAnswer = c.ask(&q).decode();
+        let got: Vec<(WorkerId, Depths)> = a.scores.iter().map(|s| (s.worker, s.tiers)).collect();
+        if got == want {
+            return;
+        }
+        last = Some(got);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what}: expected {want:?}, last answer {last:?}");
+}
+
+/// vLLM 0.34's offloading connector, its own `events.py` building the events: a
+/// self-describing CPU store continues the GPU prefix; a placeholder (legacy: one hash,
+/// no tokens) copies a block known by hash, and one of a hash never stored is counted
+/// and dropped, never credited; a removal from one tier leaves the others. A v4 query
+/// meanwhile sees the joint figure.
+#[test]
+fn vllm_offloading_events_fill_the_cpu_and_storage_tiers() {
+    if available("vllm_offloading_events").is_none() {
+        return;
+    }
+    let rel = Rel("vllm-0.34.0");
+    let Rig {
+        server,
+        mut publisher,
+        mut c,
+        w,
+        ..
+    } = Rig::new(rel, "w", full());
+    let base = ks("", "");
+    let p1 = chain(&base, 1, 6);
+    let d = |gpu, cpu, storage| Depths { gpu, cpu, storage };
+    // The request the connector offloads: prompt 1, block i's engine hash 1 + i.
+    let offload = |sd: bool, medium: &str, blocks: &[u32], remove: bool| {
+        let hashes: Vec<u64> = (0..6).map(|i| 0xF000_0000_0000_0000u64 | (1 + i)).collect();
+        let mut cmd = json!({
+            "self_describing": sd,
+            "block_size": 16,
+            "block_hashes": hashes,
+            "token_ids": toks(1, 0, 6),
+            "medium": medium,
+        });
+        cmd[if remove { "remove" } else { "store" }] = json!(blocks);
+        cmd
+    };
+    publisher.publish(vec![rel.blocks(1, 0, 2, 1)]);
+    expect_tiers(&mut c, &base, &p1, &[(w, d(2, 2, 2))], "GPU");
+    publisher.offload(offload(true, "CPU", &[0, 1, 2, 3], false));
+    expect_tiers(
+        &mut c,
+        &base,
+        &p1,
+        &[(w, d(2, 4, 4))],
+        "CPU continues the GPU prefix",
+    );
+    // A placeholder for block 4, never stored: counted, not credited.
+    publisher.offload(offload(false, "STORAGE", &[4], false));
+    await_metric(
+        &server,
+        "kvix_ingest_skipped_events_total{reason=\"unknown_placeholder\"}",
+        1,
+    );
+    expect_tiers(
+        &mut c,
+        &base,
+        &p1,
+        &[(w, d(2, 4, 4))],
+        "nothing from an unknown placeholder",
+    );
+    publisher.offload(offload(true, "STORAGE", &[4], false));
+    expect_tiers(
+        &mut c,
+        &base,
+        &p1,
+        &[(w, d(2, 4, 5))],
+        "storage continues CPU",
+    );
+    // Now block 4 is known: a CPU placeholder of it is a copy.
+    publisher.offload(offload(false, "CPU", &[4], false));
+    expect_tiers(
+        &mut c,
+        &base,
+        &p1,
+        &[(w, d(2, 5, 5))],
+        "a known placeholder",
+    );
+    assert_eq!(
+        c.query(&base, &p1).scores,
+        [Score {
+            worker: w,
+            blocks: 5
+        }],
+        "v4: joint"
+    );
+    // Block 1 leaves CPU (GPU still holds it), then GPU: the prefix stops at block 1 in
+    // every tier, storage holding block 4 alone.
+    publisher.offload(offload(true, "CPU", &[1], true));
+    expect_tiers(&mut c, &base, &p1, &[(w, d(2, 5, 5))], "still on GPU");
+    publisher.publish(vec![rel.removed(&[2])]);
+    expect_tiers(
+        &mut c,
+        &base,
+        &p1,
+        &[(w, d(1, 1, 1))],
+        "gone from GPU and CPU",
+    );
+    assert!(server.metric("kvix_ingest_blocks_stored_total{medium=\"cpu\"}") >= 5);
+    assert!(server.metric("kvix_ingest_blocks_stored_total{medium=\"storage\"}") >= 1);
+    publisher.stop();
 }

@@ -135,6 +135,7 @@ async fn rust_answers(server: &Server) -> serde_json::Value {
             candidates: candidates.iter().map(WorkerRef::from).collect(),
             top_k,
             deadline: None,
+            weights: None,
         };
         let out = client.query_tokens(&ks, &tokens, &opts).await;
         let scores: Vec<serde_json::Value> = match &out {

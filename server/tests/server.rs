@@ -782,3 +782,130 @@ fn the_roster_lists_every_clients_workers_in_pages() {
         assert!(!page.more);
     }
 }
+
+fn stored_in(tier: Tier, start: u32, chain: &[u64]) -> Event {
+    Event::StoredIn {
+        tier,
+        lane: 0,
+        start,
+        parent: None,
+        chain: chain.to_vec(),
+        engine: vec![],
+    }
+}
+
+fn tiered_query(ks: &Keyspace, chain: &[u64], weights: TierWeights) -> TieredQuery {
+    TieredQuery {
+        keyspace: ks.clone(),
+        chain: chain.to_vec(),
+        weights,
+        ..Default::default()
+    }
+}
+
+/// A rolling upgrade: servers speak v4 and v5 at once. A v4 client reads v4 frames with
+/// the joint figure (any tier), ranked by it; a v5 client reads each tier and a ranking
+/// weighed by tier; a v5 request in a v4 frame is refused, naming the version.
+#[test]
+fn v4_clients_get_the_joint_figure_and_v5_clients_the_tiers() {
+    let server = Server::start(&["--cores", "2"]);
+    let ks = Keyspace::tokens("m");
+    let chain = chain_of(&ks, 0, 8);
+    let mut c = server.session();
+    let (gpu, cpu) = (c.events_worker("gpu"), c.events_worker("cpu"));
+    // gpu: blocks 0..4 on GPU. cpu: block 0 on GPU, 0..6 on CPU, then storage to 7.
+    let r = c.ask(&batch(gpu, 0, &ks, vec![stored(0, 0, &chain[..4])]));
+    assert_eq!(r.kind, Kind::Applied);
+    let events = vec![
+        stored(0, 0, &chain[..1]),
+        stored_in(Tier::Cpu, 0, &chain[..6]),
+        stored_in(Tier::Storage, 6, &chain[6..7]),
+    ];
+    assert_eq!(c.ask(&batch(cpu, 0, &ks, events)).kind, Kind::Applied);
+
+    let mut old = server.connect();
+    old.version = 4;
+    old.hello(16, None).unwrap();
+    let r = old.ask(&Query {
+        keyspace: ks.clone(),
+        chain: chain.clone(),
+        ..Default::default()
+    });
+    assert_eq!((r.header.version, r.kind), (4, Kind::Answer));
+    let a: Answer = r.decode();
+    let joint: Vec<(WorkerId, u32)> = a.scores.iter().map(|s| (s.worker, s.blocks)).collect();
+    assert_eq!(joint, [(cpu, 7), (gpu, 4)], "ranked by the joint depth");
+
+    let depths = |gpu, cpu, storage| Depths { gpu, cpu, storage };
+    // Dynamo's weights: cpu is worth 1 + 0.75·5 + 0.25·1 = 5, over gpu's 4.
+    let r = c.ask(&tiered_query(&ks, &chain, TierWeights::DYNAMO));
+    assert_eq!(r.header.version, 5);
+    let a: TieredAnswer = r.decode();
+    let got: Vec<(WorkerId, Depths)> = a.scores.iter().map(|s| (s.worker, s.tiers)).collect();
+    assert_eq!(got, [(cpu, depths(1, 6, 7)), (gpu, depths(4, 4, 4))]);
+    // CPU worth a third of GPU: 1 + 5/3 + 0.25 < 4, so gpu ranks first.
+    let third = TierWeights {
+        cpu: 1.0 / 3.0,
+        storage: 0.25,
+    };
+    let a: TieredAnswer = c.ask(&tiered_query(&ks, &chain, third)).decode();
+    let order: Vec<WorkerId> = a.scores.iter().map(|s| s.worker).collect();
+    assert_eq!(order, [gpu, cpu]);
+
+    // Weights out of range: a typed refusal.
+    let nan = TierWeights {
+        cpu: f32::NAN,
+        storage: 0.0,
+    };
+    let e = c.ask(&tiered_query(&ks, &chain, nan)).error();
+    assert_eq!(e.code, ErrorCode::BadRequest, "{}", e.message);
+    let e = c
+        .ask(&tiered_query(
+            &ks,
+            &chain,
+            TierWeights {
+                cpu: 1.5,
+                storage: 0.0,
+            },
+        ))
+        .error();
+    assert_eq!(e.code, ErrorCode::BadRequest);
+
+    // A v5 kind in a v4 frame: refused as a version error, and the connection closed.
+    let mut frame = encode(&tiered_query(&ks, &chain, TierWeights::DYNAMO), 9, 0)
+        .unwrap()
+        .to_vec();
+    frame[4..6].copy_from_slice(&4u16.to_le_bytes());
+    old.send_raw(&frame);
+    let r = old.recv().unwrap();
+    assert_eq!(r.header.version, 4, "a refusal a v4 client can read");
+    let e = r.error();
+    assert_eq!(e.code, ErrorCode::UnsupportedVersion, "{}", e.message);
+    assert!(old.recv().is_none());
+    assert!(server
+        .scrape()
+        .contains("kvix_rejected_frames_total{reason=\"version\"} 1"));
+}
+
+/// Reuse reports are taken (acknowledged, counted), in batches and fire-and-forget.
+#[test]
+fn reuse_reports_are_counted() {
+    let server = Server::start(&["--cores", "1"]);
+    let mut c = server.session();
+    let w = c.events_worker("w");
+    let report = |n: usize| ReuseReport {
+        reports: (0..n)
+            .map(|i| Reuse {
+                worker: w,
+                model: "m".into(),
+                predicted_tokens: (i % 2 == 0).then_some(32),
+                cached_tokens: 16,
+                prompt_tokens: 100,
+            })
+            .collect(),
+    };
+    assert_eq!(c.ask(&report(3)).kind, Kind::Ack);
+    c.send_flags(&report(2), FLAG_NO_REPLY);
+    assert_eq!(c.ask(&StatsRequest {}).kind, Kind::Stats);
+    assert_eq!(server.metric("kvix_reuse_reports_total"), 5);
+}

@@ -5,9 +5,9 @@
 //! reuse it). Any change here bumps [`CHAIN_HASH_VERSION`] and the protocol version:
 //! `tests/golden.rs` pins it.
 
-/// The chain hash function's version. Protocol versions 1 to 4 share chain hash 1
+/// The chain hash function's version. Protocol versions 1 to 5 share chain hash 1
 /// (version 2 changed only the layout of `Event::Stored`, version 3 added error codes,
-/// version 4 fields of `Answer` and `Roster`; extra keys ([`mix_extra`]) change no hash
+/// version 4 fields of `Answer` and `Roster`, version 5 tiers and new kinds; extra keys ([`mix_extra`]) change no hash
 /// of a block without them).
 pub const CHAIN_HASH_VERSION: u16 = 1;
 

@@ -9,7 +9,9 @@ use rkyv::ser::allocator::ArenaHandle;
 use rkyv::{Archive, Deserialize, Portable, Serialize};
 use thiserror::Error;
 
-use crate::frame::{padded, FrameError, Header, FRAME_ALIGN, HEADER_LEN};
+use crate::frame::{
+    padded, FrameError, Header, FRAME_ALIGN, HEADER_LEN, OLDEST_VERSION, PROTOCOL_VERSION,
+};
 use crate::message::*;
 
 /// A message body type with its kind byte.
@@ -36,7 +38,7 @@ impl<M, T> Checked<M> for T where
 }
 
 macro_rules! messages {
-    ($($name:ident = $byte:literal),* $(,)?) => {
+    ($($name:ident = $byte:literal since $since:literal),* $(,)?) => {
         /// The message kinds, as the header's `kind` byte spells them.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u8)]
@@ -48,6 +50,10 @@ macro_rules! messages {
             }
             pub fn name(self) -> &'static str {
                 match self { $(Kind::$name => stringify!($name)),* }
+            }
+            /// The protocol version the kind is defined from.
+            pub fn since(self) -> u16 {
+                match self { $(Kind::$name => $since),* }
             }
         }
 
@@ -74,23 +80,26 @@ macro_rules! messages {
 }
 
 messages! {
-    Hello = 1,
-    Welcome = 2,
-    Query = 3,
-    Answer = 4,
-    Announce = 5,
-    Announced = 6,
-    Retire = 7,
-    EventBatch = 8,
-    Applied = 9,
-    Placement = 10,
-    StatsRequest = 11,
-    Stats = 12,
-    Echo = 13,
-    Ack = 14,
-    ErrorReply = 15,
-    RosterRequest = 16,
-    Roster = 17,
+    Hello = 1 since 4,
+    Welcome = 2 since 4,
+    Query = 3 since 4,
+    Answer = 4 since 4,
+    Announce = 5 since 4,
+    Announced = 6 since 4,
+    Retire = 7 since 4,
+    EventBatch = 8 since 4,
+    Applied = 9 since 4,
+    Placement = 10 since 4,
+    StatsRequest = 11 since 4,
+    Stats = 12 since 4,
+    Echo = 13 since 4,
+    Ack = 14 since 4,
+    ErrorReply = 15 since 4,
+    RosterRequest = 16 since 4,
+    Roster = 17 since 4,
+    TieredQuery = 18 since 5,
+    TieredAnswer = 19 since 5,
+    ReuseReport = 20 since 5,
 }
 
 #[derive(Debug, Error)]
@@ -99,6 +108,16 @@ pub enum EncodeError {
     Serialize { kind: &'static str, reason: String },
     #[error("{kind} body of {len} bytes does not fit in a frame")]
     TooLarge { kind: &'static str, len: usize },
+    #[error(
+        "protocol version {0} is not one this side speaks ({OLDEST_VERSION} to {PROTOCOL_VERSION})"
+    )]
+    Version(u16),
+    #[error("{kind} is new in protocol version {since}, not in version {version}")]
+    TooNew {
+        kind: &'static str,
+        since: u16,
+        version: u16,
+    },
 }
 
 /// Appends one frame carrying `msg` to `out`, which may already hold whole frames.
@@ -106,9 +125,31 @@ pub fn encode_into<M: Body>(
     msg: &M,
     request_id: u64,
     flags: u8,
+    out: AlignedVec,
+) -> Result<AlignedVec, EncodeError> {
+    encode_in_version(msg, PROTOCOL_VERSION, request_id, flags, out)
+}
+
+/// [`encode_into`] with the header saying `version` (a server answers a request in the
+/// version it came in).
+pub fn encode_in_version<M: Body>(
+    msg: &M,
+    version: u16,
+    request_id: u64,
+    flags: u8,
     mut out: AlignedVec,
 ) -> Result<AlignedVec, EncodeError> {
     let kind = M::KIND.name();
+    if !(OLDEST_VERSION..=PROTOCOL_VERSION).contains(&version) {
+        return Err(EncodeError::Version(version));
+    }
+    if M::KIND.since() > version {
+        return Err(EncodeError::TooNew {
+            kind,
+            since: M::KIND.since(),
+            version,
+        });
+    }
     debug_assert_eq!(
         out.len() % FRAME_ALIGN,
         0,
@@ -130,6 +171,7 @@ pub fn encode_into<M: Body>(
     })?;
     out.extend_from_slice(&[0u8; FRAME_ALIGN][..padded(body_len) - body_len]);
     let header = Header {
+        version,
         kind: M::KIND as u8,
         flags,
         request_id,
@@ -173,7 +215,7 @@ pub fn split_frame(buf: &[u8], max_frame: u32) -> Result<Option<Frame<'_>>, Fram
         return Ok(None);
     };
     let header = Header::read(head.try_into().expect("header"), max_frame, |b| {
-        Kind::from_byte(b).is_some()
+        Kind::from_byte(b).map(Kind::since)
     })?;
     let kind = Kind::from_byte(header.kind).ok_or(FrameError::UnknownKind(header.kind))?;
     let len = header.frame_len();

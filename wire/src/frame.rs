@@ -5,7 +5,7 @@
 //! ```text
 //! offset size field
 //!  0     4    magic      b"KVIX"
-//!  4     2    version    PROTOCOL_VERSION
+//!  4     2    version    OLDEST_VERSION ..= PROTOCOL_VERSION
 //!  6     1    kind       message kind (see codec::Kind)
 //!  7     1    flags      FLAG_* bits; unknown bits refused
 //!  8     8    request id echoed in the reply; lets a connection pipeline
@@ -17,7 +17,11 @@
 use thiserror::Error;
 
 pub const MAGIC: [u8; 4] = *b"KVIX";
-pub const PROTOCOL_VERSION: u16 = 4;
+/// The version this side writes by default, and the newest it reads.
+pub const PROTOCOL_VERSION: u16 = 5;
+/// The oldest version a server still reads and answers (in that version), so that a
+/// rolling upgrade (servers first, then clients) never fails a fleet open.
+pub const OLDEST_VERSION: u16 = 4;
 pub const HEADER_LEN: usize = 24;
 /// Bodies start and frames end on this boundary.
 pub const FRAME_ALIGN: usize = 8;
@@ -37,10 +41,12 @@ const KNOWN_FLAGS: u8 = FLAG_NO_REPLY;
 pub enum FrameError {
     #[error("bad magic {0:02x?} (not a kvix peer?)")]
     BadMagic([u8; 4]),
-    #[error("unsupported protocol version {0} (this side speaks {PROTOCOL_VERSION})")]
+    #[error("unsupported protocol version {0} (this side speaks {OLDEST_VERSION} to {PROTOCOL_VERSION})")]
     UnsupportedVersion(u16),
     #[error("unknown message kind {0}")]
     UnknownKind(u8),
+    #[error("message kind {kind} is new in version {since}; the frame says version {version}")]
+    KindTooNew { kind: u8, since: u16, version: u16 },
     #[error("unknown flag bits {0:#04x}")]
     UnknownFlags(u8),
     #[error("reserved header field is {0:#x}, must be 0")]
@@ -61,6 +67,8 @@ pub enum FrameError {
 /// The decoded fixed header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    /// The protocol version the sender speaks; a reply is written in its request's.
+    pub version: u16,
     pub kind: u8,
     pub flags: u8,
     pub request_id: u64,
@@ -79,7 +87,7 @@ impl Header {
 
     pub fn write(&self, out: &mut [u8; HEADER_LEN]) {
         out[0..4].copy_from_slice(&MAGIC);
-        out[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        out[4..6].copy_from_slice(&self.version.to_le_bytes());
         out[6] = self.kind;
         out[7] = self.flags;
         out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
@@ -87,21 +95,23 @@ impl Header {
         out[20..24].copy_from_slice(&0u32.to_le_bytes());
     }
 
-    /// Reads and checks a header. `known_kind` says which kind bytes exist.
+    /// Reads and checks a header. `since` gives the version a kind byte is defined
+    /// from (None: no such kind).
     pub fn read(
         bytes: &[u8; HEADER_LEN],
         max_frame: u32,
-        known_kind: impl Fn(u8) -> bool,
+        since: impl Fn(u8) -> Option<u16>,
     ) -> Result<Header, FrameError> {
         let magic: [u8; 4] = bytes[0..4].try_into().expect("4 bytes");
         if magic != MAGIC {
             return Err(FrameError::BadMagic(magic));
         }
         let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-        if version != PROTOCOL_VERSION {
+        if !(OLDEST_VERSION..=PROTOCOL_VERSION).contains(&version) {
             return Err(FrameError::UnsupportedVersion(version));
         }
         let header = Header {
+            version,
             kind: bytes[6],
             flags: bytes[7],
             request_id: u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")),
@@ -111,8 +121,16 @@ impl Header {
         if reserved != 0 {
             return Err(FrameError::Reserved(reserved));
         }
-        if !known_kind(header.kind) {
-            return Err(FrameError::UnknownKind(header.kind));
+        match since(header.kind) {
+            None => return Err(FrameError::UnknownKind(header.kind)),
+            Some(since) if since > version => {
+                return Err(FrameError::KindTooNew {
+                    kind: header.kind,
+                    since,
+                    version,
+                })
+            }
+            Some(_) => {}
         }
         if header.flags & !KNOWN_FLAGS != 0 {
             return Err(FrameError::UnknownFlags(header.flags & !KNOWN_FLAGS));

@@ -23,11 +23,12 @@ pub mod message;
 pub mod reader;
 
 pub use codec::{
-    encode, encode_into, split_frame, to_native, u64s, Body, EncodeError, Frame, Kind, MessageRef,
+    encode, encode_in_version, encode_into, split_frame, to_native, u64s, Body, EncodeError, Frame,
+    Kind, MessageRef,
 };
 pub use frame::{
     FrameError, Header, DEFAULT_MAX_FRAME, FLAG_NO_REPLY, HEADER_LEN, MAX_HELLO_FRAME,
-    PROTOCOL_VERSION,
+    OLDEST_VERSION, PROTOCOL_VERSION,
 };
 pub use message::*;
 pub use reader::FrameReader;

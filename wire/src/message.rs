@@ -95,6 +95,190 @@ pub struct Answer {
     pub reissued: u32,
 }
 
+/// v5: where a worker holds a block, in the order an engine loads a prefix from: its
+/// GPU blocks first, then blocks offloaded to CPU memory, then storage (disk, a shared
+/// or remote store). A depth in a lower tier is cumulative (see [`Depths`]).
+#[derive(
+    Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+#[repr(u8)]
+pub enum Tier {
+    Gpu,
+    Cpu,
+    Storage,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Gpu, Tier::Cpu, Tier::Storage];
+
+    /// The label used in metrics and JSON.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Tier::Gpu => "gpu",
+            Tier::Cpu => "cpu",
+            Tier::Storage => "storage",
+        }
+    }
+}
+
+impl ArchivedTier {
+    pub fn to_native(&self) -> Tier {
+        match self {
+            ArchivedTier::Gpu => Tier::Gpu,
+            ArchivedTier::Cpu => Tier::Cpu,
+            ArchivedTier::Storage => Tier::Storage,
+        }
+    }
+}
+
+/// v5: what reuse from a lower tier is worth against reuse from GPU (1): a block loaded
+/// from CPU or storage is a transfer, cheaper than recomputing it but not free.
+/// Each weight is in `[0, 1]`.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+#[rkyv(derive(Debug))]
+pub struct TierWeights {
+    pub cpu: f32,
+    pub storage: f32,
+}
+
+impl TierWeights {
+    /// Dynamo's KV router: host memory 0.75, disk 0.25 of a GPU block.
+    pub const DYNAMO: TierWeights = TierWeights {
+        cpu: 0.75,
+        storage: 0.25,
+    };
+    /// Every tier as good as GPU: ranks by the joint depth, as a v4 answer does.
+    pub const JOINT: TierWeights = TierWeights {
+        cpu: 1.0,
+        storage: 1.0,
+    };
+
+    /// Whether both weights are numbers in `[0, 1]`.
+    pub fn is_valid(&self) -> bool {
+        [self.cpu, self.storage]
+            .iter()
+            .all(|w| (0.0..=1.0).contains(w))
+    }
+}
+
+impl Default for TierWeights {
+    fn default() -> Self {
+        TierWeights::DYNAMO
+    }
+}
+
+/// v5: ask as [`Query`] does, ranked by reuse weighed by tier.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[rkyv(derive(Debug))]
+pub struct TieredQuery {
+    pub keyspace: Keyspace,
+    /// Chain hashes of the prompt's whole blocks, from block 0.
+    pub chain: Vec<u64>,
+    /// Only these workers are scored; empty = all.
+    pub candidates: Vec<WorkerId>,
+    /// At most this many scores, best first; 0 = all.
+    pub top_k: u32,
+    /// Also return the raw per-lane covered runs (debugging; every tier's runs joined).
+    pub want_runs: bool,
+    pub weights: TierWeights,
+}
+
+/// v5: how deep a worker's reusable prefix reaches, in keyspace blocks, loading from
+/// GPU only (`gpu`), then continuing from CPU (`cpu`), then from storage (`storage`):
+/// `gpu <= cpu <= storage`, and `storage` is the joint figure a v4 answer gives.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct Depths {
+    pub gpu: u32,
+    pub cpu: u32,
+    pub storage: u32,
+}
+
+impl Depths {
+    /// Depths of a worker whose blocks are all on GPU.
+    pub const fn gpu_only(blocks: u32) -> Depths {
+        Depths {
+            gpu: blocks,
+            cpu: blocks,
+            storage: blocks,
+        }
+    }
+
+    /// The reuse these depths are worth under `w`, in GPU blocks. Depths out of order
+    /// (from a peer that broke the rule) are taken as cumulative from GPU up.
+    pub fn weighed(&self, w: &TierWeights) -> f64 {
+        let cpu = self.cpu.max(self.gpu);
+        let storage = self.storage.max(cpu);
+        self.gpu as f64
+            + f64::from(w.cpu) * (cpu - self.gpu) as f64
+            + f64::from(w.storage) * (storage - cpu) as f64
+    }
+}
+
+/// v5: why the server doubts a worker's score (its reuse reports disagree with it).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[rkyv(derive(Debug))]
+#[repr(u8)]
+pub enum SuspectCause {
+    /// The asking gateway's token ids differ from the engine's (its tokenizer or chat
+    /// template): predictions miss reuse the engine has.
+    GatewayTokenization,
+    /// The worker's events stopped or go elsewhere: it reuses what the index lacks.
+    EventsMissing,
+    /// The worker evicts before its removals arrive: predicted reuse is not there.
+    EventsLagging,
+    /// The worker reuses more than the index knows (history lost, a tier not reported).
+    Undercounted,
+}
+
+/// v5: one worker's reusable prefix, with its tiers.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct TieredScore {
+    pub worker: WorkerId,
+    pub tiers: Depths,
+    /// Set when the server doubts this score, with why.
+    pub suspect: Option<SuspectCause>,
+}
+
+/// v5: the reply to [`TieredQuery`]; what [`Answer`] says, each score with its tiers,
+/// ranked by [`Depths::weighed`] under the query's weights (ties: lower id first).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct TieredAnswer {
+    pub scores: Vec<TieredScore>,
+    pub unscorable: u32,
+    pub runs: Vec<WorkerRuns>,
+    pub history_lost: Vec<WorkerId>,
+    pub reissued: u32,
+    /// The answering replica knows its copy is behind the log: ask another one.
+    pub stale: bool,
+}
+
+/// v5: what one routed request reused, as its engine reported it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Reuse {
+    pub worker: WorkerId,
+    /// The keyspace's model the request was for.
+    pub model: String,
+    /// The reuse the answer predicted for this worker, in tokens; None when the worker
+    /// was not in the answer (the gateway chose it for other reasons).
+    pub predicted_tokens: Option<u32>,
+    /// What the engine says it reused (`usage.prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: u32,
+    /// The prompt's length in tokens (an engine never reuses all of it).
+    pub prompt_tokens: u32,
+}
+
+/// v5: a gateway's batch of reuse reports (sent without asking for a reply).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct ReuseReport {
+    pub reports: Vec<Reuse>,
+}
+
 /// How a worker's holdings are learnt.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[rkyv(derive(Debug))]
@@ -167,6 +351,23 @@ pub enum Event {
     Removed { lane: u8, hashes: Vec<u64> },
     /// The worker dropped its whole cache.
     Cleared,
+    /// v5: `Stored` in a tier other than GPU (a `Stored` is GPU): the blocks are now
+    /// also held in `tier`, where the engine can load them from.
+    StoredIn {
+        tier: Tier,
+        lane: u8,
+        start: u32,
+        parent: Option<u64>,
+        chain: Vec<u64>,
+        engine: Vec<u64>,
+    },
+    /// v5: the named blocks left `tier` but another tier still holds them (their names
+    /// stay). A `Removed` says they left every tier.
+    RemovedFrom {
+        tier: Tier,
+        lane: u8,
+        hashes: Vec<u64>,
+    },
 }
 
 /// A batch of a worker's events, in its own sequence order.
@@ -305,6 +506,22 @@ pub enum ErrorCode {
     BadSequence,
     /// The replicated write log (Redis) cannot be reached: the write was not taken.
     LogUnavailable,
+    /// v5: a field of the request is out of its range (tier weights, ...).
+    BadRequest,
+    /// v5: this replica's copy is behind the log and cannot answer: ask another one.
+    Stale,
+}
+
+impl ErrorCode {
+    /// The code a client of `version` knows: a v4 client reads a code new in v5 as the
+    /// v4 code that calls for the same action.
+    pub fn for_version(self, version: u16) -> ErrorCode {
+        match self {
+            ErrorCode::BadRequest if version < 5 => ErrorCode::BadFrame,
+            ErrorCode::Stale if version < 5 => ErrorCode::Overloaded,
+            code => code,
+        }
+    }
 }
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -333,6 +550,8 @@ impl ArchivedErrorCode {
             A::TooLarge => ErrorCode::TooLarge,
             A::BadSequence => ErrorCode::BadSequence,
             A::LogUnavailable => ErrorCode::LogUnavailable,
+            A::BadRequest => ErrorCode::BadRequest,
+            A::Stale => ErrorCode::Stale,
         }
     }
 }

@@ -115,7 +115,7 @@ impl FrameReader {
             .get(..crate::HEADER_LEN)
             .and_then(|h| {
                 let h: &[u8; crate::HEADER_LEN] = h.try_into().ok()?;
-                crate::Header::read(h, self.max_frame, |_| true).ok()
+                crate::Header::read(h, self.max_frame, |_| Some(crate::OLDEST_VERSION)).ok()
             })
             .map_or(0, |h| h.frame_len());
         // Growth follows the bytes that came, not what a header claims is coming.

@@ -1,5 +1,6 @@
 //! The fuzz target's seed corpus (wire/fuzz/seeds/frame): one valid frame of every
-//! message kind, kept equal to what this version encodes. `KVIX_WRITE_SEEDS=1 cargo test
+//! message kind, and a frame of the oldest version still read, kept equal to what this
+//! version encodes. `KVIX_WRITE_SEEDS=1 cargo test
 //! -p kvix-wire --test fuzz_seeds` rewrites them after a protocol change.
 
 use std::path::PathBuf;
@@ -56,6 +57,80 @@ fn seeds() -> Vec<(&'static str, AlignedVec)> {
                 },
                 2,
                 0,
+            ),
+        ),
+        (
+            "query_v4",
+            encode_in_version(
+                &Query {
+                    keyspace: ks.clone(),
+                    chain: chain.clone(),
+                    candidates: vec![],
+                    top_k: 0,
+                    want_runs: false,
+                },
+                OLDEST_VERSION,
+                2,
+                0,
+                AlignedVec::new(),
+            ),
+        ),
+        (
+            "tiered_query",
+            encode(
+                &TieredQuery {
+                    keyspace: ks.clone(),
+                    chain: chain.clone(),
+                    candidates: vec![1],
+                    top_k: 4,
+                    want_runs: true,
+                    weights: TierWeights::DYNAMO,
+                },
+                11,
+                0,
+            ),
+        ),
+        (
+            "tiered_answer",
+            encode(
+                &TieredAnswer {
+                    scores: vec![TieredScore {
+                        worker: 1,
+                        tiers: Depths {
+                            gpu: 1,
+                            cpu: 2,
+                            storage: 3,
+                        },
+                        suspect: Some(SuspectCause::EventsMissing),
+                    }],
+                    runs: vec![WorkerRuns {
+                        worker: 1,
+                        lanes: vec![LaneRuns {
+                            lane: 0,
+                            runs: vec![Run { start: 0, end: 3 }],
+                        }],
+                    }],
+                    stale: true,
+                    ..Default::default()
+                },
+                11,
+                0,
+            ),
+        ),
+        (
+            "reuse_report",
+            encode(
+                &ReuseReport {
+                    reports: vec![Reuse {
+                        worker: 1,
+                        model: "meta-llama/Llama-3.1-8B".into(),
+                        predicted_tokens: Some(48),
+                        cached_tokens: 32,
+                        prompt_tokens: 64,
+                    }],
+                },
+                12,
+                FLAG_NO_REPLY,
             ),
         ),
         (
@@ -122,6 +197,19 @@ fn seeds() -> Vec<(&'static str, AlignedVec)> {
                             hashes: vec![9],
                         },
                         Event::Cleared,
+                        Event::StoredIn {
+                            tier: Tier::Cpu,
+                            lane: 0,
+                            start: 1,
+                            parent: Some(chain[0]),
+                            chain: chain[1..].to_vec(),
+                            engine: vec![],
+                        },
+                        Event::RemovedFrom {
+                            tier: Tier::Gpu,
+                            lane: 0,
+                            hashes: vec![chain[0]],
+                        },
                     ],
                 },
                 5,

@@ -102,8 +102,8 @@ fn golden(name: &str) -> u64 {
     u64::from_str_radix(line, 16).expect("hex golden value")
 }
 
-/// Checks that `frame` (one frame, from the document) reads back as `msg`.
-fn reads_back<M: Body + PartialEq + std::fmt::Debug>(frame: &[u8], msg: &M, id: u64) {
+/// Checks that `frame` (one frame, from the document) reads back as `msg`; its header.
+fn reads_back<M: Body + PartialEq + std::fmt::Debug>(frame: &[u8], msg: &M, id: u64) -> Header {
     let mut buf = rkyv::util::AlignedVec::<16>::new();
     buf.extend_from_slice(frame);
     let f = split_frame(&buf, DEFAULT_MAX_FRAME)
@@ -114,14 +114,17 @@ fn reads_back<M: Body + PartialEq + std::fmt::Debug>(frame: &[u8], msg: &M, id: 
     assert_eq!(f.kind, M::KIND);
     let archived = codec::access::<M>(f.body).expect("a valid body");
     assert_eq!(&to_native::<M>(archived), msg);
+    f.header
 }
 
 #[test]
 fn header_constants_match_the_document() {
     assert_eq!(HEADER_LEN, 24);
-    assert_eq!(PROTOCOL_VERSION, 4);
+    assert_eq!(PROTOCOL_VERSION, 5);
+    assert_eq!(OLDEST_VERSION, 4);
     let code: Vec<(&str, u64)> = vec![
         ("PROTOCOL_VERSION", PROTOCOL_VERSION.into()),
+        ("OLDEST_VERSION", OLDEST_VERSION.into()),
         ("HEADER_LEN", HEADER_LEN as u64),
         ("FRAME_ALIGN", FRAME_ALIGN as u64),
         ("DEFAULT_MAX_FRAME", DEFAULT_MAX_FRAME.into()),
@@ -148,6 +151,12 @@ fn kind_table_matches_the_codec() {
         assert_eq!(row[1], format!("{byte:#04x}"), "hex of kind {byte}");
         let kind = Kind::from_byte(byte).unwrap_or_else(|| panic!("kind byte {byte} unknown"));
         assert_eq!(kind.name(), row[2], "name of kind byte {byte}");
+        assert_eq!(
+            row[3].parse::<u16>().ok(),
+            Some(kind.since()),
+            "version kind byte {byte} exists from"
+        );
+        assert!((OLDEST_VERSION..=PROTOCOL_VERSION).contains(&kind.since()));
         assert_eq!(kind as u8, byte);
         assert!(seen.insert(byte), "kind byte {byte} listed twice");
     }
@@ -157,7 +166,7 @@ fn kind_table_matches_the_codec() {
     assert_eq!(seen, known, "the document lists every kind and only those");
 }
 
-const ERROR_CODES: [ErrorCode; 15] = [
+const ERROR_CODES: [ErrorCode; 17] = [
     ErrorCode::BadFrame,
     ErrorCode::UnsupportedVersion,
     ErrorCode::NoHello,
@@ -173,6 +182,8 @@ const ERROR_CODES: [ErrorCode; 15] = [
     ErrorCode::TooLarge,
     ErrorCode::BadSequence,
     ErrorCode::LogUnavailable,
+    ErrorCode::BadRequest,
+    ErrorCode::Stale,
 ];
 
 /// Fails to compile when a code is added: add it to `ERROR_CODES` and to the document.
@@ -192,7 +203,9 @@ fn _every_error_code_is_listed(c: ErrorCode) {
         | ErrorCode::TooManySources
         | ErrorCode::TooLarge
         | ErrorCode::BadSequence
-        | ErrorCode::LogUnavailable => {}
+        | ErrorCode::LogUnavailable
+        | ErrorCode::BadRequest
+        | ErrorCode::Stale => {}
     }
 }
 
@@ -218,6 +231,12 @@ fn error_code_tags_match_the_document() {
         let body_len = u32::from_le_bytes(frame[16..20].try_into().unwrap()) as usize;
         let root = HEADER_LEN + body_len - size_of::<ArchivedErrorReply>();
         assert_eq!(frame[root], tag, "wire tag of {code:?}");
+        assert_eq!(
+            format!("{:?}", code.for_version(4)),
+            row[4],
+            "what a version 4 client reads for {code:?}"
+        );
+        assert_eq!(code.for_version(PROTOCOL_VERSION), code);
     }
 }
 
@@ -296,6 +315,17 @@ fn archived_layouts_match_the_document() {
         "LaneRuns" => ArchivedLaneRuns,
         "WorkerRuns" => ArchivedWorkerRuns,
         "Answer" => ArchivedAnswer,
+        "Tier" => ArchivedTier,
+        "TierWeights" => ArchivedTierWeights,
+        "TieredQuery" => ArchivedTieredQuery,
+        "Depths" => ArchivedDepths,
+        "SuspectCause" => ArchivedSuspectCause,
+        "Option<SuspectCause>" => ArchivedOption<ArchivedSuspectCause>,
+        "TieredScore" => ArchivedTieredScore,
+        "TieredAnswer" => ArchivedTieredAnswer,
+        "Option<u32>" => ArchivedOption<rkyv::rend::u32_le>,
+        "Reuse" => ArchivedReuse,
+        "ReuseReport" => ArchivedReuseReport,
         "Feed" => ArchivedFeed,
         "EventSource" => ArchivedEventSource,
         "Option<EventSource>" => ArchivedOption<ArchivedEventSource>,
@@ -344,20 +374,12 @@ fn the_hello_example_is_the_encoding() {
     };
     let doc = hex("hello");
     same_bytes("hello", &encode(&hello, 1, 0).unwrap(), &doc);
-    reads_back(&doc, &hello, 1);
+    assert_eq!(reads_back(&doc, &hello, 1).version, PROTOCOL_VERSION);
 }
 
 #[test]
 fn the_query_example_is_the_encoding() {
-    let chain = vec![golden("chain/base/b16/0"), golden("chain/base/b16/1")];
-    assert_eq!(chain, [0x884d_938a_f32e_36f4, 0x56ef_dfc1_cc32_333e]);
-    let query = Query {
-        keyspace: Keyspace::tokens("meta-llama/Llama-3.1-8B"),
-        chain,
-        candidates: vec![7],
-        top_k: 4,
-        want_runs: false,
-    };
+    let query = example_query();
     assert_eq!(query.keyspace.seed(16), golden("seed/base/b16"));
     let doc = hex("query");
     same_bytes("query", &encode(&query, 2, 0).unwrap(), &doc);
@@ -372,7 +394,92 @@ fn the_retire_and_ack_examples_are_the_encoding() {
     reads_back(&doc, &retire, 3);
     let doc = hex("ack");
     same_bytes("ack", &encode(&Ack {}, 3, 0).unwrap(), &doc);
-    reads_back(&doc, &Ack {}, 3);
+    assert_eq!(reads_back(&doc, &Ack {}, 3).version, PROTOCOL_VERSION);
+}
+
+/// The `Query` of §8.2, whose fields §8.4's `TieredQuery` repeats.
+fn example_query() -> Query {
+    let chain = vec![golden("chain/base/b16/0"), golden("chain/base/b16/1")];
+    assert_eq!(chain, [0x884d_938a_f32e_36f4, 0x56ef_dfc1_cc32_333e]);
+    Query {
+        keyspace: Keyspace::tokens("meta-llama/Llama-3.1-8B"),
+        chain,
+        candidates: vec![7],
+        top_k: 4,
+        want_runs: false,
+    }
+}
+
+#[test]
+fn the_tiered_query_example_is_the_encoding() {
+    let Query {
+        keyspace,
+        chain,
+        candidates,
+        top_k,
+        want_runs,
+    } = example_query();
+    let query = TieredQuery {
+        keyspace,
+        chain,
+        candidates,
+        top_k,
+        want_runs,
+        weights: TierWeights::DYNAMO,
+    };
+    let doc = hex("tiered-query");
+    same_bytes("tiered-query", &encode(&query, 4, 0).unwrap(), &doc);
+    assert_eq!(reads_back(&doc, &query, 4).version, 5);
+    // The same bytes with the header saying version 4 are refused.
+    let mut v4 = rkyv::util::AlignedVec::<16>::new();
+    v4.extend_from_slice(&doc);
+    v4[4] = 4;
+    assert_eq!(
+        split_frame(&v4, DEFAULT_MAX_FRAME).unwrap_err(),
+        FrameError::KindTooNew {
+            kind: 18,
+            since: 5,
+            version: 4
+        }
+    );
+}
+
+#[test]
+fn the_tiered_answer_example_is_the_encoding() {
+    let answer = TieredAnswer {
+        scores: vec![TieredScore {
+            worker: 7,
+            tiers: Depths {
+                gpu: 1,
+                cpu: 2,
+                storage: 2,
+            },
+            suspect: None,
+        }],
+        unscorable: 0,
+        runs: vec![],
+        history_lost: vec![],
+        reissued: 0,
+        stale: false,
+    };
+    assert_eq!(answer.scores[0].tiers.weighed(&TierWeights::DYNAMO), 1.75);
+    assert_eq!(answer.scores[0].tiers.weighed(&TierWeights::JOINT), 2.0);
+    let doc = hex("tiered-answer");
+    same_bytes("tiered-answer", &encode(&answer, 4, 0).unwrap(), &doc);
+    assert_eq!(reads_back(&doc, &answer, 4).version, 5);
+}
+
+#[test]
+fn the_version_4_ack_example_is_the_encoding() {
+    let doc = hex("ack-v4");
+    let frame = encode_in_version(&Ack {}, 4, 3, 0, AlignedVec::new()).unwrap();
+    same_bytes("ack-v4", &frame, &doc);
+    assert_eq!(reads_back(&doc, &Ack {}, 3).version, 4);
+    // It differs from the version 5 Ack of §8.3 in the version bytes only.
+    let v5 = hex("ack");
+    assert_eq!(doc.len(), v5.len());
+    let differ: Vec<usize> = (0..doc.len()).filter(|&i| doc[i] != v5[i]).collect();
+    assert_eq!(differ, [4]);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Every message survives encode → split → validate → native unchanged, alone and
-//! pipelined in one buffer; random and mutated bytes never panic the decoder.
+//! pipelined in one buffer, in every protocol version that has its kind; random and
+//! mutated bytes never panic the decoder; the header's version is checked.
 
 use kvix_wire::*;
 use proptest::collection::vec;
@@ -47,6 +48,54 @@ fn feed() -> impl Strategy<Value = Feed> {
     ]
 }
 
+fn tier() -> impl Strategy<Value = Tier> {
+    prop::sample::select(Tier::ALL.to_vec())
+}
+
+/// Any f32 but NaN (which is not equal to itself, so cannot be compared after a round
+/// trip; `tier_weights_travel_bit_for_bit` sends NaN). Out-of-range weights are valid
+/// on the wire: the server refuses them.
+fn weight() -> impl Strategy<Value = f32> {
+    use prop::num::f32;
+    prop_oneof![
+        0.0f32..=1.0,
+        f32::POSITIVE | f32::NEGATIVE | f32::NORMAL | f32::SUBNORMAL | f32::ZERO | f32::INFINITE,
+    ]
+}
+
+fn tier_weights() -> impl Strategy<Value = TierWeights> {
+    (weight(), weight()).prop_map(|(cpu, storage)| TierWeights { cpu, storage })
+}
+
+fn depths() -> impl Strategy<Value = Depths> {
+    // The wire does not enforce gpu <= cpu <= storage; the server always sends it so.
+    (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(gpu, cpu, storage)| Depths {
+        gpu,
+        cpu,
+        storage,
+    })
+}
+
+fn suspect_cause() -> impl Strategy<Value = SuspectCause> {
+    prop::sample::select(vec![
+        SuspectCause::GatewayTokenization,
+        SuspectCause::EventsMissing,
+        SuspectCause::EventsLagging,
+        SuspectCause::Undercounted,
+    ])
+}
+
+fn worker_runs() -> impl Strategy<Value = WorkerRuns> {
+    (
+        any::<u32>(),
+        vec(
+            (any::<u8>(), vec(run(), 0..5)).prop_map(|(lane, runs)| LaneRuns { lane, runs }),
+            0..4,
+        ),
+    )
+        .prop_map(|(worker, lanes)| WorkerRuns { worker, lanes })
+}
+
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
         (
@@ -66,6 +115,26 @@ fn event() -> impl Strategy<Value = Event> {
         (any::<u8>(), vec(any::<u64>(), 0..40))
             .prop_map(|(lane, hashes)| Event::Removed { lane, hashes }),
         Just(Event::Cleared),
+        (
+            tier(),
+            any::<u8>(),
+            any::<u32>(),
+            any::<Option<u64>>(),
+            vec(any::<u64>(), 0..40),
+            vec(any::<u64>(), 0..10)
+        )
+            .prop_map(
+                |(tier, lane, start, parent, chain, engine)| Event::StoredIn {
+                    tier,
+                    lane,
+                    start,
+                    parent,
+                    chain,
+                    engine
+                }
+            ),
+        (tier(), any::<u8>(), vec(any::<u64>(), 0..40))
+            .prop_map(|(tier, lane, hashes)| Event::RemovedFrom { tier, lane, hashes }),
     ]
 }
 
@@ -86,18 +155,61 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
         ErrorCode::TooLarge,
         ErrorCode::BadSequence,
         ErrorCode::LogUnavailable,
+        ErrorCode::BadRequest,
+        ErrorCode::Stale,
     ])
 }
 
-/// Encodes `msg`, finds it again in the buffer, validates it and compares the copy.
+/// Encodes `msg` (by default, then in every version the reader reads), finds it again
+/// in the buffer, validates it and compares the copy; a version older than its kind
+/// cannot be written.
 fn round_trip<M: Body + PartialEq + std::fmt::Debug>(msg: &M, id: u64, flags: u8) {
-    let buf = encode(msg, id, flags).expect("encodes");
+    let default = encode(msg, id, flags).expect("encodes");
+    assert_eq!(
+        split_frame(&default, DEFAULT_MAX_FRAME)
+            .unwrap()
+            .unwrap()
+            .header
+            .version,
+        PROTOCOL_VERSION,
+        "encode writes the newest version"
+    );
+    for version in OLDEST_VERSION..=PROTOCOL_VERSION {
+        let encoded = encode_in_version(msg, version, id, flags, AlignedVec::new());
+        if version < M::KIND.since() {
+            assert!(
+                matches!(encoded, Err(EncodeError::TooNew { since, version: v, .. })
+                    if since == M::KIND.since() && v == version),
+                "{} written in version {version}",
+                M::KIND.name()
+            );
+            continue;
+        }
+        let buf = encoded.expect("encodes");
+        if version == PROTOCOL_VERSION {
+            assert_eq!(&buf[..], &default[..]);
+        } else {
+            // Versions differ in the header's version bytes only.
+            assert_eq!(buf[6..], default[6..]);
+        }
+        round_trip_frame(msg, &buf, version, id, flags);
+    }
+}
+
+fn round_trip_frame<M: Body + PartialEq + std::fmt::Debug>(
+    msg: &M,
+    buf: &AlignedVec,
+    version: u16,
+    id: u64,
+    flags: u8,
+) {
     assert_eq!(buf.len() % 8, 0, "frames end on 8-byte boundaries");
-    let frame = split_frame(&buf, DEFAULT_MAX_FRAME)
+    let frame = split_frame(buf, DEFAULT_MAX_FRAME)
         .expect("valid")
         .expect("whole");
     assert_eq!(frame.len, buf.len());
     assert_eq!(frame.kind, M::KIND);
+    assert_eq!(frame.header.version, version);
     assert_eq!(frame.header.request_id, id);
     assert_eq!(frame.header.flags, flags);
     let archived = codec::access::<M>(frame.body).expect("body validates");
@@ -137,8 +249,7 @@ round_trip_props! {
     answer: (
         vec((any::<u32>(), any::<u32>()).prop_map(|(worker, blocks)| Score { worker, blocks }), 0..50),
         any::<u32>(),
-        vec((any::<u32>(), vec((any::<u8>(), vec(run(), 0..5)).prop_map(|(lane, runs)| LaneRuns { lane, runs }), 0..4))
-            .prop_map(|(worker, lanes)| WorkerRuns { worker, lanes }), 0..6),
+        vec(worker_runs(), 0..6),
         vec(any::<u32>(), 0..6),
         any::<u32>(),
     ).prop_map(|(scores, unscorable, runs, history_lost, reissued)| Answer { scores, unscorable, runs, history_lost, reissued });
@@ -165,6 +276,22 @@ round_trip_props! {
     roster: (vec((any::<u32>(), text()).prop_map(|(worker, name)| RosterEntry { worker, name }), 0..20), any::<u32>(), any::<bool>(), any::<u32>())
         .prop_map(|(workers, next, more, reissued)| Roster { workers, next, more, reissued });
     error_reply: (error_code(), text()).prop_map(|(code, message)| ErrorReply { code, message });
+    tiered_query: (keyspace(), vec(any::<u64>(), 0..300), vec(any::<u32>(), 0..20), any::<u32>(), any::<bool>(), tier_weights())
+        .prop_map(|(keyspace, chain, candidates, top_k, want_runs, weights)| TieredQuery { keyspace, chain, candidates, top_k, want_runs, weights });
+    tiered_answer: (
+        vec((any::<u32>(), depths(), prop::option::of(suspect_cause()))
+            .prop_map(|(worker, tiers, suspect)| TieredScore { worker, tiers, suspect }), 0..50),
+        any::<u32>(),
+        vec(worker_runs(), 0..6),
+        vec(any::<u32>(), 0..6),
+        any::<u32>(),
+        any::<bool>(),
+    ).prop_map(|(scores, unscorable, runs, history_lost, reissued, stale)| TieredAnswer { scores, unscorable, runs, history_lost, reissued, stale });
+    reuse_report: vec(
+        (any::<u32>(), text(), any::<Option<u32>>(), any::<u32>(), any::<u32>())
+            .prop_map(|(worker, model, predicted_tokens, cached_tokens, prompt_tokens)| Reuse { worker, model, predicted_tokens, cached_tokens, prompt_tokens }),
+        0..20,
+    ).prop_map(|reports| ReuseReport { reports });
 }
 
 fn drain(buf: &[u8]) {
@@ -230,6 +357,8 @@ proptest! {
                     Event::Stored { lane: 0, start: 2, parent: Some(1), chain: chain.clone(), engine: chain.clone() },
                     Event::Removed { lane: 1, hashes: chain.clone() },
                     Event::Cleared,
+                    Event::StoredIn { tier: Tier::Cpu, lane: 1, start: 0, parent: None, chain: chain.clone(), engine: vec![] },
+                    Event::RemovedFrom { tier: Tier::Storage, lane: 0, hashes: chain.clone() },
                 ],
             }, 6, 0)
         };
@@ -242,6 +371,60 @@ proptest! {
             match frame.message() {
                 Ok(MessageRef::Announce(a)) => drop(to_native::<Announce>(a)),
                 Ok(MessageRef::EventBatch(b)) => drop(to_native::<EventBatch>(b)),
+                Ok(_) | Err(_) => {}
+            }
+        }
+    }
+
+    /// The version 5 bodies (tiered queries and answers with every option set, reuse
+    /// reports), bit-flipped in place, header included: validated or refused, never a
+    /// panic, and what validates also converts.
+    #[test]
+    fn mutated_tiered_bodies_never_panic(
+        chain in vec(any::<u64>(), 0..32),
+        flips in vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        which in 0..3u8,
+    ) {
+        let buf = match which {
+            0 => encode(&TieredQuery {
+                keyspace: Keyspace::tokens("m"),
+                chain,
+                candidates: vec![1, 2],
+                top_k: 3,
+                want_runs: true,
+                weights: TierWeights::DYNAMO,
+            }, 7, 0),
+            1 => encode(&TieredAnswer {
+                scores: vec![
+                    TieredScore { worker: 1, tiers: Depths { gpu: 1, cpu: 2, storage: 3 }, suspect: Some(SuspectCause::EventsLagging) },
+                    TieredScore { worker: 2, tiers: Depths::gpu_only(2), suspect: None },
+                ],
+                unscorable: 1,
+                runs: vec![WorkerRuns { worker: 1, lanes: vec![LaneRuns { lane: 0, runs: vec![Run { start: 0, end: 3 }] }] }],
+                history_lost: vec![2],
+                reissued: 1,
+                stale: true,
+            }, 7, 0),
+            _ => encode(&ReuseReport {
+                reports: vec![
+                    Reuse { worker: 1, model: "meta-llama/Llama-3.1-8B".into(), predicted_tokens: Some(32), cached_tokens: 16, prompt_tokens: 40 },
+                    Reuse { worker: 2, model: "m".into(), predicted_tokens: None, cached_tokens: 0, prompt_tokens: chain.len() as u32 },
+                ],
+            }, 7, FLAG_NO_REPLY),
+        };
+        let mut buf = buf.unwrap().to_vec();
+        for (at, x) in flips {
+            let i = at.index(buf.len());
+            buf[i] ^= x;
+        }
+        let mut aligned = AlignedVec::new();
+        aligned.extend_from_slice(&buf);
+        if let Ok(Some(frame)) = split_frame(&aligned, DEFAULT_MAX_FRAME) {
+            prop_assert!(frame.header.version >= frame.kind.since());
+            match frame.message() {
+                Ok(MessageRef::TieredQuery(q)) => drop(to_native::<TieredQuery>(q)),
+                Ok(MessageRef::TieredAnswer(a)) => drop(to_native::<TieredAnswer>(a)),
+                Ok(MessageRef::ReuseReport(r)) => drop(to_native::<ReuseReport>(r)),
                 Ok(_) | Err(_) => {}
             }
         }
@@ -406,4 +589,255 @@ fn a_body_that_does_not_validate_says_why() {
         }
     }
     assert!(refused > 0, "some byte of the root must matter");
+}
+
+/// A frame of `msg` whose header says `version` (written over a version 5 encoding).
+fn with_version<M: Body>(msg: &M, version: u16) -> AlignedVec {
+    let mut buf = encode(msg, 1, 0).unwrap();
+    buf[4..6].copy_from_slice(&version.to_le_bytes());
+    buf
+}
+
+#[test]
+fn a_version_5_kind_in_a_version_4_header_is_refused() {
+    let frames = [
+        (Kind::TieredQuery, with_version(&TieredQuery::default(), 4)),
+        (
+            Kind::TieredAnswer,
+            with_version(&TieredAnswer::default(), 4),
+        ),
+        (Kind::ReuseReport, with_version(&ReuseReport::default(), 4)),
+    ];
+    for (kind, buf) in frames {
+        let refused = FrameError::KindTooNew {
+            kind: kind as u8,
+            since: 5,
+            version: 4,
+        };
+        assert_eq!(split_frame(&buf, DEFAULT_MAX_FRAME).unwrap_err(), refused);
+        // Refused from the header alone, before the body is buffered.
+        assert_eq!(
+            split_frame(&buf[..HEADER_LEN], DEFAULT_MAX_FRAME).unwrap_err(),
+            refused
+        );
+        assert_eq!(
+            codec::validate_stream(&buf, DEFAULT_MAX_FRAME),
+            Err(refused)
+        );
+        // The same frame in version 5 reads.
+        let mut v5 = buf.clone();
+        v5[4] = 5;
+        assert_eq!(
+            split_frame(&v5, DEFAULT_MAX_FRAME).unwrap().unwrap().kind,
+            kind
+        );
+    }
+    // Every kind is new in 4 or 5, and only 18..=20 in 5.
+    for b in 0..=255u8 {
+        if let Some(kind) = Kind::from_byte(b) {
+            assert_eq!(kind.since(), if (18..=20).contains(&b) { 5 } else { 4 });
+        }
+    }
+}
+
+#[test]
+fn versions_outside_4_to_5_are_refused() {
+    for version in [0, 1, 2, 3, 6, 7, 0x0500, u16::MAX] {
+        for buf in [
+            with_version(&Ack {}, version),
+            with_version(&Query::default(), version),
+            with_version(&TieredQuery::default(), version),
+        ] {
+            assert_eq!(
+                split_frame(&buf, DEFAULT_MAX_FRAME).unwrap_err(),
+                FrameError::UnsupportedVersion(version),
+                "version {version}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_version_4_frame_of_a_version_4_kind_reads() {
+    let query = Query {
+        keyspace: Keyspace::tokens("m"),
+        chain: vec![1, 2, 3],
+        candidates: vec![7],
+        top_k: 2,
+        want_runs: true,
+    };
+    let buf = encode_in_version(&query, 4, 11, FLAG_NO_REPLY, AlignedVec::new()).unwrap();
+    assert_eq!(&buf[4..6], &[4, 0]);
+    let frame = split_frame(&buf, DEFAULT_MAX_FRAME).unwrap().unwrap();
+    assert_eq!(frame.header.version, 4);
+    assert_eq!(frame.header.request_id, 11);
+    assert!(!frame.header.wants_reply());
+    let MessageRef::Query(q) = frame.message().unwrap() else {
+        panic!("kind")
+    };
+    assert_eq!(to_native::<Query>(q), query);
+    // Pipelined with version 5 frames, each keeps its own version.
+    let mut stream = encode(&Retire { worker: 1 }, 1, 0).unwrap();
+    stream = encode_into(&Echo::default(), 2, 0, stream).unwrap();
+    stream.extend_from_slice(&buf);
+    stream = encode_into(&TieredQuery::default(), 3, 0, stream).unwrap();
+    let (mut at, mut versions) = (0, vec![]);
+    while let Some(f) = split_frame(&stream[at..], DEFAULT_MAX_FRAME).unwrap() {
+        f.message().unwrap();
+        versions.push((f.header.request_id, f.header.version));
+        at += f.len;
+    }
+    assert_eq!(versions, [(1, 5), (2, 5), (11, 4), (3, 5)]);
+}
+
+#[test]
+fn a_version_5_kind_cannot_be_encoded_in_version_4() {
+    let too_new = |e: Result<AlignedVec, EncodeError>| match e {
+        Err(EncodeError::TooNew {
+            kind,
+            since,
+            version,
+        }) => (kind, since, version),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        too_new(encode_in_version(
+            &TieredAnswer::default(),
+            4,
+            1,
+            0,
+            AlignedVec::new()
+        )),
+        ("TieredAnswer", 5, 4)
+    );
+    assert_eq!(
+        too_new(encode_in_version(
+            &TieredQuery::default(),
+            4,
+            1,
+            0,
+            AlignedVec::new()
+        )),
+        ("TieredQuery", 5, 4)
+    );
+    assert_eq!(
+        too_new(encode_in_version(
+            &ReuseReport::default(),
+            4,
+            1,
+            0,
+            AlignedVec::new()
+        )),
+        ("ReuseReport", 5, 4)
+    );
+    assert!(encode_in_version(&TieredAnswer::default(), 5, 1, 0, AlignedVec::new()).is_ok());
+}
+
+#[test]
+fn error_codes_new_in_version_5_map_for_version_4_clients() {
+    assert_eq!(ErrorCode::BadRequest.for_version(4), ErrorCode::BadFrame);
+    assert_eq!(ErrorCode::Stale.for_version(4), ErrorCode::Overloaded);
+    assert_eq!(ErrorCode::BadRequest.for_version(5), ErrorCode::BadRequest);
+    assert_eq!(ErrorCode::Stale.for_version(5), ErrorCode::Stale);
+    // The codes a version 4 client knows are the same in both versions.
+    let v4_codes = [
+        ErrorCode::BadFrame,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::NoHello,
+        ErrorCode::Unauthorized,
+        ErrorCode::BlockSizeMismatch,
+        ErrorCode::UnknownWorker,
+        ErrorCode::BadLane,
+        ErrorCode::LanesInByteKeyspace,
+        ErrorCode::Overloaded,
+        ErrorCode::Internal,
+        ErrorCode::BadSource,
+        ErrorCode::TooManySources,
+        ErrorCode::TooLarge,
+        ErrorCode::BadSequence,
+        ErrorCode::LogUnavailable,
+    ];
+    for code in v4_codes {
+        assert_eq!(code.for_version(4), code);
+        assert_eq!(code.for_version(5), code);
+    }
+    // What a version 4 reply carries is a code a version 4 client knows.
+    for code in [ErrorCode::BadRequest, ErrorCode::Stale] {
+        assert!(v4_codes.contains(&code.for_version(4)));
+    }
+}
+
+#[test]
+fn tier_weights_travel_bit_for_bit_and_only_0_to_1_is_valid() {
+    for (cpu, storage) in [
+        (f32::NAN, 0.5),
+        (-0.0, f32::INFINITY),
+        (f32::from_bits(0x7fc0_1234), f32::NEG_INFINITY),
+        (1.5, -0.25),
+    ] {
+        let q = TieredQuery {
+            weights: TierWeights { cpu, storage },
+            ..Default::default()
+        };
+        let buf = encode(&q, 1, 0).unwrap();
+        let f = split_frame(&buf, DEFAULT_MAX_FRAME).unwrap().unwrap();
+        let MessageRef::TieredQuery(a) = f.message().unwrap() else {
+            panic!("kind")
+        };
+        let back = to_native::<TieredQuery>(a).weights;
+        assert_eq!(back.cpu.to_bits(), cpu.to_bits());
+        assert_eq!(back.storage.to_bits(), storage.to_bits());
+        assert!(!back.is_valid(), "{cpu} {storage}");
+    }
+    for w in [
+        TierWeights::DYNAMO,
+        TierWeights::JOINT,
+        TierWeights {
+            cpu: 0.0,
+            storage: 0.0,
+        },
+        TierWeights {
+            cpu: -0.0,
+            storage: 1.0,
+        },
+    ] {
+        assert!(w.is_valid(), "{w:?}");
+    }
+    assert_eq!(TierWeights::default(), TierWeights::DYNAMO);
+    assert_eq!(TieredQuery::default().weights, TierWeights::DYNAMO);
+}
+
+#[test]
+fn depths_weigh_each_tier_by_its_weight() {
+    let d = Depths {
+        gpu: 1,
+        cpu: 3,
+        storage: 7,
+    };
+    assert_eq!(d.weighed(&TierWeights::JOINT), 7.0);
+    assert_eq!(
+        d.weighed(&TierWeights::DYNAMO),
+        1.0 + 0.75 * 2.0 + 0.25 * 4.0
+    );
+    assert_eq!(
+        d.weighed(&TierWeights {
+            cpu: 0.0,
+            storage: 0.0
+        }),
+        1.0
+    );
+    assert_eq!(Depths::gpu_only(5).weighed(&TierWeights::DYNAMO), 5.0);
+    // A deep CPU-only prefix weighs less than a shorter GPU prefix under DYNAMO (§4.4).
+    let cpu_only = Depths {
+        gpu: 0,
+        cpu: 8,
+        storage: 8,
+    };
+    assert_eq!(cpu_only.weighed(&TierWeights::DYNAMO), 6.0);
+    assert!(
+        cpu_only.weighed(&TierWeights::DYNAMO) < Depths::gpu_only(7).weighed(&TierWeights::DYNAMO)
+    );
+    assert!(
+        cpu_only.weighed(&TierWeights::JOINT) > Depths::gpu_only(7).weighed(&TierWeights::JOINT)
+    );
 }

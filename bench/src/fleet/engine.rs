@@ -267,11 +267,8 @@ impl Engine {
             })
             .collect();
         if !admitted.evicted.is_empty() {
-            events.push(EngineEvent::Removed(Removed {
-                block_hashes: admitted.evicted.iter().map(|&h| engine_hash(h)).collect(),
-                medium: Medium::Gpu,
-                group_idx: 0,
-            }));
+            let evicted = admitted.evicted.iter().map(|&h| engine_hash(h)).collect();
+            events.push(EngineEvent::Removed(Removed::new(evicted, Medium::Gpu, 0)));
         }
         events
     }

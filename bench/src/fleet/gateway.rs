@@ -199,7 +199,8 @@ impl Gateway {
         }
         Routed {
             engine: picked.index,
-            predicted: Some(picked.blocks),
+            // The scores picked from are whole blocks here.
+            predicted: Some(picked.reuse as u32),
             lookup,
             degraded,
         }

@@ -356,6 +356,12 @@ pub fn config(
             "connect_timeout_ms" => cfg.connect_timeout = ms(&key, v.extract()?)?,
             "request_timeout_ms" => cfg.request_timeout = ms(&key, v.extract()?)?,
             "placement_queue" => cfg.placement_queue = v.extract()?,
+            "tier_weights" => {
+                let (cpu, storage): (f32, f32) = v.extract().map_err(|_| {
+                    PyTypeError::new_err("tier_weights: a (cpu, storage) pair of numbers")
+                })?;
+                cfg.tier_weights = kvix_client::TierWeights { cpu, storage };
+            }
             "spin_us" => {
                 cfg.spin_before_park = match v.extract::<Option<f64>>()? {
                     None => None,

@@ -179,6 +179,7 @@ impl Core {
             candidates: args::workers(candidates)?,
             top_k: args::top_k(top_k)?,
             deadline: ms_opt("deadline_ms", deadline_ms)?,
+            weights: None,
         };
         let client = self.client()?.clone();
         finish(py, done, async move {

@@ -3,7 +3,7 @@
 use kvix_client::{QueryOutcome, WorkerScore};
 use pyo3::prelude::*;
 
-/// One worker's joint reusable prefix.
+/// One worker's reusable prefix, by tier.
 #[pyclass(frozen, get_all, module = "kvix", eq)]
 #[derive(Clone, PartialEq)]
 pub struct Score {
@@ -11,11 +11,20 @@ pub struct Score {
     pub worker: Option<String>,
     /// The worker's id on the server that answered.
     pub worker_id: u32,
-    /// Reusable prefix, in keyspace blocks.
+    /// Reusable prefix loading from any tier, in keyspace blocks (= `storage`).
     pub blocks: u32,
+    /// The prefix from GPU alone, then continuing from CPU, then from storage: blocks,
+    /// cumulative (gpu <= cpu <= storage).
+    pub gpu: u32,
+    pub cpu: u32,
+    pub storage: u32,
+    /// The tiers weighed by the client's `tier_weights`, in GPU blocks: what `pick` weighs.
+    pub reuse: f64,
     /// The worker's history is lost: its engine may hold more than `blocks` until it
     /// clears its cache or restarts.
     pub history_lost: bool,
+    /// Why the server doubts this score (None: it does not), e.g. "EventsMissing".
+    pub suspect: Option<String>,
 }
 
 #[pymethods]
@@ -29,8 +38,15 @@ impl Score {
             true => ", history_lost=True",
             false => "",
         };
+        let tiers = match (self.gpu, self.cpu) == (self.blocks, self.blocks) {
+            true => String::new(),
+            false => format!(
+                ", gpu={}, cpu={}, storage={}",
+                self.gpu, self.cpu, self.storage
+            ),
+        };
         format!(
-            "Score(worker={worker}, worker_id={}, blocks={}{lost})",
+            "Score(worker={worker}, worker_id={}, blocks={}{tiers}{lost})",
             self.worker_id, self.blocks
         )
     }
@@ -87,7 +103,12 @@ fn score(s: WorkerScore) -> Score {
         worker: s.name.as_deref().map(str::to_string),
         worker_id: s.worker,
         blocks: s.blocks,
+        gpu: s.tiers.gpu,
+        cpu: s.tiers.cpu,
+        storage: s.tiers.storage,
+        reuse: s.reuse,
         history_lost: s.history_lost,
+        suspect: s.suspect.map(|c| format!("{c:?}")),
     }
 }
 
@@ -137,14 +158,20 @@ impl Stats {
 #[derive(Clone, PartialEq)]
 pub struct Pick {
     pub worker: String,
-    /// The expected hit in keyspace blocks (0: none of the workers holds any of it).
+    /// The expected hit in keyspace blocks, from any tier (0: none of the workers
+    /// holds any of it).
     pub blocks: u32,
+    /// The expected hit weighed by tier, in GPU blocks (what the pick weighed).
+    pub reuse: f64,
 }
 
 #[pymethods]
 impl Pick {
     fn __repr__(&self) -> String {
-        format!("Pick(worker={:?}, blocks={})", self.worker, self.blocks)
+        format!(
+            "Pick(worker={:?}, blocks={}, reuse={})",
+            self.worker, self.blocks, self.reuse
+        )
     }
 }
 
@@ -161,7 +188,14 @@ impl QueryResult {
                     worker: s.worker_id,
                     name: s.worker.as_deref().map(Into::into),
                     blocks: s.blocks,
+                    tiers: kvix_client::Depths {
+                        gpu: s.gpu,
+                        cpu: s.cpu,
+                        storage: s.storage,
+                    },
+                    reuse: s.reuse,
                     history_lost: s.history_lost,
+                    suspect: None,
                 })
                 .collect(),
         )
@@ -202,8 +236,15 @@ pub fn pick(result: &QueryResult, loads: &Bound<'_, PyAny>, alpha: f64) -> PyRes
     let tie = CALLS.fetch_add(1, Ordering::Relaxed);
     let picked = kvix_client::pick(&result.as_outcome(), &workers, alpha, tie)
         .ok_or_else(|| crate::errors::bad_arg("loads: no workers to pick from"))?;
+    let worker = workers[picked.index].0.clone();
+    let blocks = result
+        .scores
+        .iter()
+        .find(|s| s.worker.as_deref() == Some(worker.as_str()))
+        .map_or(0, |s| s.blocks);
     Ok(Pick {
-        worker: workers[picked.index].0.clone(),
-        blocks: picked.blocks,
+        worker,
+        blocks,
+        reuse: picked.reuse,
     })
 }

@@ -620,6 +620,11 @@ def test_pick_weighs_reuse_against_load(server, dead_addr):
         return pk.worker, pk.blocks
 
     assert chosen({"p0": 0, "p1": 0, "idle": 0}) == ("p0", 8)
+    # Placements are GPU blocks: every tier's depth is the joint one.
+    best = r.best
+    assert (best.gpu, best.cpu, best.storage, best.reuse) == (8, 8, 8, 8.0)
+    assert best.suspect is None
+    assert kvix.pick(r, {"p0": 0}).reuse == 8.0
     # p0: 8 - 7 = 1 < p1: 2 - 0; with alpha 0.1 reuse wins again; pairs work as a dict.
     assert chosen({"p0": 7, "p1": 0}) == ("p1", 2)
     assert chosen([("p0", 7), ("p1", 0)], alpha=0.1) == ("p0", 8)
@@ -731,3 +736,12 @@ def test_tls_to_a_tls_port_and_a_clear_error_for_an_untrusted_certificate(start_
         kvix.Client(s.addr, tls_ca=os.path.join(d, "other-ca.pem"))
     with pytest.raises(ValueError, match="tls_cert and tls_key"):
         kvix.Client(s.addr, tls_ca=os.path.join(d, "ca.pem"), tls_cert=os.path.join(d, "server.pem"))
+
+
+def test_tier_weights_are_checked(server):
+    with kvix.Client(server.addr, tier_weights=(0.5, 0.1)) as c:
+        assert c.wait_connected()
+    with pytest.raises(kvix.ConfigError, match="tier_weights"):
+        kvix.Client(server.addr, tier_weights=(2.0, 0.0))
+    with pytest.raises(TypeError, match="tier_weights"):
+        kvix.Client(server.addr, tier_weights="heavy")

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvix_client::wire::{
-    encode, to_native, Ack, AlignedVec, Announce, Announced, Answer, Echo, ErrorCode, ErrorReply,
-    FrameReader, Header, Hello, Kind, MessageRef, Placement, Query, Retire, Roster, RosterEntry,
-    RosterRequest, Score, Stats, Welcome, BYTE_CHUNK, DEFAULT_MAX_FRAME, HEADER_LEN,
+    encode, to_native, Ack, AlignedVec, Announce, Announced, Depths, Echo, ErrorCode, ErrorReply,
+    FrameReader, Header, Hello, Kind, MessageRef, Placement, Retire, Roster, RosterEntry,
+    RosterRequest, Stats, TieredAnswer, TieredQuery, TieredScore, Welcome, BYTE_CHUNK,
+    DEFAULT_MAX_FRAME, HEADER_LEN,
 };
 use kvix_client::Addr;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -78,7 +79,7 @@ impl Default for Opts {
 #[derive(Debug, Clone)]
 pub enum Msg {
     Hello(Hello),
-    Query(Query),
+    Query(TieredQuery),
     Announce(Announce),
     Retire(Retire),
     Placement(Placement),
@@ -379,7 +380,8 @@ async fn serve<S>(
                         Mode::GarbageBody => {
                             let mut head = [0u8; HEADER_LEN];
                             Header {
-                                kind: Kind::Answer as u8,
+                                version: kvix_client::wire::PROTOCOL_VERSION,
+                                kind: Kind::TieredAnswer as u8,
                                 flags: 0,
                                 request_id: id,
                                 body_len: 16,
@@ -510,7 +512,7 @@ async fn serve<S>(
 fn to_msg(m: &MessageRef<'_>) -> Msg {
     match m {
         MessageRef::Hello(h) => Msg::Hello(to_native::<Hello>(h)),
-        MessageRef::Query(q) => Msg::Query(to_native::<Query>(q)),
+        MessageRef::TieredQuery(q) => Msg::Query(to_native::<TieredQuery>(q)),
         MessageRef::Announce(a) => Msg::Announce(to_native::<Announce>(a)),
         MessageRef::Retire(r) => Msg::Retire(to_native::<Retire>(r)),
         MessageRef::Placement(p) => Msg::Placement(to_native::<Placement>(p)),
@@ -521,31 +523,36 @@ fn to_msg(m: &MessageRef<'_>) -> Msg {
     }
 }
 
-/// Per worker with a placement: the common prefix of its chain and the query's.
-fn answer(s: &State, q: &Query) -> Answer {
-    let mut scores: Vec<Score> = s
+/// Per worker with a placement: the common prefix of its chain and the query's (on GPU).
+fn answer(s: &State, q: &TieredQuery) -> TieredAnswer {
+    let mut scores: Vec<TieredScore> = s
         .placements
         .iter()
         .filter(|(w, _)| q.candidates.is_empty() || q.candidates.contains(w))
-        .map(|(w, chain)| Score {
+        .map(|(w, chain)| TieredScore {
             worker: *w,
-            blocks: chain
-                .iter()
-                .zip(&q.chain)
-                .take_while(|(a, b)| a == b)
-                .count() as u32,
+            tiers: Depths::gpu_only(
+                chain
+                    .iter()
+                    .zip(&q.chain)
+                    .take_while(|(a, b)| a == b)
+                    .count() as u32,
+            ),
+            suspect: None,
         })
-        .filter(|s| s.blocks > 0)
+        .filter(|s| s.tiers.storage > 0)
         .collect();
-    scores.sort_by(|a, b| b.blocks.cmp(&a.blocks).then(a.worker.cmp(&b.worker)));
+    scores.sort_by(|a, b| {
+        b.tiers
+            .storage
+            .cmp(&a.tiers.storage)
+            .then(a.worker.cmp(&b.worker))
+    });
     if q.top_k > 0 {
         scores.truncate(q.top_k as usize);
     }
-    Answer {
+    TieredAnswer {
         scores,
-        unscorable: 0,
-        runs: Vec::new(),
-        history_lost: Vec::new(),
-        reissued: 0,
+        ..TieredAnswer::default()
     }
 }

@@ -9,13 +9,13 @@
 //! this executor's index and roster. [`crate::Engine`] is one `Core` that is home to
 //! every worker, so tests of the engine exercise exactly what the server runs.
 
-use kvix_wire::{ApplyStatus, WorkerId};
+use kvix_wire::{ApplyStatus, Tier, WorkerId};
 
 use crate::error::{EngineError, IndexError};
 use crate::feed::{ApplyReport, EventFeed, EventView, EventsJob, FeedState, FillIn, Placing};
 use crate::index::BlockIndex;
 use crate::ops::{Cursor, Op, RosterChange, Update};
-use crate::query::Ranker;
+use crate::query::{Ask, Ranker};
 use crate::roster::{AnnounceOutcome, Roster, WorkerEntry};
 use crate::score::Answer;
 use crate::{FeedImage, Holder, Ks, RunImage, MAX_LANES};
@@ -90,8 +90,9 @@ impl Core {
         Ok(())
     }
 
-    /// Forgets `worker`'s feed and drops what it holds: each lane swept from the index
-    /// (the runs of the holder sets that hold it; nothing to do for a lane holding none).
+    /// Forgets `worker`'s feed and drops what it holds: each lane and tier swept from
+    /// the index (the runs of the holder sets that hold it; nothing to do for one holding
+    /// none).
     fn drop_all(&mut self, worker: WorkerId, out: &mut Update) {
         let fed = self.feeds.get_mut(worker as usize).and_then(Option::take);
         // Only a worker with a feed or in the roster can hold anything.
@@ -373,6 +374,9 @@ impl Core {
                     at,
                     ..
                 } => {
+                    if holder.tier != Tier::Gpu {
+                        self.roster.mark_tiered(holder.worker);
+                    }
                     let chain = batch.hashes(at + from, step);
                     let parent = match from {
                         0 => parent,
@@ -419,25 +423,9 @@ impl Core {
     }
 
     /// Who can reuse how much of `chain` in `ks` (see [`Answer`]), into a reused answer.
-    pub fn query_into(
-        &mut self,
-        ks: Ks,
-        chain: &[u64],
-        candidates: Option<&[WorkerId]>,
-        top_k: u32,
-        want_runs: bool,
-        out: &mut Answer,
-    ) {
-        self.ranker.query(
-            &self.index,
-            &self.roster,
-            ks,
-            chain,
-            candidates,
-            top_k,
-            want_runs,
-            out,
-        );
+    pub fn query_into(&mut self, ks: Ks, chain: &[u64], ask: &Ask<'_>, out: &mut Answer) {
+        self.ranker
+            .query(&self.index, &self.roster, ks, chain, ask, out);
     }
 
     /// The feeds of the workers homed here, as plain data at `now_ms`.
@@ -461,7 +449,8 @@ impl Core {
     /// feeds of the workers `home` selects, at `now_ms`.
     /// Restores a snapshot's roster, feeds and runs; the number of holders dropped for
     /// naming a worker or lane the roster lacks (a roster changed while the snapshot was
-    /// taken). A holder no roster could have (lane >= 16, worker >= 2^20) refuses it.
+    /// taken). A holder no roster could have (lane >= 16, worker >= 2^20, a tier past
+    /// storage) refuses it.
     pub fn import(
         &mut self,
         entries: &[WorkerEntry],
@@ -485,15 +474,20 @@ impl Core {
             .reserve(runs.iter().map(|r| r.hashes.len()).sum());
         let mut dropped = 0;
         for run in runs {
-            for &(worker, lane) in &run.holders {
-                crate::Holder::new(worker, lane).pack()?;
+            for &(worker, slot) in &run.holders {
+                let holder = Holder::from_slot(worker, slot)
+                    .ok_or(IndexError::BadHolder { worker, lane: slot })?;
+                holder.pack()?;
+                if holder.tier != Tier::Gpu {
+                    self.roster.mark_tiered(worker);
+                }
             }
             // A holder is restored only on a lane its active worker has: one past the
             // roster would be held where no sweep reaches it.
-            let active = |&(w, lane): &(u32, u8)| {
+            let active = |&(w, slot): &(u32, u8)| {
                 self.roster
                     .get(w)
-                    .is_some_and(|e| (lane as usize) < e.lanes.len())
+                    .is_some_and(|e| ((slot & 15) as usize) < e.lanes.len())
             };
             if run.holders.iter().all(active) {
                 self.index.import(run)?;
@@ -503,6 +497,15 @@ impl Core {
                 run.holders.retain(active);
                 dropped += before - run.holders.len();
                 self.index.import(&run)?;
+            }
+        }
+        // A feed's tiers are not in its image: what the index holds says them.
+        for (w, feed) in self.feeds.iter_mut().enumerate() {
+            if let Some(FeedState::Events(f)) = feed {
+                if self.roster.is_tiered(w as WorkerId) {
+                    f.note_tier(Tier::Cpu);
+                    f.note_tier(Tier::Storage);
+                }
             }
         }
         Ok(dropped)

@@ -1,6 +1,6 @@
 //! The covered runs one query collects for the workers scored by their lane rules: for
-//! each (worker, lane) that holds any block of the queried chain, its coalesced runs
-//! `[a, b)` of positions, ascending (the walk visits positions in order).
+//! each (worker, lane, tier) that holds any block of the queried chain, its coalesced
+//! runs `[a, b)` of positions, ascending (the walk visits positions in order).
 //!
 //! Everything lives in flat vectors reused across queries (no allocation per holder):
 //! a dense worker → slot table, then per worker a list of lanes, per lane a list of runs.
@@ -71,8 +71,9 @@ impl Coverage {
         self.workers.iter().map(|w| w.worker)
     }
 
-    /// The covered lanes of `worker` (unordered) with their runs (ascending).
-    pub fn lanes_of(&self, worker: WorkerId) -> impl Iterator<Item = (u8, Runs<'_>)> + '_ {
+    /// The covered holders of `worker` (unordered) as their slots (`tier << 4 | lane`,
+    /// [`crate::Holder::slot`]) with their runs (ascending).
+    pub fn slots_of(&self, worker: WorkerId) -> impl Iterator<Item = (u8, Runs<'_>)> + '_ {
         let mut li = match self.worker_slot.get(worker as usize) {
             Some(&wi) if wi != NIL => self.workers[wi as usize].first_lane,
             _ => NIL,
@@ -80,7 +81,7 @@ impl Coverage {
         std::iter::from_fn(move || {
             let l = self.lanes.get(li as usize)?;
             li = l.next_lane;
-            Some(((l.holder & 15) as u8, self.lane_runs(l)))
+            Some(((l.holder & 63) as u8, self.lane_runs(l)))
         })
     }
 
@@ -127,7 +128,7 @@ impl Coverage {
     }
 
     fn new_lane(&mut self, h: u32, a: u32, b: u32) {
-        let w = h >> 4;
+        let w = crate::worker_of(h);
         if self.worker_slot.len() <= w as usize {
             self.worker_slot
                 .resize((w as usize + 1).next_power_of_two(), NIL);
@@ -181,7 +182,7 @@ mod tests {
     use super::*;
 
     fn runs(c: &Coverage, w: u32, l: u8) -> Vec<(u32, u32)> {
-        c.lanes_of(w)
+        c.slots_of(w)
             .filter(|(lane, _)| *lane == l)
             .flat_map(|(_, r)| r.map(|r| (r.start, r.end)))
             .collect()
@@ -190,18 +191,21 @@ mod tests {
     #[test]
     fn runs_coalesce_and_reset_forgets() {
         let mut c = Coverage::new();
-        let h = 3 << 4 | 1;
+        let h = 3 << 6 | 1;
         c.push(h, 0, 4);
         c.push(h, 4, 6);
         c.push(h, 8, 9);
         assert_eq!(runs(&c, 3, 1), vec![(0, 6), (8, 9)]);
-        c.push(3 << 4, 2, 3);
-        assert_eq!(c.lanes_of(3).count(), 2);
+        c.push(3 << 6, 2, 3);
+        // The same lane in the CPU tier is a holder of its own.
+        c.push(3 << 6 | 1 << 4 | 1, 0, 2);
+        assert_eq!(c.slots_of(3).count(), 3);
+        assert_eq!(runs(&c, 3, 1 << 4 | 1), vec![(0, 2)]);
         assert_eq!(runs(&c, 4, 0), vec![]);
         c.reset();
         assert!(c.is_empty());
-        assert_eq!(c.lanes_of(3).count(), 0);
-        c.push(7 << 4, 0, 1);
+        assert_eq!(c.slots_of(3).count(), 0);
+        c.push(7 << 6, 0, 1);
         assert_eq!(c.workers().collect::<Vec<_>>(), vec![7]);
     }
 }

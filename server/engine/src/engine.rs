@@ -9,6 +9,7 @@ use crate::error::EngineError;
 use crate::feed::{ApplyReport, EventView};
 use crate::index::BlockIndex;
 use crate::ops::Update;
+use crate::query::Ask;
 use crate::roster::{AnnounceOutcome, Registry, Roster};
 use crate::Ks;
 
@@ -159,8 +160,8 @@ impl Engine {
         out
     }
 
-    /// Who can reuse how much of `chain` in `ks` (see [`Answer`]). `candidates`: only
-    /// these workers (`None`: all); `top_k = 0`: every scoring worker.
+    /// Who can reuse how much of `chain` in `ks` (see [`Answer`]), ranked by joint reuse.
+    /// `candidates`: only these workers (`None`: all); `top_k = 0`: every scoring worker.
     pub fn query(
         &mut self,
         ks: Ks,
@@ -184,8 +185,20 @@ impl Engine {
         want_runs: bool,
         out: &mut Answer,
     ) {
-        self.core
-            .query_into(ks, chain, candidates, top_k, want_runs, out);
+        let ask = Ask {
+            candidates,
+            top_k,
+            want_runs,
+            ..Ask::joint()
+        };
+        self.core.query_into(ks, chain, &ask, out);
+    }
+
+    /// Who can reuse how much of `chain` in `ks`, as `ask` says (tier weights included).
+    pub fn ask(&mut self, ks: Ks, chain: &[u64], ask: &Ask<'_>) -> Answer {
+        let mut out = Answer::default();
+        self.core.query_into(ks, chain, ask, &mut out);
+        out
     }
 
     pub fn stats(&self) -> EngineStats {

@@ -6,8 +6,8 @@ use kvix_wire::{Feed, Lane, WorkerId};
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// One run of a block index: blocks `start..start + hashes.len()` of keyspace `ks`,
-/// held by every `(worker, lane)` of `holders`; `parent` is the chain hash of block
-/// `start - 1` when known.
+/// held by every `(worker, slot)` of `holders` (a slot is `tier << 4 | lane`, see
+/// [`crate::Holder::slot`]); `parent` is the chain hash of block `start - 1` when known.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct RunImage {
     pub ks: u64,

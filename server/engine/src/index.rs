@@ -306,9 +306,12 @@ impl BlockIndex {
         }
     }
 
-    /// Drops every block membership of every lane of `worker`.
+    /// Drops every block membership of every lane and tier of `worker`.
     pub fn drop_worker(&mut self, worker: WorkerId) {
-        while !self.drop_where(|x| x >> 4 == worker, u64::MAX).1 {}
+        while !self
+            .drop_where(|x| crate::worker_of(x) == worker, u64::MAX)
+            .1
+        {}
     }
 
     /// Runs looked at by sweeps so far; for tests.
@@ -909,7 +912,7 @@ impl BlockIndex {
                 .iter()
                 .map(|&h| Holder::unpack(h))
                 .filter(|h| keep(h.worker))
-                .map(|h| (h.worker, h.lane))
+                .map(|h| (h.worker, h.slot()))
                 .collect();
             if holders.is_empty() {
                 continue;
@@ -927,8 +930,9 @@ impl BlockIndex {
 
     /// Inserts an exported run.
     pub fn import(&mut self, run: &crate::RunImage) -> Result<(), IndexError> {
-        for &(worker, lane) in &run.holders {
-            let holder = Holder::new(worker, lane);
+        for &(worker, slot) in &run.holders {
+            let holder = Holder::from_slot(worker, slot)
+                .ok_or(IndexError::BadHolder { worker, lane: slot })?;
             self.insert(run.ks, holder, run.start, run.parent, &run.hashes)?;
         }
         Ok(())
@@ -1074,8 +1078,16 @@ mod tests {
         out.into_iter().map(|((w, l), r)| (w, l, r)).collect()
     }
 
-    const A: Holder = Holder { worker: 1, lane: 0 };
-    const B: Holder = Holder { worker: 2, lane: 0 };
+    const A: Holder = Holder {
+        worker: 1,
+        lane: 0,
+        tier: kvix_wire::Tier::Gpu,
+    };
+    const B: Holder = Holder {
+        worker: 2,
+        lane: 0,
+        tier: kvix_wire::Tier::Gpu,
+    };
 
     #[test]
     fn a_growing_or_draining_table_is_rebuilt_a_slice_per_write() {

@@ -48,11 +48,11 @@ pub use index::BlockIndex;
 pub use interner::Interner;
 pub use keymap::KeyMap;
 pub use ops::{Cursor, Op, OpBatch, RosterChange, Update};
-pub use query::Ranker;
+pub use query::{Ask, Ranker};
 pub use roster::{AnnounceOutcome, Class, Classes, Registry, Roster, WorkerEntry};
 pub use score::{Rule, Rules};
 
-use kvix_wire::{ChunkKind, Keyspace, WorkerId};
+use kvix_wire::{ChunkKind, Keyspace, Tier, WorkerId};
 
 /// Most lanes a worker may announce (a holder packs its lane in 4 bits).
 pub const MAX_LANES: usize = 16;
@@ -91,19 +91,35 @@ impl Ks {
     }
 }
 
-/// One cache group of one worker: what holds a block.
+/// One cache group of one worker in one storage tier: what holds a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Holder {
     pub worker: WorkerId,
     pub lane: u8,
+    pub tier: Tier,
+}
+
+/// A packed holder's worker is its bits from here up (`worker << 6 | tier << 4 | lane`).
+pub(crate) const WORKER_SHIFT: u32 = 6;
+
+/// The worker of a packed holder.
+#[inline]
+pub(crate) const fn worker_of(packed: u32) -> WorkerId {
+    packed >> WORKER_SHIFT
 }
 
 impl Holder {
+    /// A lane's holder on GPU (where engines' own stores land).
     pub fn new(worker: WorkerId, lane: u8) -> Self {
-        Holder { worker, lane }
+        Holder::in_tier(worker, lane, Tier::Gpu)
     }
 
-    /// Packed as `worker << 4 | lane`: sorting packed holders groups them by worker.
+    pub fn in_tier(worker: WorkerId, lane: u8, tier: Tier) -> Self {
+        Holder { worker, lane, tier }
+    }
+
+    /// Packed as `worker << 6 | tier << 4 | lane`: sorting packed holders groups them by
+    /// worker, then tier.
     pub(crate) fn pack(self) -> Result<u32, IndexError> {
         if self.worker >= MAX_WORKERS || self.lane as usize >= MAX_LANES {
             return Err(IndexError::BadHolder {
@@ -111,13 +127,32 @@ impl Holder {
                 lane: self.lane,
             });
         }
-        Ok(self.worker << 4 | self.lane as u32)
+        Ok(self.worker << WORKER_SHIFT | (self.tier as u32) << 4 | self.lane as u32)
     }
 
     pub(crate) fn unpack(packed: u32) -> Self {
         Holder {
-            worker: packed >> 4,
+            worker: worker_of(packed),
             lane: (packed & 15) as u8,
+            tier: tier_of(packed),
         }
     }
+
+    /// The holder's lane and tier in one byte, as a snapshot keeps it (`tier << 4 |
+    /// lane`: a snapshot written before tiers reads as GPU).
+    pub fn slot(self) -> u8 {
+        (self.tier as u8) << 4 | self.lane
+    }
+
+    /// The holder of `worker` at `slot` ([`Holder::slot`]); None for a tier past storage.
+    pub fn from_slot(worker: WorkerId, slot: u8) -> Option<Self> {
+        let tier = *Tier::ALL.get(usize::from(slot >> 4))?;
+        Some(Holder::in_tier(worker, slot & 15, tier))
+    }
+}
+
+/// The tier of a packed holder.
+#[inline]
+pub(crate) fn tier_of(packed: u32) -> Tier {
+    Tier::ALL[((packed >> 4) & 3).min(2) as usize]
 }

@@ -3,7 +3,7 @@
 //! follows them. An [`Update`] owns everything it names (one allocation per buffer, not
 //! one per operation), so it can be shared with other executors as it is.
 
-use kvix_wire::WorkerId;
+use kvix_wire::{Tier, WorkerId};
 
 use crate::roster::WorkerEntry;
 use crate::Holder;
@@ -129,12 +129,15 @@ impl OpBatch {
         });
     }
 
-    /// Sweeps lanes `0..lanes` of `worker`.
+    /// Sweeps lanes `0..lanes` of `worker`, in every tier (a holder that holds nothing
+    /// costs a lookup).
     pub(crate) fn sweep_lanes(&mut self, worker: WorkerId, lanes: usize) {
         let lanes = lanes.min(crate::MAX_LANES) as u8;
-        self.ops.extend((0..lanes).map(|lane| Op::Sweep {
-            holder: Holder::new(worker, lane),
-        }));
+        for tier in Tier::ALL {
+            self.ops.extend((0..lanes).map(|lane| Op::Sweep {
+                holder: Holder::in_tier(worker, lane, tier),
+            }));
+        }
     }
 }
 
@@ -222,7 +225,14 @@ mod tests {
         b.insert(7, h, 0, None, &[1, 2]);
         b.insert(7, h, 0, None, &[]);
         b.sweep_lanes(1, 2);
-        assert_eq!(b.ops().len(), 6);
+        // Both lanes, in every tier.
+        assert_eq!(b.ops().len(), 4 + 2 * 3);
+        assert_eq!(
+            b.ops()[9],
+            Op::Sweep {
+                holder: Holder::in_tier(1, 1, Tier::Storage)
+            }
+        );
         assert_eq!(
             b.ops()[5],
             Op::Sweep {

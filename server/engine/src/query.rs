@@ -7,16 +7,57 @@
 //! the alive list is intersected with the stretch's holders (a merge of two sorted
 //! lists), and whoever drops out scores the stretch's start. Drop-outs come in rising
 //! score, each group in rising id, so the plain part of the answer needs no sort. Every
-//! other worker (hybrid rosters, coarser grids, and all workers when runs are asked for)
-//! has its per-lane runs collected and is scored by its [`Rules`].
+//! other worker (hybrid rosters, coarser grids, workers holding blocks in a tier other
+//! than GPU, and all workers when runs are asked for) has its per-lane, per-tier runs
+//! collected and is scored by its [`Rules`] (see [`crate::score::depths`]).
+//!
+//! Answers are ranked by reuse weighed by tier ([`TierWeights`]); a plain worker's
+//! blocks are all on GPU, so any weights rank plain workers by their score.
 
-use kvix_wire::{ChunkKind, LaneRuns, Run, WorkerId, WorkerRuns};
+use kvix_wire::{ChunkKind, Depths, LaneRuns, Run, TierWeights, WorkerId, WorkerRuns};
 
 use crate::coverage::Coverage;
 use crate::index::BlockIndex;
 use crate::roster::{Class, Classes, Roster};
-use crate::score::{Answer, Rules};
-use crate::Ks;
+use crate::score::{self, Answer, Rules};
+use crate::{worker_of, Ks};
+
+/// What a query asks besides its keyspace and chain.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// Only these workers (`None`: all).
+    pub candidates: Option<&'a [WorkerId]>,
+    /// At most this many scores, best first; 0: every scoring worker.
+    pub top_k: u32,
+    /// Also list every covered worker's runs.
+    pub want_runs: bool,
+    /// How the ranking weighs reuse from CPU and storage against GPU.
+    pub weights: TierWeights,
+}
+
+impl Ask<'_> {
+    /// Every worker, ranked by joint reuse (every tier as good as GPU): a v4 query.
+    pub const fn joint() -> Ask<'static> {
+        Ask {
+            candidates: None,
+            top_k: 0,
+            want_runs: false,
+            weights: TierWeights::JOINT,
+        }
+    }
+}
+
+/// Weights in 1/65536 of a GPU block: ranking keys are integers, so ties are exact.
+const UNIT: u64 = 1 << 16;
+
+fn fixed(w: f32) -> u64 {
+    (f64::from(w.clamp(0.0, 1.0)) * UNIT as f64).round() as u64
+}
+
+/// A ranking value: the weighed depth in 1/65536 GPU blocks.
+fn weighed(d: Depths, (cpu, storage): (u64, u64)) -> u64 {
+    d.gpu as u64 * UNIT + (d.cpu - d.gpu) as u64 * cpu + (d.storage - d.cpu) as u64 * storage
+}
 
 /// Query scratch and the ranking of an answer.
 #[derive(Default)]
@@ -44,7 +85,8 @@ pub struct Ranker {
     cov: Coverage,
     buf: Vec<Run>,
     spans: Vec<(usize, usize)>,
-    keys: Vec<u64>,
+    /// Ruled workers that scored: (weighed depth, worker, depths), best first once sorted.
+    keys: Vec<(u64, WorkerId, Depths)>,
 }
 
 /// What the walk needs to know per query.
@@ -61,33 +103,29 @@ impl Ranker {
         Self::default()
     }
 
-    /// Who can reuse how much of `chain` (see [`Answer`]). `candidates`: only these
-    /// workers (`None`: all); `top_k = 0`: every scoring worker.
-    #[allow(clippy::too_many_arguments)]
+    /// Who can reuse how much of `chain` (see [`Answer`] and [`Ask`]).
     pub fn query(
         &mut self,
         index: &BlockIndex,
         roster: &Roster,
         ks: Ks,
         chain: &[u64],
-        candidates: Option<&[WorkerId]>,
-        top_k: u32,
-        want_runs: bool,
+        ask: &Ask<'_>,
         out: &mut Answer,
     ) {
         let chain = &chain[..chain.len().min(u32::MAX as usize)];
-        self.reset(candidates);
+        self.reset(ask.candidates);
         let ctx = Ctx {
             roster,
             classes: roster.classes(ks.kind),
             kind: ks.kind,
-            all_ruled: want_runs,
+            all_ruled: ask.want_runs,
         };
         index.walk(ks.seed, chain, |a, b, holders| {
             self.stretch(&ctx, a, b, holders)
         });
         self.drop_alive();
-        self.rank(&ctx, chain.len() as u32, top_k, want_runs, out);
+        self.rank(&ctx, chain.len() as u32, ask, out);
     }
 
     fn reset(&mut self, candidates: Option<&[WorkerId]>) {
@@ -141,7 +179,7 @@ impl Ranker {
             let mut alive = std::mem::take(&mut self.alive);
             alive.reserve(holders.len());
             for &h in holders {
-                let w = h >> 4;
+                let w = worker_of(h);
                 if !self.admits(w) {
                     continue;
                 }
@@ -167,7 +205,7 @@ impl Ranker {
         let mut i = 0;
         for &h in holders {
             while i < alive.len() && alive[i] < h {
-                self.dropped.push(alive[i] >> 4);
+                self.dropped.push(worker_of(alive[i]));
                 i += 1;
             }
             if i < alive.len() && alive[i] == h {
@@ -175,7 +213,7 @@ impl Ranker {
                 i += 1;
                 continue;
             }
-            let w = h >> 4;
+            let w = worker_of(h);
             if !self.admits(w) {
                 continue;
             }
@@ -191,7 +229,8 @@ impl Ranker {
                 Class::Rules => self.ruled_holds(w, h, a, b),
             }
         }
-        self.dropped.extend(alive[i..].iter().map(|h| h >> 4));
+        self.dropped
+            .extend(alive[i..].iter().map(|&h| worker_of(h)));
         if self.dropped.len() > before {
             self.groups.push((self.end, self.dropped.len()));
         }
@@ -213,37 +252,41 @@ impl Ranker {
     /// Every alive plain worker drops out at `end`.
     fn drop_alive(&mut self) {
         if !self.alive.is_empty() {
-            self.dropped.extend(self.alive.drain(..).map(|h| h >> 4));
+            self.dropped.extend(self.alive.drain(..).map(worker_of));
             self.groups.push((self.end, self.dropped.len()));
         }
     }
 
-    fn rank(&mut self, ctx: &Ctx<'_>, n: u32, top_k: u32, want_runs: bool, out: &mut Answer) {
+    fn rank(&mut self, ctx: &Ctx<'_>, n: u32, ask: &Ask<'_>, out: &mut Answer) {
         out.scores.clear();
+        out.tiers.clear();
         out.runs.clear();
         out.unscorable = self.unscorable;
         self.keys.clear();
+        let weights = (fixed(ask.weights.cpu), fixed(ask.weights.storage));
         for i in 0..self.ruled.len() {
             let w = self.ruled[i];
             let Some(rules) = ctx.roster.get(w).and_then(|e| e.rules_in(ctx.kind)) else {
                 continue;
             };
-            let s = self.score_ruled(w, rules, n, want_runs.then_some(&mut out.runs));
-            if s > 0 {
-                // Best first, then lower id: one ascending sort of packed keys.
-                self.keys.push(((!s) as u64) << 32 | w as u64);
+            let runs = ask.want_runs.then_some(&mut out.runs);
+            let d = self.score_ruled(w, rules, n, runs);
+            if d.storage > 0 {
+                self.keys.push((weighed(d, weights), w, d));
             } else {
                 out.unscorable += 1;
             }
         }
-        self.keys.sort_unstable();
-        let keep = if top_k == 0 {
+        // Best first, then lower id.
+        self.keys
+            .sort_unstable_by_key(|&(v, w, _)| (std::cmp::Reverse(v), w));
+        let keep = if ask.top_k == 0 {
             usize::MAX
         } else {
-            top_k as usize
+            ask.top_k as usize
         };
         // Merge the plain groups (best group last, ids rising within) with the ruled keys.
-        let mut keys = self.keys.iter().map(|k| (!((k >> 32) as u32), *k as u32));
+        let mut keys = self.keys.iter();
         let mut next_key = keys.next();
         let mut g = self.groups.len();
         let mut plain = self
@@ -256,57 +299,68 @@ impl Ranker {
                 (None, None) => break,
                 (Some(_), None) => true,
                 (None, Some(_)) => false,
-                (Some((s, _)), Some((ks, kw))) => s > ks || (s == ks && self.dropped[plain] < kw),
+                (Some((s, _)), Some(&(v, kw, _))) => {
+                    let sv = s as u64 * UNIT;
+                    sv > v || (sv == v && self.dropped[plain] < kw)
+                }
             };
             if from_plain {
                 let (s, end) = group.expect("a plain group");
                 out.scores.push((self.dropped[plain], s));
+                out.tiers.push(Depths::gpu_only(s));
                 plain += 1;
                 if plain == end {
                     g -= 1;
                     plain = if g >= 2 { self.groups[g - 2].1 } else { 0 };
                 }
             } else {
-                let (s, w) = next_key.expect("a ruled key");
-                out.scores.push((w, s));
+                let &(_, w, d) = next_key.expect("a ruled key");
+                out.scores.push((w, d.storage));
+                out.tiers.push(d);
                 next_key = keys.next();
             }
         }
         out.runs.sort_unstable_by_key(|r| r.worker);
     }
 
-    /// Scores a worker by its rules over its collected runs (and lists them when asked).
+    /// Scores a worker by its rules over its collected runs, per tier (and lists its
+    /// runs, every tier's joined, when asked).
     fn score_ruled(
         &mut self,
         w: WorkerId,
         rules: &Rules,
         n: u32,
         runs: Option<&mut Vec<WorkerRuns>>,
-    ) -> u32 {
+    ) -> Depths {
         let lanes = rules.rules().len();
         self.buf.clear();
         self.spans.clear();
-        self.spans.resize(lanes, (0, 0));
-        for (lane, lane_runs) in self.cov.lanes_of(w) {
-            if let Some(span) = self.spans.get_mut(lane as usize) {
+        self.spans.resize(lanes * 3, (0, 0));
+        for (slot, slot_runs) in self.cov.slots_of(w) {
+            let (tier, lane) = ((slot >> 4) as usize, (slot & 15) as usize);
+            if lane < lanes && tier < 3 {
                 let a = self.buf.len();
-                self.buf.extend(lane_runs);
-                *span = (a, self.buf.len());
+                self.buf.extend(slot_runs);
+                self.spans[tier * lanes + lane] = (a, self.buf.len());
             }
         }
         let (buf, spans) = (&self.buf, &self.spans);
-        let lane = |i: usize| spans.get(i).map_or(&[][..], |&(a, b)| &buf[a..b]);
+        let held = |tier: usize, lane: usize| {
+            let (a, b) = spans[tier * lanes + lane];
+            &buf[a..b]
+        };
+        let d = score::depths(rules, held, n);
         if let Some(runs) = runs {
             runs.push(WorkerRuns {
                 worker: w,
                 lanes: (0..lanes)
                     .map(|i| LaneRuns {
                         lane: i as u8,
-                        runs: lane(i).to_vec(),
+                        runs: score::union(&[held(0, i), held(1, i), held(2, i)]),
                     })
                     .collect(),
             });
         }
-        rules.score_with(lane, n)
+        d
     }
 }

@@ -73,12 +73,17 @@ pub struct Classes<'a> {
     shift: u8,
 }
 
+/// The class bit of a worker holding blocks in a tier other than GPU: a plain worker
+/// then takes the rules path.
+const TIERED: u8 = 1 << 4;
+
 impl Classes<'_> {
     #[inline]
     pub fn of(self, id: WorkerId) -> Class {
-        match (self.bits.get(id as usize).copied().unwrap_or(0) >> self.shift) & 3 {
-            1 => Class::Plain,
-            2 => Class::Rules,
+        let bits = self.bits.get(id as usize).copied().unwrap_or(0);
+        match ((bits >> self.shift) & 3, bits & TIERED != 0) {
+            (1, false) => Class::Plain,
+            (1, true) | (2, _) => Class::Rules,
             _ => Class::Skip,
         }
     }
@@ -326,13 +331,16 @@ pub struct Roster {
     entries: Vec<Option<WorkerEntry>>,
     /// Active workers by name, for clients that name a worker they did not announce.
     by_name: FastMap<String, WorkerId>,
-    /// Per id: the token class in bits 0..2, the byte class in bits 2..4.
+    /// Per id: the token class in bits 0..2, the byte class in bits 2..4, [`TIERED`].
     classes: Vec<u8>,
     active: u32,
     /// The names of ids removed here, until installed again.
     removed: FastMap<WorkerId, String>,
     /// Ids installed under another name than they were removed with.
     reissued: u32,
+    /// Installs and removals so far: views derived from the roster (the HTTP API's
+    /// partitions) are rebuilt when it moves.
+    changes: u64,
 }
 
 impl Roster {
@@ -347,8 +355,12 @@ impl Roster {
             self.entries.resize_with(id + 1, || None);
             self.classes.resize(id + 1, 0);
         }
-        self.classes[id] =
-            entry.class_in(ChunkKind::Tokens) as u8 | (entry.class_in(ChunkKind::Bytes) as u8) << 2;
+        // A worker installed again keeps what it holds (an unchanged announce drops
+        // nothing), so it stays tiered.
+        let tiered = self.classes[id] & TIERED;
+        self.classes[id] = entry.class_in(ChunkKind::Tokens) as u8
+            | (entry.class_in(ChunkKind::Bytes) as u8) << 2
+            | tiered;
         self.by_name.insert(entry.name.clone(), entry.id);
         if self
             .removed
@@ -360,6 +372,12 @@ impl Roster {
         if self.entries[id].replace(entry).is_none() {
             self.active += 1;
         }
+        self.changes += 1;
+    }
+
+    /// Installs and removals so far (see the field).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Ids given again to another name since this roster started (it changes whenever
@@ -379,6 +397,7 @@ impl Roster {
         self.removed.insert(id, entry.name.clone());
         self.classes[id as usize] = 0;
         self.active -= 1;
+        self.changes += 1;
         Some(entry)
     }
 
@@ -405,6 +424,21 @@ impl Roster {
     /// Like [`Roster::get`], as an error for unknown ids.
     pub fn worker(&self, id: WorkerId) -> Result<&WorkerEntry, EngineError> {
         self.get(id).ok_or(EngineError::UnknownWorker(id))
+    }
+
+    /// Worker `id` holds blocks in a tier other than GPU (until it is removed): its
+    /// queries take the rules path, which scores each tier.
+    pub fn mark_tiered(&mut self, id: WorkerId) {
+        if let Some(c) = self.classes.get_mut(id as usize) {
+            *c |= TIERED;
+        }
+    }
+
+    /// Whether worker `id` was ever marked tiered since it was installed.
+    pub fn is_tiered(&self, id: WorkerId) -> bool {
+        self.classes
+            .get(id as usize)
+            .is_some_and(|c| c & TIERED != 0)
     }
 
     /// How queries in keyspaces of `kind` score worker `id`.

@@ -11,7 +11,7 @@
 
 use smallvec::SmallVec;
 
-use kvix_wire::{LaneKind, Run, WorkerId, WorkerRuns};
+use kvix_wire::{Depths, LaneKind, Run, WorkerId, WorkerRuns};
 
 use crate::MAX_LANES;
 
@@ -159,6 +159,65 @@ impl Rules {
     }
 }
 
+/// A worker's reusable depth per tier, cumulative (see [`Depths`]), given `held(tier,
+/// lane)`: the runs lane `lane` holds in tier `tier` (0 GPU, 1 CPU, 2 storage), each
+/// sorted and coalesced.
+///
+/// A single full lane loads as an engine does (vLLM's offloading connector, Dynamo's
+/// and Mooncake's tiered lookup): its GPU prefix from block 0, then the run CPU holds
+/// from where GPU stopped, then the run storage holds from where CPU stopped; a GPU
+/// block past a CPU gap is not reached. Other rosters (hybrid lanes) take each tier's
+/// joint acceptance over what each lane holds in that tier or above, in any order.
+pub fn depths<'r>(rules: &Rules, held: impl Fn(usize, usize) -> &'r [Run], n: u32) -> Depths {
+    let lanes = rules.rules().len();
+    let gpu = rules.score_with(|i| held(0, i), n);
+    if (0..lanes).all(|i| held(1, i).is_empty() && held(2, i).is_empty()) {
+        return Depths::gpu_only(gpu);
+    }
+    let step = rules.step() as u64;
+    if rules.rules() == [Rule::Full] {
+        let at = |p: u32| floor(p.min(n) as u64, step) as u32;
+        let g = from_zero(held(0, 0));
+        let c = continued(held(1, 0), g);
+        let s = continued(held(2, 0), c);
+        return Depths {
+            gpu: at(g),
+            cpu: at(c),
+            storage: at(s),
+        };
+    }
+    let cpu_runs: Vec<Vec<Run>> = (0..lanes)
+        .map(|i| union(&[held(0, i), held(1, i)]))
+        .collect();
+    let cpu = rules.score_with(|i| &cpu_runs[i], n).max(gpu);
+    let all_runs: Vec<Vec<Run>> = (0..lanes)
+        .map(|i| union(&[&cpu_runs[i], held(2, i)]))
+        .collect();
+    let storage = rules.score_with(|i| &all_runs[i], n).max(cpu);
+    Depths { gpu, cpu, storage }
+}
+
+/// Where the run of `runs` holding position `p` ends (`p` when none holds it).
+fn continued(runs: &[Run], p: u32) -> u32 {
+    runs.iter()
+        .find(|r| r.start <= p && p < r.end)
+        .map_or(p, |r| r.end)
+}
+
+/// The runs held in any of `lists` (each sorted), sorted and coalesced.
+pub fn union(lists: &[&[Run]]) -> Vec<Run> {
+    let mut all: Vec<Run> = lists.iter().flat_map(|l| l.iter().copied()).collect();
+    all.sort_unstable_by_key(|r| r.start);
+    let mut out: Vec<Run> = Vec::with_capacity(all.len());
+    for r in all {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
 /// How far a lane's runs cover the chain from block 0.
 fn from_zero(runs: &[Run]) -> u32 {
     runs.first().filter(|r| r.start == 0).map_or(0, |r| r.end)
@@ -212,8 +271,11 @@ fn lcm(a: u64, b: u64) -> u64 {
 /// A query's answer: workers best first, the unscorable count, optional per-lane runs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Answer {
-    /// (worker, joint reusable blocks), blocks > 0, best first, ties by lower id.
+    /// (worker, joint reusable blocks: its storage depth, reuse from any tier), depth >
+    /// 0, best first by the query's tier weights, ties by lower id.
     pub scores: Vec<(WorkerId, u32)>,
+    /// Each score's depths per tier, in the order of `scores`.
+    pub tiers: Vec<Depths>,
     /// Workers that hold some of the chain on some lane yet score 0.
     pub unscorable: u32,
     /// When asked for: every covered worker (by id), every lane of its roster.
@@ -226,7 +288,7 @@ pub struct Answer {
 }
 
 impl Answer {
-    /// The wire form of this answer.
+    /// The v4 wire form of this answer: one joint figure per worker.
     pub fn to_wire(&self) -> kvix_wire::Answer {
         kvix_wire::Answer {
             scores: self
@@ -238,6 +300,27 @@ impl Answer {
             runs: self.runs.clone(),
             history_lost: self.history_lost.clone(),
             reissued: self.reissued,
+        }
+    }
+
+    /// The v5 wire form: every score with its tiers.
+    pub fn to_tiered(&self) -> kvix_wire::TieredAnswer {
+        kvix_wire::TieredAnswer {
+            scores: self
+                .scores
+                .iter()
+                .zip(&self.tiers)
+                .map(|(&(worker, _), &tiers)| kvix_wire::TieredScore {
+                    worker,
+                    tiers,
+                    suspect: None,
+                })
+                .collect(),
+            unscorable: self.unscorable,
+            runs: self.runs.clone(),
+            history_lost: self.history_lost.clone(),
+            reissued: self.reissued,
+            stale: false,
         }
     }
 }
@@ -308,5 +391,50 @@ mod tests {
             Rule::Chunk { chunk: 4 }
         );
         assert!(Rules::new(&[Rule::Full, Rule::Full], &[u32::MAX, u32::MAX - 1]).is_none());
+    }
+
+    #[test]
+    fn a_full_lane_loads_gpu_then_cpu_then_storage() {
+        let plain = Rules::plain();
+        let tiers = |g: Vec<Run>, c: Vec<Run>, s: Vec<Run>, n| {
+            let held = [g, c, s];
+            depths(&plain, |t, _| &held[t][..], n)
+        };
+        let d = |gpu, cpu, storage| Depths { gpu, cpu, storage };
+        assert_eq!(tiers(vec![r(0, 4)], vec![], vec![], 9), d(4, 4, 4));
+        // CPU continues where GPU stops, storage where CPU stops.
+        assert_eq!(
+            tiers(vec![r(0, 2)], vec![r(0, 5)], vec![r(4, 8)], 9),
+            d(2, 5, 8)
+        );
+        // Nothing on GPU: CPU from block 0.
+        assert_eq!(tiers(vec![], vec![r(0, 3)], vec![], 9), d(0, 3, 3));
+        // A GPU block past a CPU gap is not reached; a CPU run not reaching the GPU
+        // prefix's end adds nothing.
+        assert_eq!(
+            tiers(vec![r(0, 2), r(3, 6)], vec![r(2, 3)], vec![], 9),
+            d(2, 3, 3)
+        );
+        assert_eq!(tiers(vec![r(0, 2)], vec![r(3, 6)], vec![], 9), d(2, 2, 2));
+        // Capped at the prompt.
+        assert_eq!(tiers(vec![r(0, 2)], vec![r(0, 20)], vec![], 9), d(2, 9, 9));
+    }
+
+    #[test]
+    fn hybrid_tiers_take_each_tiers_joint_acceptance() {
+        // A full lane and a window of 2 blocks: GPU holds the full lane to 6 but the
+        // window only at 2..4; CPU holds the window at 4..6.
+        let rules = Rules::new(&[Rule::Full, Rule::Window { span: 2 }], &[1, 1]).unwrap();
+        let held = [
+            [vec![r(0, 6)], vec![r(2, 4)]],
+            [vec![], vec![r(4, 6)]],
+            [vec![], vec![]],
+        ];
+        let d = depths(&rules, |t, l| &held[t][l][..], 6);
+        assert_eq!((d.gpu, d.cpu, d.storage), (4, 6, 6));
+        assert_eq!(
+            union(&[&[r(0, 2), r(5, 6)], &[r(1, 3)], &[r(3, 4)]]),
+            vec![r(0, 4), r(5, 6)]
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The engine against a naive reference model: random sequences of announce / apply /
 //! place / expire / retire / query over mixed rosters, several keyspaces and colliding
-//! prefixes. Answers (scores, order, unscorable, runs) must match, for the single-thread
+//! prefixes, stores and removals in every storage tier. Answers (scores, tier depths,
+//! order under tier weights, unscorable, runs) must match, for the single-thread
 //! [`Engine`] and for fleets of cores composed the way the server composes its executors
 //! (each worker's writes turned into updates on its home core, every core applying every
 //! update, in small slices, and every core answering queries on its own).
@@ -8,10 +9,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kvix_engine::{
-    AnnounceOutcome, Answer, ApplyReport, Core, Cursor, Engine, EngineError, FillIn, Ks, Registry,
-    Update,
+    AnnounceOutcome, Answer, ApplyReport, Ask, Core, Cursor, Engine, EngineError, FillIn, Ks,
+    Registry, Update,
 };
-use kvix_wire::{chain::token_chain, ApplyStatus, Event, Feed, Lane, LaneKind, Run, WorkerId};
+use kvix_wire::{
+    chain::token_chain, ApplyStatus, Depths, Event, Feed, Lane, LaneKind, Run, Tier, TierWeights,
+    WorkerId,
+};
 use proptest::prelude::*;
 
 const TB: u32 = 4;
@@ -22,11 +26,35 @@ const FILL: FillIn = FillIn {
     ttl_ms: 45,
 };
 
-/// (scores, unscorable, per covered worker its lanes' runs).
-type RefAnswer = (Vec<(WorkerId, u32)>, u32, Vec<(WorkerId, Vec<Vec<Run>>)>);
+/// (scores, their tier depths, unscorable, per covered worker its lanes' runs).
+type RefAnswer = (
+    Vec<(WorkerId, u32)>,
+    Vec<Depths>,
+    u32,
+    Vec<(WorkerId, Vec<Vec<Run>>)>,
+);
 
-/// Held memberships: (worker, lane, keyspace, position, hash).
+/// Held memberships: (worker, slot, keyspace, position, hash); a slot is `tier << 4 |
+/// lane`.
 type Held = BTreeSet<(WorkerId, u8, u64, u32, u64)>;
+
+fn slot(tier: Tier, lane: u8) -> u8 {
+    (tier as u8) << 4 | lane
+}
+
+/// The weights a query op picks from.
+const WEIGHTS: [TierWeights; 4] = [
+    TierWeights::JOINT,
+    TierWeights::DYNAMO,
+    TierWeights {
+        cpu: 0.0,
+        storage: 0.0,
+    },
+    TierWeights {
+        cpu: 0.8,
+        storage: 0.8,
+    },
+];
 
 struct RefWorker {
     lanes: Vec<Lane>,
@@ -136,10 +164,18 @@ impl Reference {
                 chain,
                 engine,
                 ..
+            }
+            | Event::StoredIn {
+                lane,
+                chain,
+                engine,
+                ..
             } => worker.lanes.get(*lane as usize).is_some_and(|l| {
                 engine.is_empty() || engine.len() == chain.len().div_ceil(k_of(l, ks) as usize)
             }),
-            Event::Removed { lane, .. } => (*lane as usize) < worker.lanes.len(),
+            Event::Removed { lane, .. } | Event::RemovedFrom { lane, .. } => {
+                (*lane as usize) < worker.lanes.len()
+            }
             Event::Cleared => true,
         };
         if !events.iter().all(valid) {
@@ -153,7 +189,34 @@ impl Reference {
         worker.seq = Some(seq);
         let mut named = 0;
         for e in events {
-            match e {
+            let (tier, e) = match e {
+                Event::StoredIn {
+                    tier,
+                    lane,
+                    start,
+                    parent,
+                    chain,
+                    engine,
+                } => (
+                    Some(*tier),
+                    Event::Stored {
+                        lane: *lane,
+                        start: *start,
+                        parent: *parent,
+                        chain: chain.clone(),
+                        engine: engine.clone(),
+                    },
+                ),
+                Event::RemovedFrom { tier, lane, hashes } => (
+                    Some(*tier),
+                    Event::Removed {
+                        lane: *lane,
+                        hashes: hashes.clone(),
+                    },
+                ),
+                e => (None, e.clone()),
+            };
+            match &e {
                 Event::Stored {
                     lane,
                     start,
@@ -161,12 +224,14 @@ impl Reference {
                     engine,
                     ..
                 } => {
+                    let tier = tier.unwrap_or(Tier::Gpu);
                     let k = k_of(&worker.lanes[*lane as usize], ks) as usize;
                     for (i, &h) in chain.iter().enumerate() {
-                        self.held.insert((w, *lane, ks.seed, start + i as u32, h));
+                        let at = start + i as u32;
+                        self.held.insert((w, slot(tier, *lane), ks.seed, at, h));
                         // The events report it now: the fill-in lets go of it.
                         if *lane == 0 {
-                            worker.placed.remove(&(ks.seed, start + i as u32, h));
+                            worker.placed.remove(&(ks.seed, at, h));
                         }
                     }
                     named += chain.len() as u64;
@@ -178,19 +243,30 @@ impl Reference {
                     }
                 }
                 Event::Removed { lane, hashes } => {
+                    // From one tier (the names stay), or from every tier.
+                    let tiers: Vec<Tier> = tier.map_or(Tier::ALL.to_vec(), |t| vec![t]);
                     for h in hashes {
-                        match worker.names.remove(&(*lane, *h)) {
+                        let found = match tier {
+                            Some(_) => worker.names.get(&(*lane, *h)).cloned(),
+                            None => worker.names.remove(&(*lane, *h)),
+                        };
+                        match found {
                             Some((kss, pos, group)) => {
                                 named += group.len() as u64;
                                 for (i, g) in group.iter().enumerate() {
-                                    self.held.remove(&(w, *lane, kss, pos + i as u32, *g));
+                                    for &t in &tiers {
+                                        let at = pos + i as u32;
+                                        self.held.remove(&(w, slot(t, *lane), kss, at, *g));
+                                    }
                                 }
                             }
                             // Not an engine hash: a chain hash in the batch's keyspace.
                             None => {
                                 named += 1;
-                                self.held
-                                    .retain(|m| (m.0, m.1, m.2, m.4) != (w, *lane, ks.seed, *h));
+                                for &t in &tiers {
+                                    let key = (w, slot(t, *lane), ks.seed, *h);
+                                    self.held.retain(|m| (m.0, m.1, m.2, m.4) != key);
+                                }
                             }
                         }
                     }
@@ -201,6 +277,7 @@ impl Reference {
                     worker.filling = false;
                     self.held.retain(|m| m.0 != w);
                 }
+                Event::StoredIn { .. } | Event::RemovedFrom { .. } => unreachable!("mapped"),
             }
         }
         Some((status, named))
@@ -276,21 +353,32 @@ impl Reference {
         }
     }
 
-    /// The §4 rules written directly: every candidate position, every lane, every block.
-    fn query(&self, ks: Ks, chain: &[u64], cands: Option<&[WorkerId]>, top_k: u32) -> RefAnswer {
+    /// The §4 rules written directly: every candidate position, every lane, every block;
+    /// per tier as docs/design.md defines the depths.
+    fn query(
+        &self,
+        ks: Ks,
+        chain: &[u64],
+        cands: Option<&[WorkerId]>,
+        top_k: u32,
+        weights: TierWeights,
+    ) -> RefAnswer {
         let n = chain.len() as u32;
-        let (mut scores, mut unscorable, mut runs) = (Vec::new(), 0, Vec::new());
+        let (mut scored, mut unscorable, mut runs) = (Vec::new(), 0, Vec::new());
         for (&w, worker) in &self.workers {
             if cands.is_some_and(|c| !c.contains(&w)) {
                 continue;
             }
-            let held = |lane: usize, pos: u32| {
+            let in_tier = |tier: usize, lane: usize, pos: u32| {
+                let s = slot(Tier::ALL[tier], lane as u8);
                 self.held
-                    .contains(&(w, lane as u8, ks.seed, pos, chain[pos as usize]))
+                    .contains(&(w, s, ks.seed, pos, chain[pos as usize]))
             };
-            let all = |lane: usize, a: u32, b: u32| (a..b).all(|p| held(lane, p));
-            let covered = |lane: usize| (0..n).any(|p| held(lane, p));
-            if !(0..worker.lanes.len()).any(covered) {
+            // Held in a tier up to `top`.
+            let held_to =
+                |top: usize, lane: usize, pos: u32| (0..=top).any(|t| in_tier(t, lane, pos));
+            let lanes = worker.lanes.len();
+            if !(0..lanes).any(|i| (0..n).any(|p| held_to(2, i, p))) {
                 continue;
             }
             let ks_block = TB;
@@ -300,44 +388,72 @@ impl Reference {
                 .iter()
                 .map(ks_of)
                 .fold(1u32, |a, k| a / gcd(a, k) * k);
-            let accepts = |i: usize, l: &Lane, p: u32| -> bool {
-                if !covered(i) {
-                    return p == 0;
+            // The joint score when lane positions count as held up to tier `top`.
+            let best = |top: usize| {
+                let held = |lane: usize, pos: u32| held_to(top, lane, pos);
+                let all = |lane: usize, a: u32, b: u32| (a..b).all(|p| held(lane, p));
+                let covered = |lane: usize| (0..n).any(|p| held(lane, p));
+                let accepts = |i: usize, l: &Lane, p: u32| -> bool {
+                    if !covered(i) {
+                        return p == 0;
+                    }
+                    let k = ks_of(l);
+                    match l.kind {
+                        LaneKind::FullAttention | LaneKind::MlaAttention => all(i, 0, p),
+                        LaneKind::SlidingWindow { window } => {
+                            let m = (window - 1).div_ceil(l.block_tokens).max(1);
+                            p == 0 || all(i, p.saturating_sub(m * k), p)
+                        }
+                        LaneKind::ChunkedLocal { chunk } => {
+                            let c = chunk / ks_block;
+                            all(i, p / c * c, p)
+                        }
+                        LaneKind::Mamba => p == 0 || held(i, p - 1),
+                    }
+                };
+                (0..=n)
+                    .rev()
+                    .filter(|p| p % step == 0)
+                    .find(|&p| {
+                        worker
+                            .lanes
+                            .iter()
+                            .enumerate()
+                            .all(|(i, l)| accepts(i, l, p))
+                    })
+                    .unwrap_or(0)
+            };
+            let depths = if lanes == 1 && worker.lanes[0].kind.is_full() {
+                // GPU from block 0, then CPU from where GPU stops, then storage.
+                let mut p = 0;
+                let mut reach = [0u32; 3];
+                for (tier, r) in reach.iter_mut().enumerate() {
+                    while p < n && in_tier(tier, 0, p) {
+                        p += 1;
+                    }
+                    *r = p / step * step;
                 }
-                let k = ks_of(l);
-                match l.kind {
-                    LaneKind::FullAttention | LaneKind::MlaAttention => all(i, 0, p),
-                    LaneKind::SlidingWindow { window } => {
-                        let m = (window - 1).div_ceil(l.block_tokens).max(1);
-                        p == 0 || all(i, p.saturating_sub(m * k), p)
-                    }
-                    LaneKind::ChunkedLocal { chunk } => {
-                        let c = chunk / ks_block;
-                        all(i, p / c * c, p)
-                    }
-                    LaneKind::Mamba => p == 0 || held(i, p - 1),
+                Depths {
+                    gpu: reach[0],
+                    cpu: reach[1],
+                    storage: reach[2],
+                }
+            } else {
+                Depths {
+                    gpu: best(0),
+                    cpu: best(1),
+                    storage: best(2),
                 }
             };
-            let best = (0..=n)
-                .rev()
-                .filter(|p| p % step == 0)
-                .find(|&p| {
-                    worker
-                        .lanes
-                        .iter()
-                        .enumerate()
-                        .all(|(i, l)| accepts(i, l, p))
-                })
-                .unwrap_or(0);
-            if best > 0 {
-                scores.push((w, best));
+            if depths.storage > 0 {
+                scored.push((w, depths));
             } else {
                 unscorable += 1;
             }
-            let lane_runs = (0..worker.lanes.len())
+            let lane_runs = (0..lanes)
                 .map(|i| {
                     let mut out: Vec<Run> = Vec::new();
-                    for p in (0..n).filter(|&p| held(i, p)) {
+                    for p in (0..n).filter(|&p| held_to(2, i, p)) {
                         match out.last_mut() {
                             Some(r) if r.end == p => r.end = p + 1,
                             _ => out.push(Run {
@@ -351,11 +467,20 @@ impl Reference {
                 .collect();
             runs.push((w, lane_runs));
         }
-        scores.sort_by_key(|&(w, s)| (std::cmp::Reverse(s), w));
+        // Weighed in 1/65536 GPU blocks, rounded per weight: ties are exact.
+        let fixed = |x: f32| (f64::from(x) * 65536.0).round() as u64;
+        let value = |d: &Depths| {
+            d.gpu as u64 * 65536
+                + (d.cpu - d.gpu) as u64 * fixed(weights.cpu)
+                + (d.storage - d.cpu) as u64 * fixed(weights.storage)
+        };
+        scored.sort_by_key(|(w, d)| (std::cmp::Reverse(value(d)), *w));
         if top_k > 0 {
-            scores.truncate(top_k as usize);
+            scored.truncate(top_k as usize);
         }
-        (scores, unscorable, runs)
+        let scores = scored.iter().map(|&(w, d)| (w, d.storage)).collect();
+        let tiers = scored.iter().map(|&(_, d)| d).collect();
+        (scores, tiers, unscorable, runs)
     }
 }
 
@@ -441,12 +566,15 @@ enum Op {
         /// How: one event naming its parent, one without, or one batch per engine block
         /// naming its parent (vLLM decode).
         style: Style,
+        tier: Tier,
     },
     Remove {
         name: u8,
         lane: u8,
         pick: usize,
         unknown: bool,
+        /// From one tier, or (None) every tier.
+        tier: Option<Tier>,
     },
     Clear {
         name: u8,
@@ -474,6 +602,7 @@ enum Op {
         cands: Option<u8>,
         top_k: u32,
         runs: bool,
+        weights: usize,
     },
 }
 
@@ -529,20 +658,24 @@ fn style() -> impl Strategy<Value = Style> {
     ]
 }
 
+fn tier() -> impl Strategy<Value = Tier> {
+    prop_oneof![4 => Just(Tier::Gpu), 2 => Just(Tier::Cpu), 1 => Just(Tier::Storage)]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let name = 0u8..5;
     let from = prop_oneof![3 => Just(0usize), 2 => 0usize..6, 1 => 0usize..24];
     prop_oneof![
         1 => (name.clone(), 0..rosters().len(), 0..feeds().len()).prop_map(|(name, roster, feed)| Op::Announce { name, roster, feed }),
         1 => name.clone().prop_map(|name| Op::Retire { name }),
-        8 => (name.clone(), ks_index(), prompt(), from, 0u8..4, any::<bool>(), style()).prop_map(|(name, ks, prompt, from, lane, engine, style)| Op::Store { name, ks, prompt, from, lane, engine, style }),
-        3 => (name.clone(), 0u8..3, any::<usize>(), prop::bool::weighted(0.1)).prop_map(|(name, lane, pick, unknown)| Op::Remove { name, lane, pick, unknown }),
+        8 => (name.clone(), ks_index(), prompt(), from, 0u8..4, any::<bool>(), style(), tier()).prop_map(|(name, ks, prompt, from, lane, engine, style, tier)| Op::Store { name, ks, prompt, from, lane, engine, style, tier }),
+        3 => (name.clone(), 0u8..3, any::<usize>(), prop::bool::weighted(0.1), prop::option::weighted(0.4, tier())).prop_map(|(name, lane, pick, unknown, tier)| Op::Remove { name, lane, pick, unknown, tier }),
         1 => name.clone().prop_map(|name| Op::Clear { name }),
         1 => (name.clone(), -1i8..3).prop_map(|(name, delta)| Op::Seq { name, delta }),
         4 => (name.clone(), ks_index(), prompt(), 0u64..30).prop_map(|(name, ks, prompt, dt)| Op::Place { name, ks, prompt, dt }),
         1 => (0u64..40).prop_map(|dt| Op::Expire { dt }),
         1 => name.clone().prop_map(|name| Op::LoseHistory { name }),
-        6 => (ks_index(), prompt(), prop::option::of(any::<u8>()), 0u32..3, any::<bool>()).prop_map(|(ks, prompt, cands, top_k, runs)| Op::Query { ks, prompt, cands, top_k, runs }),
+        6 => (ks_index(), prompt(), prop::option::of(any::<u8>()), 0u32..3, any::<bool>(), 0..WEIGHTS.len()).prop_map(|(ks, prompt, cands, top_k, runs, weights)| Op::Query { ks, prompt, cands, top_k, runs, weights }),
     ]
 }
 
@@ -585,14 +718,7 @@ trait Subject {
     fn fill_in(&mut self, w: WorkerId) -> bool;
     fn expire(&mut self, now: u64);
     /// One answer per core.
-    fn query(
-        &mut self,
-        ks: Ks,
-        chain: &[u64],
-        c: Option<&[WorkerId]>,
-        k: u32,
-        runs: bool,
-    ) -> Vec<Answer>;
+    fn query(&mut self, ks: Ks, chain: &[u64], ask: &Ask<'_>) -> Vec<Answer>;
     /// Invariants hold; (memberships, blocks) per core.
     fn check(&self) -> Vec<(u64, u64)>;
 }
@@ -627,15 +753,8 @@ impl Subject for Engine {
     fn expire(&mut self, now: u64) {
         Engine::expire(self, now).unwrap();
     }
-    fn query(
-        &mut self,
-        ks: Ks,
-        chain: &[u64],
-        c: Option<&[WorkerId]>,
-        k: u32,
-        runs: bool,
-    ) -> Vec<Answer> {
-        vec![Engine::query(self, ks, chain, c, k, runs)]
+    fn query(&mut self, ks: Ks, chain: &[u64], ask: &Ask<'_>) -> Vec<Answer> {
+        vec![Engine::ask(self, ks, chain, ask)]
     }
     fn check(&self) -> Vec<(u64, u64)> {
         self.check_invariants().unwrap();
@@ -740,19 +859,12 @@ impl Subject for Fleet {
             .unwrap();
         }
     }
-    fn query(
-        &mut self,
-        ks: Ks,
-        chain: &[u64],
-        c: Option<&[WorkerId]>,
-        k: u32,
-        runs: bool,
-    ) -> Vec<Answer> {
+    fn query(&mut self, ks: Ks, chain: &[u64], ask: &Ask<'_>) -> Vec<Answer> {
         self.cores
             .iter_mut()
             .map(|core| {
                 let mut a = Answer::default();
-                core.query_into(ks, chain, c, k, runs, &mut a);
+                core.query_into(ks, chain, ask, &mut a);
                 a
             })
             .collect()
@@ -854,6 +966,7 @@ impl Harness {
                 lane,
                 engine,
                 style,
+                tier,
             } => {
                 let ks = kss[ks];
                 let chain = self.chain(ks, prompt);
@@ -874,12 +987,27 @@ impl Harness {
                     } else {
                         part.clone()
                     };
-                    let event = Event::Stored {
-                        lane,
-                        start: start as u32,
-                        parent: (parent && start > 0).then(|| chain[start - 1]),
-                        chain: part,
-                        engine: if engine { names.clone() } else { vec![] },
+                    let (start, parent) = (
+                        start as u32,
+                        (parent && start > 0).then(|| chain[start - 1]),
+                    );
+                    let engine = if engine { names.clone() } else { vec![] };
+                    let event = match tier {
+                        Tier::Gpu => Event::Stored {
+                            lane,
+                            start,
+                            parent,
+                            chain: part,
+                            engine,
+                        },
+                        tier => Event::StoredIn {
+                            tier,
+                            lane,
+                            start,
+                            parent,
+                            chain: part,
+                            engine,
+                        },
                     };
                     (event, names)
                 };
@@ -904,6 +1032,7 @@ impl Harness {
                 lane,
                 pick,
                 unknown,
+                tier,
             } => {
                 let Some(w) = self.id(name) else { return };
                 let names = self.stored.get(&w).cloned().unwrap_or_default();
@@ -918,7 +1047,11 @@ impl Harness {
                     let take = 1 + pick / 7 % 3;
                     (l, of_lane.into_iter().cycle().skip(at).take(take).collect())
                 };
-                self.apply(name, kss[0], vec![Event::Removed { lane, hashes }], 0);
+                let event = match tier {
+                    None => Event::Removed { lane, hashes },
+                    Some(tier) => Event::RemovedFrom { tier, lane, hashes },
+                };
+                self.apply(name, kss[0], vec![event], 0);
             }
             Op::Clear { name } => self.apply(name, kss[1], vec![Event::Cleared], 0),
             Op::Seq { name, delta } => self.apply(name, kss[2], vec![], delta as i64),
@@ -957,19 +1090,28 @@ impl Harness {
                 cands,
                 top_k,
                 runs,
+                weights,
             } => {
                 let ks = kss[ks];
                 let chain = self.chain(ks, prompt);
                 let cands: Option<Vec<WorkerId>> =
                     cands.map(|m| (0..8).filter(|i| m >> i & 1 == 1).collect());
-                let (scores, unscorable, want_runs) =
-                    self.reference.query(ks, &chain, cands.as_deref(), top_k);
+                let weights = WEIGHTS[weights];
+                let (scores, tiers, unscorable, want_runs) =
+                    self.reference
+                        .query(ks, &chain, cands.as_deref(), top_k, weights);
+                let ask = Ask {
+                    candidates: cands.as_deref(),
+                    top_k,
+                    want_runs: runs,
+                    weights,
+                };
                 for s in &mut self.subjects {
-                    for a in s.query(ks, &chain, cands.as_deref(), top_k, runs) {
+                    for a in s.query(ks, &chain, &ask) {
                         assert_eq!(
-                            (&a.scores, a.unscorable),
-                            (&scores, unscorable),
-                            "query {prompt:?} in {ks:?}"
+                            (&a.scores, &a.tiers, a.unscorable),
+                            (&scores, &tiers, unscorable),
+                            "query {prompt:?} in {ks:?} weighed {weights:?}"
                         );
                         if runs {
                             let got: Vec<(WorkerId, Vec<Vec<Run>>)> = a

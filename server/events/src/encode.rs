@@ -12,7 +12,7 @@
 
 use rmp::encode;
 
-use crate::payload::{Batch, EngineEvent, Medium, Removed, Stored};
+use crate::payload::{Batch, EngineEvent, Locality, Medium, Removed, Stored};
 
 /// The payload (third frame) of one published batch.
 pub fn vllm_batch(batch: &Batch) -> Vec<u8> {
@@ -52,9 +52,34 @@ fn medium(w: &mut Vec<u8>, m: Medium) {
         match m {
             Medium::Gpu => "GPU",
             Medium::Cpu => "CPU",
-            Medium::Other => "STORAGE",
+            Medium::Storage => "STORAGE",
+            Medium::Unknown => "FS",
         },
     );
+}
+
+/// `locality` and `ownership` where they are not the defaults (a secondary tier is
+/// written as `"secondary"`).
+fn whereabouts(w: &mut Vec<u8>, locality: Locality, secondary: bool) {
+    if locality != Locality::Local {
+        str(w, "locality");
+        str(
+            w,
+            if locality == Locality::Remote {
+                "REMOTE"
+            } else {
+                "ELSEWHERE"
+            },
+        );
+    }
+    if secondary {
+        str(w, "ownership");
+        str(w, "secondary");
+    }
+}
+
+fn whereabouts_set(locality: Locality, secondary: bool) -> u32 {
+    u32::from(locality != Locality::Local) + u32::from(secondary)
 }
 
 /// msgspec sizes a struct's map header for all its fields and the tag, whatever it
@@ -89,6 +114,7 @@ fn defaulted(s: &Stored) -> u32 {
     u32::from(s.group_idx != 0)
         + u32::from(s.spec_kind.is_some())
         + u32::from(s.sliding_window.is_some())
+        + whereabouts_set(s.locality, s.secondary)
 }
 
 fn stored(w: &mut Vec<u8>, s: &Stored) {
@@ -133,10 +159,12 @@ fn stored(w: &mut Vec<u8>, s: &Stored) {
         str(w, "kv_cache_spec_sliding_window");
         uint(w, u64::from(window));
     }
+    whereabouts(w, s.locality, s.secondary);
 }
 
 fn removed(w: &mut Vec<u8>, r: &Removed) {
-    map_header(w, 3 + u32::from(r.group_idx != 0), REMOVED_FIELDS);
+    let defaulted = u32::from(r.group_idx != 0) + whereabouts_set(r.locality, r.secondary);
+    map_header(w, 3 + defaulted, REMOVED_FIELDS);
     str(w, "type");
     str(w, "BlockRemoved");
     str(w, "block_hashes");
@@ -147,6 +175,7 @@ fn removed(w: &mut Vec<u8>, r: &Removed) {
         str(w, "group_idx");
         uint(w, u64::from(r.group_idx));
     }
+    whereabouts(w, r.locality, r.secondary);
 }
 
 #[cfg(test)]
@@ -161,22 +190,47 @@ mod tests {
             proptest::option::of(any::<u64>()),
             1u32..64,
             0u32..3,
-            prop_oneof![Just(Medium::Gpu), Just(Medium::Cpu), Just(Medium::Other)],
+            arb_medium(),
             proptest::option::of(1u32..8192),
+            arb_whereabouts(),
         )
-            .prop_flat_map(|(hashes, parent, bs, group, medium, window)| {
-                let n = hashes.len() * bs as usize;
-                proptest::collection::vec(any::<u32>(), n..=n).prop_map(move |tokens| {
-                    let mut s = Stored::plain(hashes.clone(), parent, tokens, bs);
-                    s.medium = medium;
-                    s.group_idx = group;
-                    if let Some(w) = window {
-                        s.spec_kind = Some("sliding_window".into());
-                        s.sliding_window = Some(w);
-                    }
-                    s
-                })
-            })
+            .prop_flat_map(
+                |(hashes, parent, bs, group, medium, window, (locality, secondary))| {
+                    let n = hashes.len() * bs as usize;
+                    proptest::collection::vec(any::<u32>(), n..=n).prop_map(move |tokens| {
+                        let mut s = Stored::plain(hashes.clone(), parent, tokens, bs);
+                        s.medium = medium;
+                        s.locality = locality;
+                        s.secondary = secondary;
+                        s.group_idx = group;
+                        if let Some(w) = window {
+                            s.spec_kind = Some("sliding_window".into());
+                            s.sliding_window = Some(w);
+                        }
+                        s
+                    })
+                },
+            )
+    }
+
+    fn arb_medium() -> impl Strategy<Value = Medium> {
+        prop_oneof![
+            Just(Medium::Gpu),
+            Just(Medium::Cpu),
+            Just(Medium::Storage),
+            Just(Medium::Unknown)
+        ]
+    }
+
+    fn arb_whereabouts() -> impl Strategy<Value = (Locality, bool)> {
+        (
+            prop_oneof![
+                4 => Just(Locality::Local),
+                1 => Just(Locality::Remote),
+                1 => Just(Locality::Unknown)
+            ],
+            proptest::bool::weighted(0.2),
+        )
     }
 
     fn arb_event() -> impl Strategy<Value = EngineEvent> {
@@ -184,16 +238,21 @@ mod tests {
             arb_stored().prop_map(EngineEvent::Stored),
             (
                 proptest::collection::vec(any::<u64>(), 0..6),
-                prop_oneof![Just(Medium::Gpu), Just(Medium::Cpu), Just(Medium::Other)],
-                0u32..3
+                arb_medium(),
+                0u32..3,
+                arb_whereabouts(),
             )
-                .prop_map(|(block_hashes, medium, group_idx)| EngineEvent::Removed(
-                    Removed {
-                        block_hashes,
-                        medium,
-                        group_idx
+                .prop_map(
+                    |(block_hashes, medium, group_idx, (locality, secondary))| {
+                        EngineEvent::Removed(Removed {
+                            block_hashes,
+                            medium,
+                            group_idx,
+                            locality,
+                            secondary,
+                        })
                     }
-                )),
+                ),
             Just(EngineEvent::Cleared),
         ]
     }

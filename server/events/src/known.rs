@@ -13,7 +13,7 @@ use std::str;
 use rmp::Marker;
 
 use crate::msgpack::{bytes_key, next_int, MAX_HASH_BYTES};
-use crate::payload::{Batch, EngineEvent, Medium, Removed, Stored, MAX_DP_RANK};
+use crate::payload::{Batch, EngineEvent, Locality, Medium, Removed, Stored, MAX_DP_RANK};
 
 /// The batch in `bytes` if it is one this path knows, whole.
 pub fn batch(bytes: &[u8]) -> Option<Batch> {
@@ -88,6 +88,9 @@ struct Fields {
     group_idx: Option<u32>,
     spec_kind: Option<String>,
     sliding_window: Option<u32>,
+    locality: Option<Locality>,
+    /// `ownership` was a string (a secondary tier's).
+    secondary: Option<bool>,
 }
 
 /// Which field a map key or an array position names.
@@ -104,6 +107,8 @@ enum Key {
     GroupIdx,
     SpecKind,
     Window,
+    Locality,
+    Ownership,
 }
 
 impl Key {
@@ -119,12 +124,15 @@ impl Key {
             b"group_idx" => Key::GroupIdx,
             b"kv_cache_spec_kind" => Key::SpecKind,
             b"kv_cache_spec_sliding_window" => Key::Window,
+            b"locality" => Key::Locality,
+            b"ownership" => Key::Ownership,
+            b"session_id" | b"lookahead_token_ids" => Key::NilOnly,
             _ => return None,
         })
     }
 
     /// A store's fields in their array positions (after the tag): vLLM's `BlockStored`.
-    const STORED: [Key; 11] = [
+    const STORED: [Key; 15] = [
         Key::Hashes,
         Key::Parent,
         Key::Tokens,
@@ -136,9 +144,19 @@ impl Key {
         Key::GroupIdx,
         Key::SpecKind,
         Key::Window,
+        Key::Locality,
+        Key::Ownership,
+        Key::NilOnly,
+        Key::NilOnly,
     ];
     /// A removal's: vLLM's `BlockRemoved`.
-    const REMOVED: [Key; 3] = [Key::Hashes, Key::Medium, Key::GroupIdx];
+    const REMOVED: [Key; 5] = [
+        Key::Hashes,
+        Key::Medium,
+        Key::GroupIdx,
+        Key::Locality,
+        Key::Ownership,
+    ];
 
     /// The field at `pos` (after the tag) of an array tagged `tag`.
     fn at(tag: Tag, pos: usize) -> Option<Key> {
@@ -335,6 +353,20 @@ impl<'a> Cursor<'a> {
                 None => Some(()),
                 Some(w) => once(&mut f.sliding_window, w),
             },
+            Key::Locality => match self.nil() {
+                true => Some(()),
+                false => {
+                    let l = Locality::named(str::from_utf8(self.str()?).ok()?);
+                    once(&mut f.locality, l)
+                }
+            },
+            Key::Ownership => match self.nil() {
+                true => Some(()),
+                false => {
+                    self.str()?;
+                    once(&mut f.secondary, true)
+                }
+            },
         }
     }
 
@@ -384,13 +416,18 @@ impl<'a> Cursor<'a> {
                 block_hashes: f.hashes?,
                 medium: f.medium.unwrap_or(Medium::Gpu),
                 group_idx: f.group_idx.unwrap_or(0),
+                locality: f.locality.unwrap_or(Locality::Local),
+                secondary: f.secondary.unwrap_or(false),
             })),
             Tag::Stored => {
-                let block_size = u32::try_from(f.block_size?).ok().filter(|b| *b > 0)?;
+                let tokens = f.tokens?;
+                let block_size = u32::try_from(f.block_size?)
+                    .ok()
+                    .filter(|b| *b > 0 || tokens.is_empty())?;
                 Some(EngineEvent::Stored(Stored {
                     block_hashes: f.hashes?,
                     parent: f.parent?,
-                    token_ids: f.tokens?,
+                    token_ids: tokens,
                     block_size,
                     lora_id: f.lora_id,
                     medium: f.medium.unwrap_or(Medium::Gpu),
@@ -400,6 +437,8 @@ impl<'a> Cursor<'a> {
                     group_idx: f.group_idx.unwrap_or(0),
                     spec_kind: f.spec_kind,
                     sliding_window: f.sliding_window,
+                    locality: f.locality.unwrap_or(Locality::Local),
+                    secondary: f.secondary.unwrap_or(false),
                 }))
             }
         }

@@ -15,6 +15,7 @@
 //! [`EngineEvent::Unknown`] (newer engines may add some) for the caller to count.
 
 use kvix_wire::chain::ExtraKey;
+use kvix_wire::Tier;
 use rmpv::Value;
 
 use crate::msgpack::{self, Aside, Hashes};
@@ -25,22 +26,28 @@ const MAX_DEPTH: usize = 16;
 /// Data-parallel ranks above this are refused: each rank becomes a holder.
 pub const MAX_DP_RANK: u32 = 1023;
 
-/// Where a block lives, as the engine reports it (`None` in vLLM means GPU).
+/// Where a block lives, as the engine reports it (`None` in vLLM means GPU). Names map
+/// to tiers as Dynamo's indexer maps them (`StorageTier::from_kv_medium`), case aside:
+/// external and shared stores count as storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Medium {
     Gpu,
     Cpu,
-    /// Disk, a connector's remote store, ...: anything else.
-    Other,
+    /// Disk, NVMe, a connector's shared or remote store.
+    Storage,
+    /// A name no engine documents (vLLM's connectors' `FS`, `OBJ`, ...): its blocks are
+    /// not credited to any tier (counted as `unknown_medium`).
+    Unknown,
 }
 
 impl Medium {
-    pub const ALL: [Medium; 3] = [Medium::Gpu, Medium::Cpu, Medium::Other];
+    /// The media credited to a tier, in [`Tier::ALL`] order.
+    pub const ALL: [Medium; 3] = [Medium::Gpu, Medium::Cpu, Medium::Storage];
     /// The labels of [`Medium::ALL`], in its order.
     pub const LABELS: [&'static str; 3] = [
-        Medium::ALL[0].label(),
-        Medium::ALL[1].label(),
-        Medium::ALL[2].label(),
+        Tier::ALL[0].label(),
+        Tier::ALL[1].label(),
+        Tier::ALL[2].label(),
     ];
 
     fn parse(v: Option<&Value>) -> Result<Medium, DecodeError> {
@@ -56,27 +63,92 @@ impl Medium {
 
     /// The medium an engine's name for it stands for.
     pub(crate) fn named(m: &str) -> Medium {
-        if m.eq_ignore_ascii_case("gpu") || m.eq_ignore_ascii_case("cuda") {
+        const GPU: [&str; 4] = ["", "gpu", "device", "cuda"];
+        const CPU: [&str; 3] = ["cpu", "cpu_pinned", "cpu_tier1"];
+        const STORAGE: [&str; 8] = [
+            "cpu_tier2",
+            "disk",
+            "nvme",
+            "storage",
+            "external",
+            "network",
+            "remote",
+            "shared",
+        ];
+        let is = |names: &[&str]| names.iter().any(|n| m.eq_ignore_ascii_case(n));
+        if is(&GPU) {
             Medium::Gpu
-        } else if m.eq_ignore_ascii_case("cpu") || m.eq_ignore_ascii_case("cpu_pinned") {
+        } else if is(&CPU) {
             Medium::Cpu
+        } else if is(&STORAGE) {
+            Medium::Storage
         } else {
-            Medium::Other
+            Medium::Unknown
         }
     }
 
-    /// The label used in metrics.
-    pub const fn label(self) -> &'static str {
+    /// The tier its blocks are credited to; None for an unknown medium.
+    pub fn tier(self) -> Option<Tier> {
         match self {
-            Medium::Gpu => "gpu",
-            Medium::Cpu => "cpu",
-            Medium::Other => "other",
+            Medium::Gpu => Some(Tier::Gpu),
+            Medium::Cpu => Some(Tier::Cpu),
+            Medium::Storage => Some(Tier::Storage),
+            Medium::Unknown => None,
         }
     }
 }
 
+/// Where the publisher says a block is, relative to itself (vLLM 0.34's `locality`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Locality {
+    /// `LOCAL`, or not said.
+    Local,
+    /// `REMOTE`: held elsewhere, not loadable as this worker's own.
+    Remote,
+    /// A value no engine documents: taken as not local.
+    Unknown,
+}
+
+impl Locality {
+    fn parse(v: Option<&Value>) -> Result<Locality, DecodeError> {
+        match v {
+            None | Some(Value::Nil) => Ok(Locality::Local),
+            Some(Value::String(s)) => Ok(s.as_str().map_or(Locality::Unknown, Locality::named)),
+            Some(_) => Err(DecodeError::field("locality", "a string or nil")),
+        }
+    }
+
+    pub(crate) fn named(s: &str) -> Locality {
+        if s.eq_ignore_ascii_case("local") {
+            Locality::Local
+        } else if s.eq_ignore_ascii_case("remote") {
+            Locality::Remote
+        } else {
+            Locality::Unknown
+        }
+    }
+}
+
+/// vLLM 0.34's `ownership`: set when a secondary offloading tier stored or removed the
+/// block (None: the engine's own tiers).
+fn secondary(v: Option<&Value>) -> Result<bool, DecodeError> {
+    match v {
+        None | Some(Value::Nil) => Ok(false),
+        Some(Value::String(_)) => Ok(true),
+        Some(_) => Err(DecodeError::field("ownership", "a string or nil")),
+    }
+}
+
 /// `BlockStored`: engine blocks `block_hashes` (each `block_size` tokens, in order)
-/// follow `parent` (None: they start the prompt) and hold `token_ids`.
+/// follow `parent` (None: they start the prompt) and hold `token_ids`. A store with no
+/// tokens (block size 0) is a placeholder: a copy of blocks already known by hash
+/// (vLLM's offloading connector without `self_describing_kv_events`).
+///
+/// Not kept: `session_id` (the request that stored it: no bearing on who can reuse it)
+/// and `lookahead_token_ids` (tokens past each block that vLLM's hash takes in when
+/// lookahead hashing is on; kvix chains the block's own tokens, so a prompt that matches
+/// a block but not the tokens after it scores that block where the engine would not:
+/// at most one block more, at the end of the match).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stored {
     pub block_hashes: Vec<u64>,
@@ -96,6 +168,9 @@ pub struct Stored {
     pub group_idx: u32,
     pub spec_kind: Option<String>,
     pub sliding_window: Option<u32>,
+    pub locality: Locality,
+    /// Stored by a secondary offloading tier (`ownership` set).
+    pub secondary: bool,
 }
 
 impl Stored {
@@ -120,7 +195,14 @@ impl Stored {
             group_idx: 0,
             spec_kind: None,
             sliding_window: None,
+            locality: Locality::Local,
+            secondary: false,
         }
+    }
+
+    /// A placeholder: blocks named by hash alone (no tokens, no parent).
+    pub fn is_placeholder(&self) -> bool {
+        self.block_size == 0
     }
 }
 
@@ -130,6 +212,21 @@ pub struct Removed {
     pub block_hashes: Vec<u64>,
     pub medium: Medium,
     pub group_idx: u32,
+    pub locality: Locality,
+    pub secondary: bool,
+}
+
+impl Removed {
+    /// A removal from the engine's own `medium`, on this worker.
+    pub fn new(block_hashes: Vec<u64>, medium: Medium, group_idx: u32) -> Self {
+        Removed {
+            block_hashes,
+            medium,
+            group_idx,
+            locality: Locality::Local,
+            secondary: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -328,6 +425,8 @@ fn event(v: &Value, aside: Aside) -> Result<EngineEvent, DecodeError> {
             block_hashes: hashes(fields.required(0, "block_hashes")?, aside.hashes)?,
             medium: Medium::parse(fields.get(1, "medium"))?,
             group_idx: opt_u32(fields.get(2, "group_idx"), "group_idx")?.unwrap_or(0),
+            locality: Locality::parse(fields.get(3, "locality"))?,
+            secondary: secondary(fields.get(4, "ownership"))?,
         })),
         "AllBlocksCleared" => Ok(EngineEvent::Cleared),
         other => Ok(EngineEvent::Unknown(other.to_string())),
@@ -352,9 +451,13 @@ fn stored(f: &Fields<'_>, aside: Aside) -> Result<Stored, DecodeError> {
         index,
         want: "an integer in 0..2^32 or a pair of them",
     })?;
+    // Block size 0 only for a placeholder, which carries no tokens.
     let block_size = opt_u32(Some(f.required(3, "block_size")?), "block_size")?
-        .filter(|b| *b > 0)
-        .ok_or(DecodeError::field("block_size", "a positive integer"))?;
+        .filter(|b| *b > 0 || token_ids.is_empty())
+        .ok_or(DecodeError::field(
+            "block_size",
+            "a positive integer (0 only without token_ids)",
+        ))?;
     let lora_id = match f.get(4, "lora_id") {
         None | Some(Value::Nil) => None,
         Some(v) => Some(
@@ -412,6 +515,8 @@ fn stored(f: &Fields<'_>, aside: Aside) -> Result<Stored, DecodeError> {
             f.get(10, "kv_cache_spec_sliding_window"),
             "kv_cache_spec_sliding_window",
         )?,
+        locality: Locality::parse(f.get(11, "locality"))?,
+        secondary: secondary(f.get(12, "ownership"))?,
     })
 }
 
@@ -616,11 +721,7 @@ mod tests {
         assert_eq!(st.spec_kind.as_deref(), Some("full_attention"));
         assert_eq!(
             b.events[1],
-            EngineEvent::Removed(Removed {
-                block_hashes: vec![5],
-                medium: Medium::Gpu,
-                group_idx: 0
-            })
+            EngineEvent::Removed(Removed::new(vec![5], Medium::Gpu, 0))
         );
         assert_eq!(b.events[2], EngineEvent::Cleared);
     }
@@ -871,7 +972,7 @@ mod tests {
             prop_assert_eq!(&st.token_ids, &tokens);
             prop_assert_eq!(st.block_size, block_size);
             prop_assert_eq!(st.group_idx, group);
-            let want = match medium { None | Some("GPU") => Medium::Gpu, Some("CPU") => Medium::Cpu, _ => Medium::Other };
+            let want = match medium { None | Some("GPU") => Medium::Gpu, Some("CPU") => Medium::Cpu, _ => Medium::Storage };
             prop_assert_eq!(st.medium, want);
         }
     }
@@ -922,17 +1023,31 @@ mod tests {
             arb_field(Value::from(1u32)),
             (
                 any::<bool>(),
-                prop_oneof![3 => Just(14usize), 1 => 0usize..14],
+                prop_oneof![3 => Just(16usize), 1 => 0usize..16],
                 proptest::bool::weighted(0.15),
                 proptest::bool::weighted(0.15),
             ),
+            (
+                prop_oneof![
+                    Just(Value::Nil),
+                    Just(s("LOCAL")),
+                    Just(s("REMOTE")),
+                    Just(s("x"))
+                ]
+                .prop_flat_map(arb_field),
+                prop_oneof![3 => Just(Value::Nil), 1 => Just(s("kvcr"))].prop_flat_map(arb_field),
+            ),
         )
             .prop_map(
-                |(tag, h, p, t, b, lora, m, lname, g, (as_map, keep, twice, odd))| {
+                |(tag, h, p, t, b, lora, m, lname, g, (as_map, keep, twice, odd), (loc, own))| {
                     let fields: Vec<(&str, Value)> = match tag {
-                        "BlockRemoved" => {
-                            vec![("block_hashes", h), ("medium", m), ("group_idx", g)]
-                        }
+                        "BlockRemoved" => vec![
+                            ("block_hashes", h),
+                            ("medium", m),
+                            ("group_idx", g),
+                            ("locality", loc),
+                            ("ownership", own),
+                        ],
                         "AllBlocksCleared" | "Other" => vec![],
                         _ => vec![
                             ("block_hashes", h),
@@ -946,6 +1061,8 @@ mod tests {
                             ("group_idx", g),
                             ("kv_cache_spec_kind", Value::Nil),
                             ("kv_cache_spec_sliding_window", Value::Nil),
+                            ("locality", loc),
+                            ("ownership", own),
                         ],
                     };
                     let keep = keep.min(fields.len());
@@ -1027,7 +1144,7 @@ mod tests {
                     EngineEvent::Stored(st)
                 })
                 .collect();
-            events.push(EngineEvent::Removed(Removed { block_hashes: removed, medium: Medium::Gpu, group_idx: 0 }));
+            events.push(EngineEvent::Removed(Removed::new(removed, Medium::Gpu, 0)));
             events.push(EngineEvent::Cleared);
             let batch = Batch { ts: 7.25, events, dp_rank: rank };
             let bytes = crate::encode::vllm_batch(&batch);

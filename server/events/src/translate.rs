@@ -14,16 +14,24 @@
 //!
 //! Pages smaller than the lane's block (SGLang's default page of 1 token, a partial last
 //! page) accumulate: a lane block is stored once its last token is, named by the page
-//! that completed it. Removals are forwarded by engine hash once no medium holds the
-//! block; a page that completed no lane block names nothing in the index.
+//! that completed it; a page that completed no lane block names nothing in the index.
+//!
+//! Tiers: a store names its medium's tier (GPU stores go out as `Stored`, others as
+//! `StoredIn`). A block leaves a tier when its last copy there is removed: as
+//! `RemovedFrom` while another tier still holds it, as `Removed` (every tier, and its
+//! names) once none does. A placeholder store (no tokens: vLLM's offloading connector
+//! without self-describing events) is a copy of a block this map knows by hash; one it
+//! does not know is counted and dropped. Stores and removals said to be remote, of a
+//! secondary offloading tier (`ownership`), or of a medium no engine documents are
+//! counted and dropped, as Dynamo's indexer drops them.
 
 use std::collections::HashMap;
 
 use kvix_wire::chain::{self, ExtraKey};
-use kvix_wire::{ChunkKind, Event, Keyspace, Lane, LaneKind};
+use kvix_wire::{ChunkKind, Event, Keyspace, Lane, LaneKind, Tier};
 use rkyv::{Archive, Deserialize, Serialize};
 
-use crate::payload::{Batch, EngineEvent, Medium, Removed, Stored};
+use crate::payload::{Batch, EngineEvent, Locality, Medium, Removed, Stored};
 use crate::pending::{self, Pending};
 use kvix_engine::{Interner, KeyMap};
 
@@ -43,6 +51,17 @@ pub enum Skip {
     UnsupportedKind,
     /// Extra keys on pages smaller than the lane block (no engine sends these today).
     ExtraKeysInPages,
+    /// A medium no engine documents (vLLM connectors' `FS`, `OBJ`, ...).
+    UnknownMedium,
+    /// Said to be held remotely (`locality` REMOTE or unknown): not this worker's.
+    NotLocal,
+    /// Stored or removed by a secondary offloading tier (`ownership` set).
+    SecondaryTier,
+    /// A placeholder naming a hash this stream never stored (or already removed).
+    UnknownPlaceholder,
+    /// A placeholder on a lane whose engine block spans several keyspace blocks: its
+    /// position is not known here.
+    PlaceholderCoarseLane,
 }
 
 /// The labels of [`SKIPS`], in its order.
@@ -56,20 +75,25 @@ pub const SKIP_LABELS: [&str; SKIPS.len()] = {
     out
 };
 
-pub const SKIPS: [(Skip, &str); 6] = [
+pub const SKIPS: [(Skip, &str); 11] = [
     (Skip::UnknownParent, "unknown_parent"),
     (Skip::LaneMismatch, "lane_mismatch"),
     (Skip::BadStore, "bad_store"),
     (Skip::UnknownEvent, "unknown_event"),
     (Skip::UnsupportedKind, "unsupported_kind"),
     (Skip::ExtraKeysInPages, "extra_keys_in_pages"),
+    (Skip::UnknownMedium, "unknown_medium"),
+    (Skip::NotLocal, "not_local"),
+    (Skip::SecondaryTier, "secondary_tier"),
+    (Skip::UnknownPlaceholder, "unknown_placeholder"),
+    (Skip::PlaceholderCoarseLane, "placeholder_coarse_lane"),
 ];
 
 /// What one batch did, for the metrics.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Counts {
     pub skipped: [u64; SKIPS.len()],
-    /// Engine blocks stored / removed, by medium (`Medium::ALL` order).
+    /// Engine blocks stored / removed, by tier (`Tier::ALL` order).
     pub stored: [u64; 3],
     pub removed: [u64; 3],
     /// Removals naming a block this stream does not hold.
@@ -80,11 +104,42 @@ pub struct Counts {
     pub salted: u64,
 }
 
-fn medium_index(m: Medium) -> usize {
-    match m {
-        Medium::Gpu => 0,
-        Medium::Cpu => 1,
-        Medium::Other => 2,
+/// The tier an event's blocks go to, or why it is dropped.
+fn tier_of(medium: Medium, locality: Locality, secondary: bool) -> Result<Tier, Skip> {
+    if locality != Locality::Local {
+        return Err(Skip::NotLocal);
+    }
+    if secondary {
+        return Err(Skip::SecondaryTier);
+    }
+    medium.tier().ok_or(Skip::UnknownMedium)
+}
+
+/// The kvix event storing `chain` in `tier`.
+fn stored_in(
+    tier: Tier,
+    lane: u8,
+    start: u32,
+    parent: Option<u64>,
+    chain: Vec<u64>,
+    engine: Vec<u64>,
+) -> Event {
+    match tier {
+        Tier::Gpu => Event::Stored {
+            lane,
+            start,
+            parent,
+            chain,
+            engine,
+        },
+        tier => Event::StoredIn {
+            tier,
+            lane,
+            start,
+            parent,
+            chain,
+            engine,
+        },
     }
 }
 
@@ -100,10 +155,11 @@ struct Known {
     pending: Pending,
 }
 
-/// Physical copies of one engine hash, per medium (`Medium::ALL` order). vLLM stores a
+/// Physical copies of one engine hash, per tier (`Tier::ALL` order). vLLM stores a
 /// block again under the same hash (a recomputed last block lands in a second physical
-/// block) and removes each copy on its own: the hash is held until its last copy goes.
-/// A count saturates at 255, past which one removal too many reads as the last.
+/// block) and removes each copy on its own: a tier holds the hash until its last copy
+/// there goes. A count saturates at 255, past which one removal too many reads as the
+/// last.
 pub type Copies = [u8; 3];
 
 fn held(c: &Copies) -> bool {
@@ -120,7 +176,7 @@ pub struct Entry {
     pub chain: u64,
     /// Tokens from the start of the prompt to its end.
     pub end: u64,
-    /// Physical copies held, per medium.
+    /// Physical copies held, per tier.
     pub copies: Copies,
     /// Whether it completed a lane block, i.e. names blocks in the server's feed.
     pub named: bool,
@@ -309,7 +365,11 @@ impl Translator {
     }
 
     fn store(&mut self, st: &Stored, counts: &mut Counts) -> Result<Option<(u32, Event)>, Skip> {
+        let tier = tier_of(st.medium, st.locality, st.secondary)?;
         let (lane, spec) = self.lane(st.group_idx)?;
+        if st.is_placeholder() {
+            return self.copy(st, tier, lane, spec, counts);
+        }
         if let Some(kind) = st.spec_kind.as_deref() {
             match LaneKind::from_parts(kind, None).or_else(|_| {
                 LaneKind::from_parts(kind, Some(st.sliding_window.unwrap_or(1).max(1)))
@@ -370,7 +430,7 @@ impl Translator {
         let mut hashes: Vec<u64> = Vec::with_capacity(n * p / b + 1);
         let by_name = !self.by_chain(&spec);
         let mut names = Vec::new();
-        let m = medium_index(st.medium);
+        let m = tier as usize;
         // Every block's map entry is loaded at once, not one miss after another.
         let map = &mut self.maps[lane as usize];
         map.reserve(n);
@@ -432,36 +492,80 @@ impl Translator {
         if hashes.is_empty() {
             return Ok(None);
         }
+        // The chain hash before the store seeds it: naming it lets the index extend the
+        // parent's run (decode streams store one block at a time).
+        let parent = (boundary > 0).then_some(before);
+        let start = (boundary / b as u64) as u32;
         Ok(Some((
             ks,
-            Event::Stored {
-                lane,
-                start: (boundary / b as u64) as u32,
-                // The chain hash before the store seeds it: naming it lets the index
-                // extend the parent's run (decode streams store one block at a time).
-                parent: (boundary > 0).then_some(before),
-                chain: hashes,
-                engine: names,
-            },
+            stored_in(tier, lane, start, parent, hashes, names),
         )))
     }
 
+    /// A placeholder: another copy, in `tier`, of blocks this map knows by engine hash.
+    fn copy(
+        &mut self,
+        st: &Stored,
+        tier: Tier,
+        lane: u8,
+        spec: Lane,
+        counts: &mut Counts,
+    ) -> Result<Option<(u32, Event)>, Skip> {
+        let by_chain = self.by_chain(&spec);
+        let map = &mut self.maps[lane as usize];
+        let mut out: Option<(u32, Vec<u64>, u32)> = None;
+        for &h in &st.block_hashes {
+            let Some(e) = map.get_mut(h) else {
+                counts.skipped[Skip::UnknownPlaceholder as usize] += 1;
+                continue;
+            };
+            if !by_chain {
+                counts.skipped[Skip::PlaceholderCoarseLane as usize] += 1;
+                continue;
+            }
+            e.copies[tier as usize] = e.copies[tier as usize].saturating_add(1);
+            counts.stored[tier as usize] += 1;
+            if !e.named {
+                continue;
+            }
+            // A lane block of one keyspace block: the block ending at `end`.
+            let pos = (e.end / u64::from(self.block)).saturating_sub(1) as u32;
+            match &mut out {
+                // The blocks of one placeholder are consecutive (a chunk): one run.
+                Some((ks, chain, start)) if *ks == e.ks && *start + chain.len() as u32 == pos => {
+                    chain.push(e.chain)
+                }
+                Some(_) => {}
+                None => out = Some((e.ks, vec![e.chain], pos)),
+            }
+        }
+        Ok(out.map(|(ks, chain, start)| (ks, stored_in(tier, lane, start, None, chain, vec![]))))
+    }
+
     /// Appends the removal's named blocks to `out`, each run of hashes under the keyspace
-    /// that stored them (the server looks a removal up in its batch's keyspace first).
+    /// that stored them (the server looks a removal up in its batch's keyspace first):
+    /// `RemovedFrom` for blocks another tier still holds, `Removed` for blocks that left
+    /// every tier.
     fn remove(
         &mut self,
         rm: &Removed,
         out: &mut Vec<Group>,
         counts: &mut Counts,
     ) -> Result<(), Skip> {
+        let tier = tier_of(rm.medium, rm.locality, rm.secondary)?;
         let (lane, spec) = self.lane(rm.group_idx)?;
         let by_chain = self.by_chain(&spec);
         let map = &mut self.maps[lane as usize];
-        let m = medium_index(rm.medium);
-        let mut gone: Option<(u32, Vec<u64>)> = None;
-        let flush = |gone: &mut Option<(u32, Vec<u64>)>, out: &mut Vec<Group>| {
-            if let Some((ks, hashes)) = gone.take() {
-                push(out, ks, Event::Removed { lane, hashes });
+        let m = tier as usize;
+        // (keyspace, still held elsewhere, names) of the run being gathered.
+        let mut gone: Option<(u32, bool, Vec<u64>)> = None;
+        let flush = |gone: &mut Option<(u32, bool, Vec<u64>)>, out: &mut Vec<Group>| {
+            if let Some((ks, elsewhere, hashes)) = gone.take() {
+                let event = match elsewhere {
+                    true => Event::RemovedFrom { tier, lane, hashes },
+                    false => Event::Removed { lane, hashes },
+                };
+                push(out, ks, event);
             }
         };
         for &h in rm.block_hashes.iter().take(PREFETCH) {
@@ -472,17 +576,22 @@ impl Translator {
                 Some(e) if e.copies[m] > 0 => {
                     e.copies[m] -= 1;
                     counts.removed[m] += 1;
-                    if !held(&e.copies) {
-                        let (ks, named) = (e.ks, e.named);
-                        let name = if by_chain { e.chain } else { h };
+                    if e.copies[m] > 0 {
+                        continue;
+                    }
+                    let (ks, named, elsewhere) = (e.ks, e.named, held(&e.copies));
+                    let name = if by_chain { e.chain } else { h };
+                    if !elsewhere {
                         map.remove(h);
                         self.keyspaces.release(ks);
-                        if named {
-                            if gone.as_ref().is_some_and(|g| g.0 != ks) {
-                                flush(&mut gone, out);
-                            }
-                            gone.get_or_insert_with(|| (ks, Vec::new())).1.push(name);
+                    }
+                    if named {
+                        if gone.as_ref().is_some_and(|g| (g.0, g.1) != (ks, elsewhere)) {
+                            flush(&mut gone, out);
                         }
+                        gone.get_or_insert_with(|| (ks, elsewhere, Vec::new()))
+                            .2
+                            .push(name);
                     }
                 }
                 _ => counts.unknown_removals += 1,
@@ -637,8 +746,7 @@ pub fn steps(events: Vec<EngineEvent>, blocks: usize) -> Vec<Vec<EngineEvent>> {
                 EngineEvent::Removed(rm) if rm.block_hashes.len() > room => {
                     Some(EngineEvent::Removed(Removed {
                         block_hashes: rm.block_hashes.split_off(room),
-                        medium: rm.medium,
-                        group_idx: rm.group_idx,
+                        ..rm.clone()
                     }))
                 }
                 _ => None,
@@ -670,9 +778,10 @@ fn weight(ev: &EngineEvent) -> usize {
     }
 }
 
-/// Whether a store can be cut: well formed and without extra keys.
+/// Whether a store can be cut: well formed, without extra keys, not a placeholder.
 fn cuttable(st: &Stored) -> bool {
     st.extras.iter().all(|k| k.is_empty())
+        && !st.is_placeholder()
         && st.token_ids.len() == st.block_hashes.len() * st.block_size as usize
 }
 
@@ -693,6 +802,8 @@ fn cut_store(st: &mut Stored, keep: usize) -> Stored {
         group_idx: st.group_idx,
         spec_kind: st.spec_kind.clone(),
         sliding_window: st.sliding_window,
+        locality: st.locality,
+        secondary: st.secondary,
     }
 }
 
@@ -832,31 +943,43 @@ mod tests {
             ],
         );
         assert_eq!(stored_of(&out).len(), 3);
-        assert_eq!(c.skipped, [1, 4, 1, 1, 1, 0]);
+        assert_eq!(c.skipped, [1, 4, 1, 1, 1, 0, 0, 0, 0, 0, 0]);
         assert_eq!(c.stored, [3, 0, 0]);
     }
 
     #[test]
-    fn removals_wait_for_the_last_medium() {
+    fn a_block_leaves_each_tier_and_its_names_with_the_last() {
         let mut t = Translator::new(KB, "m", "", &[Lane::full(32)]);
         let mut cpu = st(&[7], None, 0..32);
         cpu.medium = Medium::Cpu;
-        run(
+        let (out, _) = run(
             &mut t,
             vec![
                 EngineEvent::Stored(st(&[7], None, 0..32)),
                 EngineEvent::Stored(cpu),
             ],
         );
-        let rm = |m| {
-            EngineEvent::Removed(Removed {
-                block_hashes: vec![7],
-                medium: m,
-                group_idx: 0,
-            })
-        };
+        assert!(matches!(
+            out[0].events[..],
+            [
+                Event::Stored { .. },
+                Event::StoredIn {
+                    tier: Tier::Cpu,
+                    ..
+                }
+            ]
+        ));
+        let rm = |m| EngineEvent::Removed(Removed::new(vec![7], m, 0));
         let (out, c) = run(&mut t, vec![rm(Medium::Gpu)]);
-        assert!(out.is_empty(), "the CPU copy still holds it");
+        assert_eq!(
+            out[0].events,
+            vec![Event::RemovedFrom {
+                tier: Tier::Gpu,
+                lane: 0,
+                hashes: vec![7]
+            }],
+            "the CPU copy still holds it: its name stays"
+        );
         assert_eq!(c.removed, [1, 0, 0]);
         let (out, _) = run(&mut t, vec![rm(Medium::Cpu)]);
         assert_eq!(
@@ -869,6 +992,86 @@ mod tests {
         let (out, c) = run(&mut t, vec![rm(Medium::Cpu)]);
         assert!(out.is_empty());
         assert_eq!(c.unknown_removals, 1);
+        assert_eq!(t.tracked(), 0);
+    }
+
+    #[test]
+    fn a_placeholder_copies_a_known_block_and_an_unknown_one_is_counted() {
+        let mut t = Translator::new(KB, "m", "", &[Lane::full(KB)]);
+        let mut three = st(&[1, 2, 3], None, 0..48);
+        three.block_size = KB;
+        let (out, _) = run(&mut t, vec![EngineEvent::Stored(three)]);
+        let Event::Stored { chain, .. } = &out[0].events[0] else {
+            panic!("{out:?}")
+        };
+        let chain = chain.clone();
+        // vLLM's legacy offloading store: one hash, no parent, no tokens, block size 0.
+        let placeholder = |hashes: &[u64], medium| {
+            let mut p = Stored::plain(hashes.to_vec(), None, vec![], 0);
+            p.medium = medium;
+            EngineEvent::Stored(p)
+        };
+        let (out, c) = run(
+            &mut t,
+            vec![
+                placeholder(&[2, 3], Medium::Cpu),
+                placeholder(&[99], Medium::Storage),
+            ],
+        );
+        assert_eq!(
+            out[0].events,
+            vec![Event::StoredIn {
+                tier: Tier::Cpu,
+                lane: 0,
+                start: 1,
+                parent: None,
+                chain: chain[1..].to_vec(),
+                engine: vec![],
+            }]
+        );
+        assert_eq!(c.stored, [0, 2, 0]);
+        assert_eq!(c.skipped[Skip::UnknownPlaceholder as usize], 1);
+        // Its removal leaves the GPU copy: the block left CPU only.
+        let (out, _) = run(
+            &mut t,
+            vec![EngineEvent::Removed(Removed::new(vec![3], Medium::Cpu, 0))],
+        );
+        assert_eq!(
+            out[0].events,
+            vec![Event::RemovedFrom {
+                tier: Tier::Cpu,
+                lane: 0,
+                hashes: vec![chain[2]]
+            }]
+        );
+        // On a lane of engine blocks wider than the keyspace block, a placeholder's
+        // position is not known: counted, not guessed.
+        let mut wide = Translator::new(KB, "m", "", &[Lane::full(32)]);
+        run(&mut wide, vec![EngineEvent::Stored(st(&[1], None, 0..32))]);
+        let (out, c) = run(&mut wide, vec![placeholder(&[1], Medium::Cpu)]);
+        assert!(out.is_empty());
+        assert_eq!(c.skipped[Skip::PlaceholderCoarseLane as usize], 1);
+    }
+
+    #[test]
+    fn remote_secondary_and_unknown_media_are_counted_and_dropped() {
+        let mut t = Translator::new(KB, "m", "", &[Lane::full(KB)]);
+        let mut remote = st(&[1], None, 0..16);
+        remote.locality = Locality::Remote;
+        let mut odd = st(&[2], None, 0..16);
+        odd.locality = Locality::Unknown;
+        let mut secondary = st(&[3], None, 0..16);
+        secondary.secondary = true;
+        let mut fs = st(&[4], None, 0..16);
+        fs.medium = Medium::Unknown;
+        let events = [remote, odd, secondary, fs]
+            .map(EngineEvent::Stored)
+            .to_vec();
+        let (out, c) = run(&mut t, events);
+        assert!(out.is_empty());
+        assert_eq!(c.skipped[Skip::NotLocal as usize], 2);
+        assert_eq!(c.skipped[Skip::SecondaryTier as usize], 1);
+        assert_eq!(c.skipped[Skip::UnknownMedium as usize], 1);
         assert_eq!(t.tracked(), 0);
     }
 
@@ -906,11 +1109,7 @@ mod tests {
     }
 
     fn gone(hashes: &[u64]) -> EngineEvent {
-        EngineEvent::Removed(Removed {
-            block_hashes: hashes.to_vec(),
-            medium: Medium::Gpu,
-            group_idx: 0,
-        })
+        EngineEvent::Removed(Removed::new(hashes.to_vec(), Medium::Gpu, 0))
     }
 
     #[test]
@@ -1213,23 +1412,35 @@ mod tests {
         );
     }
 
-    /// What the index holds after `groups`, as a set of (keyspace seed, lane, chain
-    /// hash): a model of the feed that is blind to how stores were cut.
+    /// What the index holds after `groups`, as a set of (keyspace seed, lane, tier,
+    /// chain hash): a model of the feed that is blind to how stores were cut.
     fn fold(
         t: &Translator,
         groups: &[Group],
-        held: &mut std::collections::BTreeSet<(u64, u8, u64)>,
+        held: &mut std::collections::BTreeSet<(u64, u8, Tier, u64)>,
     ) {
         for g in groups {
             let seed = t.seed(g.ks);
             for e in &g.events {
                 match e {
                     Event::Stored { lane, chain, .. } => {
-                        held.extend(chain.iter().map(|&h| (seed, *lane, h)));
+                        held.extend(chain.iter().map(|&h| (seed, *lane, Tier::Gpu, h)));
+                    }
+                    Event::StoredIn {
+                        tier, lane, chain, ..
+                    } => {
+                        held.extend(chain.iter().map(|&h| (seed, *lane, *tier, h)));
                     }
                     Event::Removed { lane, hashes } => {
                         for h in hashes {
-                            held.remove(&(seed, *lane, *h));
+                            for tier in Tier::ALL {
+                                held.remove(&(seed, *lane, tier, *h));
+                            }
+                        }
+                    }
+                    Event::RemovedFrom { tier, lane, hashes } => {
+                        for h in hashes {
+                            held.remove(&(seed, *lane, *tier, *h));
                         }
                     }
                     Event::Cleared => held.clear(),
@@ -1244,7 +1455,7 @@ mod tests {
         /// and the index as translating them whole does.
         #[test]
         fn batches_cut_into_steps_translate_as_whole_ones(
-            ops in proptest::collection::vec((0u8..10, 1usize..40, proptest::prelude::any::<u64>()), 1..40),
+            ops in proptest::collection::vec((0u8..12, 1usize..40, proptest::prelude::any::<u64>()), 1..40),
             page in proptest::sample::select(vec![16u32, 32]),
             step in 1usize..9,
         ) {
@@ -1261,11 +1472,20 @@ mod tests {
                     1 | 2 if !stored.is_empty() => {
                         let k = (pick as usize % stored.len()).min(n);
                         let gone: Vec<u64> = stored.drain(..k).collect();
-                        batch.push(EngineEvent::Removed(Removed {
-                            block_hashes: gone,
-                            medium: Medium::Gpu,
-                            group_idx: 0,
-                        }));
+                        batch.push(EngineEvent::Removed(Removed::new(gone, Medium::Gpu, 0)));
+                    }
+                    // Copies on CPU (placeholders), and their removal.
+                    3 | 4 if !stored.is_empty() => {
+                        let at = pick as usize % stored.len();
+                        let some: Vec<u64> = stored.iter().skip(at).take(n).copied().collect();
+                        batch.push(match kind {
+                            3 => {
+                                let mut copy = Stored::plain(some, None, vec![], 0);
+                                copy.medium = Medium::Cpu;
+                                EngineEvent::Stored(copy)
+                            }
+                            _ => EngineEvent::Removed(Removed::new(some, Medium::Cpu, 0)),
+                        });
                     }
                     _ => {
                         let parent = (pick % 3 != 0).then(|| stored.last().copied()).flatten();
@@ -1308,11 +1528,7 @@ mod tests {
     #[test]
     fn steps_hold_about_the_blocks_asked_and_cut_long_stores_into_continuations() {
         let long = Stored::plain((1..=10).collect(), Some(99), (0..320).collect(), 32);
-        let rm = Removed {
-            block_hashes: (1..=5).collect(),
-            medium: Medium::Gpu,
-            group_idx: 0,
-        };
+        let rm = Removed::new((1..=5).collect(), Medium::Gpu, 0);
         let cut = steps(vec![EngineEvent::Stored(long), EngineEvent::Removed(rm)], 4);
         let sizes: Vec<Vec<usize>> = cut
             .iter()

@@ -25,11 +25,7 @@ fn stored(hashes: Vec<u64>, parent: Option<u64>) -> Stored {
 }
 
 fn removed(hashes: Vec<u64>) -> EngineEvent {
-    EngineEvent::Removed(Removed {
-        block_hashes: hashes,
-        medium: Medium::Gpu,
-        group_idx: 0,
-    })
+    EngineEvent::Removed(Removed::new(hashes, Medium::Gpu, 0))
 }
 
 /// vLLM 0.9's encoding: every struct an array, the tag first, and no medium yet. The

@@ -118,9 +118,12 @@ async fn events(ex: &Executor, body: &FrameBytes, u: &mut Update) -> Result<Outc
     let (worker, seq) = (b.worker.to_native(), b.seq.to_native());
     let (max, held) = (ex.settings().index.max_blocks, ex.core().index().blocks());
     let stores = || {
-        b.events
-            .iter()
-            .any(|e| matches!(e, kvix_wire::ArchivedEvent::Stored { .. }))
+        b.events.iter().any(|e| {
+            matches!(
+                e,
+                kvix_wire::ArchivedEvent::Stored { .. } | kvix_wire::ArchivedEvent::StoredIn { .. }
+            )
+        })
     };
     if max > 0 && held >= max && stores() {
         if let Some(refused) = crate::loud::count_loudly(&m.stores_refused) {

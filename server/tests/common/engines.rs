@@ -246,6 +246,16 @@ impl Publisher {
         line["published ".len()..].parse().unwrap()
     }
 
+    /// Runs vLLM 0.34's offloading event tracker on `cmd` (scripts/engines.py's
+    /// "offload" op) and publishes what it builds as one batch; its seq.
+    pub fn offload(&mut self, mut cmd: Value) -> u64 {
+        cmd["op"] = "offload".into();
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        let line = self.expect("published ");
+        line["published ".len()..].parse().unwrap()
+    }
+
     /// Publishes one batch per list of events, in order; returns the last one's seq.
     pub fn publish_many(&mut self, batches: Vec<Vec<Value>>) -> u64 {
         let cmd = serde_json::json!({"op": "publish_many", "batches": batches});

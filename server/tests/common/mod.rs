@@ -369,6 +369,8 @@ pub struct Conn {
     pub stream: TcpStream,
     frames: FrameReader,
     next_id: u64,
+    /// The protocol version its frames say.
+    pub version: u16,
 }
 
 /// A received frame, owned.
@@ -423,6 +425,7 @@ impl Conn {
             stream,
             frames: FrameReader::new(u32::MAX),
             next_id: 1,
+            version: PROTOCOL_VERSION,
         }
     }
 
@@ -433,9 +436,8 @@ impl Conn {
     pub fn send_flags<M: Body>(&mut self, msg: &M, flags: u8) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.stream
-            .write_all(&encode(msg, id, flags).unwrap())
-            .unwrap();
+        let frame = encode_in_version(msg, self.version, id, flags, AlignedVec::new()).unwrap();
+        self.stream.write_all(&frame).unwrap();
         id
     }
 

@@ -214,6 +214,9 @@ class Client(_Base):
       logs ("kvix-python"). connect_timeout_ms, request_timeout_ms: limits on a
       connection attempt and on control calls (1000). placement_queue: placements
       waiting to be sent before new ones are dropped and counted (4096).
+    tier_weights: (cpu, storage), what reuse from CPU memory and from storage is worth
+      against reuse from GPU, each in [0, 1] ((0.75, 0.25), Dynamo's): answers are ranked
+      by it and each `Score.reuse` (what `pick` weighs) is weighed by it.
     tls_ca: PEM file of the CA a server's certificate is signed by: TLS to the servers
       at TCP addresses (kvix-server --tls-cert; Unix sockets stay plain).
       tls_server_name: the name the certificate must hold (default: each address's

@@ -32,11 +32,18 @@ class EventSource:
     def __init__(self, endpoint: str, model: str, replay: str = "", salt: str = "") -> None: ...
 
 class Score:
-    """One worker's joint reusable prefix."""
+    """One worker's reusable prefix, by tier: `gpu` blocks from GPU alone, then `cpu`
+    continuing from CPU, then `storage` (cumulative; `blocks` == `storage`); `reuse`
+    weighs them by the client's `tier_weights`, in GPU blocks."""
     worker: Optional[str]
     worker_id: int
     blocks: int
+    gpu: int
+    cpu: int
+    storage: int
+    reuse: float
     history_lost: bool
+    suspect: Optional[str]
 
 class QueryResult:
     """What a query came to; `failed_open`: route without the index."""
@@ -61,9 +68,11 @@ class Stats:
 __version__: str
 
 class Pick:
-    """A worker chosen by `pick`: its name and the blocks it can reuse."""
+    """A worker chosen by `pick`: its name, the blocks it can reuse (any tier) and
+    that reuse weighed by tier (what the pick weighed)."""
     worker: str
     blocks: int
+    reuse: float
 
 def pick(result: QueryResult, loads: Any, alpha: float = 1.0) -> Pick:
     """The worker for a request: most reusable prefix less `alpha` blocks per unit of

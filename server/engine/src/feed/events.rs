@@ -1,6 +1,6 @@
 //! The exact feed: a worker's own engine events, in its sequence order.
 
-use kvix_wire::{ApplyStatus, WorkerId};
+use kvix_wire::{ApplyStatus, Tier, WorkerId};
 
 use super::{EventRef, EventView, PlacementFeed};
 use crate::error::{EventError, IndexError};
@@ -111,6 +111,7 @@ fn piece_of<'a>(
     };
     match event {
         EventRef::Stored {
+            tier,
             lane,
             start,
             parent,
@@ -120,6 +121,7 @@ fn piece_of<'a>(
             let k = lane_blocks.get(lane as usize).map_or(1, |&k| k as usize);
             let len = take(chain.len(), k);
             let piece = EventRef::Stored {
+                tier,
                 lane,
                 start: start + off as u32,
                 parent: if off == 0 {
@@ -136,9 +138,10 @@ fn piece_of<'a>(
             };
             (piece, len, off + len == chain.len())
         }
-        EventRef::Removed { lane, hashes } => {
+        EventRef::Removed { tier, lane, hashes } => {
             let len = take(hashes.len(), 1);
             let piece = EventRef::Removed {
+                tier,
                 lane,
                 hashes: &hashes[off..off + len],
             };
@@ -236,9 +239,21 @@ impl Names {
         self.recent.clear();
     }
 
-    /// Forgets `name`, appending the chain hashes it named to `out`; false if unknown.
-    fn take(&mut self, name: u64, out: &mut Vec<u64>) -> bool {
+    /// Appends the chain hashes `name` names to `out` and forgets it unless `keep`;
+    /// false if unknown.
+    fn take(&mut self, name: u64, keep: bool, out: &mut Vec<u64>) -> bool {
         self.settle();
+        if keep {
+            if let Some(&(_, c)) = self.one.find(fmix(name), |e| e.0 == name) {
+                out.push(c);
+                return true;
+            }
+            return self
+                .many
+                .get(&name)
+                .map(|g| out.extend_from_slice(g))
+                .is_some();
+        }
         if let Some((_, c)) = self.one.remove(fmix(name), |e| e.0 == name) {
             out.push(c);
             self.one.shrink(|e| fmix(e.0));
@@ -321,14 +336,24 @@ pub struct EventFeed {
     /// may hold blocks its events will never report): lane 0's blocks the events do not
     /// report, cut by the placements' capacity and TTL. The events' clear ends it.
     fill: Option<PlacementFeed>,
+    /// The tiers this worker's stores ever named (bit per [`Tier`]; GPU always): a
+    /// removal from every tier removes from these.
+    tiers: u8,
 }
 
 impl EventFeed {
     pub fn new(lanes: usize) -> Self {
         EventFeed {
             lanes: (0..lanes).map(|_| LaneNames::default()).collect(),
+            tiers: 1 << Tier::Gpu as u8,
             ..Default::default()
         }
+    }
+
+    /// Takes `tier` as one this worker's stores named (a snapshot restores what the
+    /// index holds, not the feed's mask).
+    pub fn note_tier(&mut self, tier: Tier) {
+        self.tiers |= 1 << tier as u8;
     }
 
     pub fn sequencer(&mut self) -> &mut Sequencer {
@@ -552,12 +577,14 @@ impl EventFeed {
         };
         match event {
             EventRef::Stored {
+                tier,
                 lane,
                 start,
                 parent,
                 chain,
                 engine,
             } => {
+                self.note_tier(tier);
                 // Engine block j covers the keyspace blocks [j·k, (j+1)·k) of the store.
                 // Without engine hashes, removals name the chain hashes themselves.
                 if !engine.is_empty() {
@@ -569,11 +596,21 @@ impl EventFeed {
                 if let Some(fill) = self.fill.as_mut().filter(|_| lane == 0) {
                     fill.let_go(ks, start, chain);
                 }
-                out.insert(ks, Holder::new(worker, lane), start, parent, chain);
+                out.insert(
+                    ks,
+                    Holder::in_tier(worker, lane, tier),
+                    start,
+                    parent,
+                    chain,
+                );
                 report.block_events += chain.len() as u64;
             }
-            EventRef::Removed { lane, hashes } => {
-                let holder = Holder::new(worker, lane);
+            EventRef::Removed { tier, lane, hashes } => {
+                let tiers = match tier {
+                    Some(t) => 1 << t as u8,
+                    None => self.tiers,
+                };
+                let keep = tier.is_some();
                 let mut gone = std::mem::take(&mut self.scratch);
                 let names = &mut self.lanes[lane as usize];
                 // The batch's own keyspace first: an engine's removals come grouped by
@@ -590,7 +627,7 @@ impl EventFeed {
                 for &h in hashes {
                     gone.clear();
                     let found = own
-                        .filter(|&i| names.list[i].take(h, &mut gone))
+                        .filter(|&i| names.list[i].take(h, keep, &mut gone))
                         .or_else(|| {
                             if others > report.lookups_left {
                                 report.lookups_left = 0;
@@ -600,21 +637,21 @@ impl EventFeed {
                             report.lookups_left -= others;
                             (0..names.list.len())
                                 .filter(|&i| Some(i) != own)
-                                .find(|&i| names.list[i].take(h, &mut gone))
+                                .find(|&i| names.list[i].take(h, keep, &mut gone))
                         });
-                    match found {
+                    let (in_ks, named) = match found {
                         Some(i) => {
-                            out.remove(names.list[i].ks, holder, &gone);
-                            report.block_events += gone.len() as u64;
                             self.touched.push(i);
+                            (names.list[i].ks, &gone[..])
                         }
                         // Not an engine hash it stored: the chain hash of a block of
                         // the batch's keyspace (a store that named no engine hashes).
-                        None => {
-                            out.remove(ks, holder, &[h]);
-                            report.block_events += 1;
-                        }
+                        None => (ks, std::slice::from_ref(&h)),
+                    };
+                    for t in Tier::ALL.into_iter().filter(|&t| tiers >> t as u8 & 1 != 0) {
+                        out.remove(in_ks, Holder::in_tier(worker, lane, t), named);
                     }
+                    report.block_events += named.len() as u64;
                 }
                 names.forget_empty(&mut self.touched);
                 gone.clear();
@@ -625,6 +662,7 @@ impl EventFeed {
                 let lanes = self.lanes.len();
                 *self = EventFeed {
                     seq: self.seq,
+                    tiers: self.tiers,
                     ..EventFeed::new(lanes)
                 };
             }
@@ -744,18 +782,15 @@ mod tests {
         );
         assert_eq!(out.hashes(5, 4), &[14, 777, 12, 13]);
         assert_eq!(f.names(), 1);
-        // A clear sweeps both lanes.
+        // A clear sweeps both lanes, in every tier.
         out.clear();
         f.apply(4, 1, 77, &[1, 2], &[Event::Cleared], &mut out);
-        assert_eq!(
-            out.ops(),
-            &[
-                Op::Sweep {
-                    holder: Holder::new(4, 0)
-                },
-                Op::Sweep { holder: h },
-            ]
-        );
+        let swept: Vec<Op> = Tier::ALL
+            .into_iter()
+            .flat_map(|t| (0..2).map(move |lane| Holder::in_tier(4, lane, t)))
+            .map(|holder| Op::Sweep { holder })
+            .collect();
+        assert_eq!(out.ops(), &swept[..]);
         assert_eq!(f.names(), 0);
     }
 

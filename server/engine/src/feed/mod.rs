@@ -8,19 +8,27 @@ mod placement;
 pub use events::{ApplyReport, EventFeed, EventsJob, Sequencer, OTHER_KEYSPACE_LOOKUPS};
 pub use placement::{PlacementFeed, Placing};
 
-use kvix_wire::{ArchivedEvent, Event, Feed};
+use kvix_wire::{ArchivedEvent, Event, Feed, Tier};
+use rkyv::option::ArchivedOption;
+use rkyv::rend::{u32_le, u64_le};
+use rkyv::vec::ArchivedVec;
 
 /// One engine event, borrowed from a native [`Event`] or in place from a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventRef<'a> {
+    /// Blocks now held in `tier` (an engine's own stores: GPU).
     Stored {
+        tier: Tier,
         lane: u8,
         start: u32,
         parent: Option<u64>,
         chain: &'a [u64],
         engine: &'a [u64],
     },
+    /// Blocks named by engine (or chain) hash left `tier`, or every tier (`None`: their
+    /// names go too).
     Removed {
+        tier: Option<Tier>,
         lane: u8,
         hashes: &'a [u64],
     },
@@ -42,6 +50,22 @@ impl EventView for Event {
                 chain,
                 engine,
             } => EventRef::Stored {
+                tier: Tier::Gpu,
+                lane: *lane,
+                start: *start,
+                parent: *parent,
+                chain,
+                engine,
+            },
+            Event::StoredIn {
+                tier,
+                lane,
+                start,
+                parent,
+                chain,
+                engine,
+            } => EventRef::Stored {
+                tier: *tier,
                 lane: *lane,
                 start: *start,
                 parent: *parent,
@@ -49,6 +73,12 @@ impl EventView for Event {
                 engine,
             },
             Event::Removed { lane, hashes } => EventRef::Removed {
+                tier: None,
+                lane: *lane,
+                hashes,
+            },
+            Event::RemovedFrom { tier, lane, hashes } => EventRef::Removed {
+                tier: Some(*tier),
                 lane: *lane,
                 hashes,
             },
@@ -66,19 +96,45 @@ impl EventView for ArchivedEvent {
                 parent,
                 chain,
                 engine,
-            } => EventRef::Stored {
-                lane: *lane,
-                start: start.to_native(),
-                parent: parent.as_ref().map(|p| p.to_native()),
-                chain: kvix_wire::u64s(chain),
-                engine: kvix_wire::u64s(engine),
-            },
+            } => archived_store(Tier::Gpu, *lane, start, parent, chain, engine),
+            ArchivedEvent::StoredIn {
+                tier,
+                lane,
+                start,
+                parent,
+                chain,
+                engine,
+            } => archived_store(tier.to_native(), *lane, start, parent, chain, engine),
             ArchivedEvent::Removed { lane, hashes } => EventRef::Removed {
+                tier: None,
+                lane: *lane,
+                hashes: kvix_wire::u64s(hashes),
+            },
+            ArchivedEvent::RemovedFrom { tier, lane, hashes } => EventRef::Removed {
+                tier: Some(tier.to_native()),
                 lane: *lane,
                 hashes: kvix_wire::u64s(hashes),
             },
             ArchivedEvent::Cleared => EventRef::Cleared,
         }
+    }
+}
+
+fn archived_store<'a>(
+    tier: Tier,
+    lane: u8,
+    start: &u32_le,
+    parent: &ArchivedOption<u64_le>,
+    chain: &'a ArchivedVec<u64_le>,
+    engine: &'a ArchivedVec<u64_le>,
+) -> EventRef<'a> {
+    EventRef::Stored {
+        tier,
+        lane,
+        start: start.to_native(),
+        parent: parent.as_ref().map(|p| p.to_native()),
+        chain: kvix_wire::u64s(chain),
+        engine: kvix_wire::u64s(engine),
     }
 }
 

@@ -166,7 +166,8 @@ fn drop_stores(groups: &mut [Group], worker: WorkerId, held: u64, max: u64) {
     let mut dropped = 0;
     for g in groups {
         let before = g.events.len();
-        g.events.retain(|e| !matches!(e, Event::Stored { .. }));
+        g.events
+            .retain(|e| !matches!(e, Event::Stored { .. } | Event::StoredIn { .. }));
         dropped += (before - g.events.len()) as u64;
     }
     if dropped == 0 {
