@@ -101,9 +101,10 @@ LAYERS = [
     ("formats", ["write::record", "durable::wal::format", "exposition", "clock", "latch",
                  "loud", "rlimit", "auth", "tls"]),
     ("state and ingest", ["ingest", "durable", "failure", "config", "error", "listener",
-                          "steering", "mesh", "metrics"]),
+                          "steering", "mesh", "metrics", "query"]),
     ("one executor", ["executor", "write::job"]),
-    ("on an executor", ["write", "handler", "conn", "admit", "http", "checkpoint"]),
+    ("on an executor", ["write", "handler", "conn", "admit", "http", "http_api",
+                        "checkpoint"]),
     ("the process", ["lifecycle", "check", "crate"]),
 ]
 

@@ -82,13 +82,27 @@ fn spill_target(all: &[ExecutorMetrics], me: usize, max: usize) -> Option<usize>
     peers.into_iter().find(|&p| take_slot(&all[p], max))
 }
 
+/// What a listener's connections speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// The kvix protocol (the `--listen` port, the Unix socket).
+    Kvix,
+    /// The HTTP API (`--http`).
+    Http,
+}
+
 /// Serves a new connection here, on the least loaded peer with room when this executor
 /// is full, or refuses it `Overloaded` when every executor is.
-pub fn admit<A: Accepted>(ex: &Rc<Executor>, accepted: A, queue: TaskQueueHandle) {
+pub fn admit<A: Accepted>(
+    ex: &Rc<Executor>,
+    accepted: A,
+    queue: TaskQueueHandle,
+    protocol: Protocol,
+) {
     let max = ex.settings().conn.max_connections;
     let all = ex.all_metrics();
     if take_slot(ex.metrics(), max) {
-        start::<A>(ex, accepted.bind(), queue);
+        start::<A>(ex, accepted.bind(), queue, protocol);
         return;
     }
     if let Some(peer) = spill_target(all, ex.me(), max) {
@@ -96,7 +110,7 @@ pub fn admit<A: Accepted>(ex: &Rc<Executor>, accepted: A, queue: TaskQueueHandle
         ex.mesh().spawn_on(peer, move |on| {
             let queue = CONN_QUEUE.with(Cell::get);
             match queue {
-                Some(queue) => start::<A>(on, accepted.bind(), queue),
+                Some(queue) => start::<A>(on, accepted.bind(), queue, protocol),
                 // The peer serves nothing yet: give its slot back and refuse.
                 None => {
                     on.metrics().connections_open.fetch_sub(1, Relaxed);
@@ -125,16 +139,21 @@ where
 }
 
 /// Serves a connection whose slot on `ex` is taken; the slot is given back when it ends.
-fn start<A: Accepted>(ex: &Rc<Executor>, stream: A::Stream, queue: TaskQueueHandle) {
+fn start<A: Accepted>(
+    ex: &Rc<Executor>,
+    stream: A::Stream,
+    queue: TaskQueueHandle,
+    protocol: Protocol,
+) {
     ExecutorMetrics::add(&ex.metrics().connections_total, 1);
     let on = ex.clone();
     let peer = A::peer(&stream);
     let tls = ex.tls().filter(|_| A::TLS).cloned();
     let serve = async move {
         match tls {
-            None => crate::conn::serve(stream, on.clone(), peer).await,
+            None => serve(stream, on.clone(), peer, protocol).await,
             Some(tls) => match handshake(&tls, stream).await {
-                Ok(stream) => crate::conn::serve(stream, on.clone(), peer).await,
+                Ok(stream) => serve(stream, on.clone(), peer, protocol).await,
                 Err(e) => tls_failed(&on, peer, &e),
             },
         }
@@ -143,6 +162,16 @@ fn start<A: Accepted>(ex: &Rc<Executor>, stream: A::Stream, queue: TaskQueueHand
     match glommio::spawn_local_into(serve, queue) {
         Ok(t) => drop(t.detach()),
         Err(_) => drop(ex.metrics().connections_open.fetch_sub(1, Relaxed)),
+    }
+}
+
+async fn serve<S>(stream: S, ex: Rc<Executor>, peer: Option<IpAddr>, protocol: Protocol)
+where
+    S: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    match protocol {
+        Protocol::Kvix => crate::conn::serve(stream, ex, peer).await,
+        Protocol::Http => crate::http_api::serve(stream, ex, peer).await,
     }
 }
 

@@ -31,6 +31,9 @@ pub fn run(config: &Config) -> Vec<Checked> {
             port_free(&config.listen.metrics),
         );
     }
+    if let Some(http) = config.listen.http {
+        check(format!("--http {http}"), port_free(&http.to_string()));
+    }
     if !config.listen.unix.is_empty() {
         check(
             format!("--unix {}", config.listen.unix),

@@ -254,7 +254,7 @@ fn reply_frame(id: ReplyTo, outcome: Result<Outcome, Failure>) -> AlignedVec {
 
 /// The lengths an announce's strings may have: each is kept per worker, in every
 /// executor's copy, the log and the snapshot.
-fn check_announce(a: &kvix_wire::Announce) -> Result<(), Failure> {
+pub(crate) fn check_announce(a: &kvix_wire::Announce) -> Result<(), Failure> {
     if a.name.is_empty() || a.name.len() > MAX_NAME {
         return Err(Failure::NameLength {
             len: a.name.len(),

@@ -21,6 +21,7 @@ pub mod exposition;
 pub mod failure;
 pub mod handler;
 pub mod http;
+pub mod http_api;
 pub mod ingest;
 pub mod latch;
 pub mod lifecycle;

@@ -59,6 +59,29 @@ pub enum QueryOutcome {
     Unscorable,
 }
 
+/// The HTTP API's routes (`kvix_http_requests_total{route}`), in `http_api::Route`
+/// order, then requests for no known path.
+pub const HTTP_ROUTES: [&str; 8] = [
+    "register",
+    "unregister",
+    "workers",
+    "query",
+    "query_by_hash",
+    "health",
+    "unsupported",
+    "unknown",
+];
+
+/// The status codes the HTTP API answers (`kvix_http_responses_total{code}`).
+pub const HTTP_CODES: [u16; 17] = [
+    200, 201, 400, 401, 403, 404, 405, 409, 411, 413, 415, 422, 429, 431, 500, 501, 503,
+];
+/// The labels of [`HTTP_CODES`], in its order.
+pub const HTTP_CODE_LABELS: [&str; 17] = [
+    "200", "201", "400", "401", "403", "404", "405", "409", "411", "413", "415", "422", "429",
+    "431", "500", "501", "503",
+];
+
 crate::metric_set! {
     /// One executor's counters (relaxed atomics it alone writes), merged over executors
     /// at scrape. docs/operations.md says what each means and what to do about it.
@@ -67,6 +90,12 @@ crate::metric_set! {
         queries: Counter Sum "kvix_queries_total" by "outcome" (&["hit", "empty", "unscorable"]),
         /// Reuse reports taken (v5 `ReuseReport`: what engines said they reused).
         reuse_reports: Counter Sum "kvix_reuse_reports_total",
+        /// Requests on the HTTP API (`--http`), by route (`unknown`: no such path).
+        http_requests: Counter Sum "kvix_http_requests_total" by "route" (&HTTP_ROUTES),
+        /// Responses of the HTTP API, by status code.
+        http_responses: Counter Sum "kvix_http_responses_total" by "code" (&HTTP_CODE_LABELS),
+        /// HTTP request bodies being parsed on a thread aside (large ones) now.
+        http_parsing_aside: Gauge Sum "kvix_http_bodies_parsing_aside",
         /// Frames or connections refused, by reason.
         rejected: Counter Sum "kvix_rejected_frames_total" by "reason" (&[
             "bad_magic", "version", "kind", "flags", "oversize", "invalid_body", "no_hello",

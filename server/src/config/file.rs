@@ -245,6 +245,7 @@ mod every_flag {
             &["--tls-cert", "/tmp/c.pem", "--tls-key", "/tmp/k.pem"],
         ),
         ("unix-mode", "660", "\"660\"", &[]),
+        ("http", "127.0.0.1:7422", "\"127.0.0.1:7422\"", &[]),
         ("snapshot", "/tmp/s", "\"/tmp/s\"", &[]),
         ("wal", "-", "true", &[]),
         ("wal-sync-ms", "0", "0", &[]),

@@ -138,6 +138,19 @@ impl Config {
         self.conn.validate()?;
         self.index.validate()?;
         self.ingest.validate()?;
+        let same_port = |other: &str| {
+            other.parse::<std::net::SocketAddr>().ok().is_some_and(|o| {
+                self.listen
+                    .http
+                    .is_some_and(|h| h.port() == o.port() && h.port() != 0)
+            })
+        };
+        if same_port(&self.listen.tcp.to_string()) || same_port(&self.listen.metrics) {
+            return Err(flag(
+                "http",
+                "must be a port of its own, not --listen's or --metrics'",
+            ));
+        }
         let d = &self.durability;
         if d.wal && d.log.is_some() {
             return Err(flag(

@@ -33,6 +33,11 @@ pub struct Listen {
     /// HTTP address for Prometheus metrics ("" to disable).
     #[arg(long, default_value = "127.0.0.1:7421", env = "KVIX_METRICS")]
     pub metrics: String,
+
+    /// TCP address for the HTTP API (Dynamo's standalone KV indexer API: /register,
+    /// /query, ...); off unless given. TLS and --auth-token (as a bearer token) apply.
+    #[arg(long, env = "KVIX_HTTP")]
+    pub http: Option<SocketAddr>,
 }
 
 /// The executors: how many, where they run, and how connections are spread over them.

@@ -13,6 +13,7 @@ use glommio::{Latency, Shares, TaskQueueHandle};
 
 use super::phases::Barrier;
 use super::{restore, Shared};
+use crate::admit::Protocol;
 use crate::checkpoint::take_snapshot;
 use crate::durable::replica;
 use crate::error::StartError;
@@ -28,12 +29,19 @@ struct Queues {
     writes: TaskQueueHandle,
 }
 
-/// Runs one executor on the listening socket `fd` until the process stops.
+/// This executor's listening sockets: the kvix port's, and the HTTP API's if any.
+pub struct Sockets {
+    pub kvix: RawFd,
+    pub http: Option<RawFd>,
+}
+
+/// Runs one executor on its listening sockets until the process stops.
 pub async fn run(
-    fd: RawFd,
+    sockets: Sockets,
     shared: Arc<Shared>,
     mesh: mesh::Builder<Executor>,
 ) -> Result<(), StartError> {
+    let fd = sockets.kvix;
     // SAFETY: the fd is a listening TCP socket created for this executor alone.
     let tcp = unsafe { glommio::net::TcpListener::from_raw_fd(fd) };
     let gx = glommio::executor();
@@ -53,8 +61,13 @@ pub async fn run(
     // Nobody is served before the log is replayed (a client's write would interleave).
     shared.phases.until_replayed().await;
     let accepting = listen(&ex, &shared, &queues, tcp, fd)?;
+    let http = sockets
+        .http
+        .map(|fd| listen_http(&ex, &queues, fd))
+        .transpose()?;
     tick(&ex, &shared).await;
     drop(accepting);
+    drop(http);
     let drained = drain(&ex, &shared).await;
     tracing::info!(executor = ex.me(), "executor stopping");
     drained
@@ -177,7 +190,7 @@ fn listen(
         let accept = async move {
             loop {
                 match unix.shared_accept().await {
-                    Ok(s) => admit::admit(&ex, s, queries),
+                    Ok(s) => admit::admit(&ex, s, queries, Protocol::Kvix),
                     Err(e) => admit::accept_failed(&ex, "unix", e, None).await,
                 }
             }
@@ -186,16 +199,39 @@ fn listen(
             .map_err(StartError::spawn("the Unix listener"))?
             .detach();
     }
+    accept_tcp(ex, q, tcp, fd, Protocol::Kvix)
+}
+
+/// Takes `protocol`'s connections on this executor's TCP socket `fd` (`listener`), until
+/// the task is dropped.
+fn accept_tcp(
+    ex: &Rc<Executor>,
+    q: &Queues,
+    listener: glommio::net::TcpListener,
+    fd: RawFd,
+    protocol: Protocol,
+) -> Result<glommio::Task<()>, StartError> {
     let (ex, queries) = (ex.clone(), q.queries);
+    let what = match protocol {
+        Protocol::Kvix => "tcp",
+        Protocol::Http => "http",
+    };
     let accept = async move {
         loop {
-            match tcp.shared_accept().await {
-                Ok(s) => admit::admit(&ex, s, queries),
-                Err(e) => admit::accept_failed(&ex, "tcp", e, Some(fd)).await,
+            match listener.shared_accept().await {
+                Ok(s) => admit::admit(&ex, s, queries, protocol),
+                Err(e) => admit::accept_failed(&ex, what, e, Some(fd)).await,
             }
         }
     };
-    glommio::spawn_local_into(accept, q.queries).map_err(StartError::spawn("the listener"))
+    glommio::spawn_local_into(accept, q.queries).map_err(StartError::spawn("a TCP listener"))
+}
+
+/// Starts taking HTTP API connections on this executor's socket of `--http`.
+fn listen_http(ex: &Rc<Executor>, q: &Queues, fd: RawFd) -> Result<glommio::Task<()>, StartError> {
+    // SAFETY: a listening TCP socket made for this executor alone.
+    let http = unsafe { glommio::net::TcpListener::from_raw_fd(fd) };
+    accept_tcp(ex, q, http, fd, Protocol::Http)
 }
 
 /// The executor's timers until the process is told to stop: placements expire every

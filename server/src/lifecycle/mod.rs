@@ -56,7 +56,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
 /// [`run`] on `clock` (a test's [`crate::clock::ManualClock`]).
 pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> Result<(), StartError> {
     let executors = config.executors();
-    let (group, tls) = open(&config)?;
+    let (group, http, tls) = open(&config)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())
@@ -118,7 +118,10 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> Result<(
         "kvix-server listening on tcp://{} with {executors} executors, steering {:?}",
         group.addr, group.steering
     );
-    let ran = run_executors(&shared, group);
+    if let Some(h) = &http {
+        println!("kvix-server HTTP API on http://{}", h.addr);
+    }
+    let ran = run_executors(&shared, group, http);
     ingest.stop();
     if let Some(r) = &replica {
         r.stop();
@@ -129,9 +132,20 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> Result<(
     ran
 }
 
-/// The listening sockets and TLS: refused before anything else starts when a port is
-/// served by another process or a file does not read.
-fn open(config: &Config) -> Result<(TcpGroup, Option<futures_rustls::TlsAcceptor>), StartError> {
+/// The listening sockets (the kvix port's, the HTTP API's) and TLS: refused before
+/// anything else starts when a port is served by another process or a file does not
+/// read.
+#[allow(clippy::type_complexity)]
+fn open(
+    config: &Config,
+) -> Result<
+    (
+        TcpGroup,
+        Option<TcpGroup>,
+        Option<futures_rustls::TlsAcceptor>,
+    ),
+    StartError,
+> {
     let tls = match (&config.tls.cert, &config.tls.key) {
         (Some(cert), Some(key)) => {
             let c = crate::tls::server_config(cert, key, config.tls.client_ca.as_deref())?;
@@ -141,13 +155,19 @@ fn open(config: &Config) -> Result<(TcpGroup, Option<futures_rustls::TlsAcceptor
     };
     let executors = config.executors();
     let group = listener::tcp_group(config.listen.tcp, executors, config.executors.steering)?;
+    // The HTTP API's connections go where the kernel's reuseport hash puts them.
+    let http = config
+        .listen
+        .http
+        .map(|addr| listener::tcp_group(addr, executors, crate::config::Steering::None))
+        .transpose()?;
     if let Ok(metrics) = config.listen.metrics.parse() {
         listener::ensure_unserved(metrics)?;
     }
     if !config.listen.unix.is_empty() {
         listener::free_unix_path(&config.listen.unix)?;
     }
-    Ok((group, tls))
+    Ok((group, http, tls))
 }
 
 fn raise_open_files(config: &Config) {
@@ -194,8 +214,13 @@ fn start_ingest(config: &Config) -> Result<Arc<Ingest>, StartError> {
 
 /// One executor per listening socket, each on its own thread (pinned with `--pin`);
 /// returns once all stopped, with the error that stopped the first to fail.
-fn run_executors(shared: &Arc<Shared>, group: TcpGroup) -> Result<(), StartError> {
+fn run_executors(
+    shared: &Arc<Shared>,
+    group: TcpGroup,
+    http: Option<TcpGroup>,
+) -> Result<(), StartError> {
     let executors = group.fds.len();
+    let mut http_fds = http.map(|h| h.fds.into_iter());
     let mesh = mesh::builder::<Executor>(executors);
     let cpus = cpus::executor_cpus(executors);
     let mut handles = Vec::with_capacity(executors);
@@ -211,8 +236,12 @@ fn run_executors(shared: &Arc<Shared>, group: TcpGroup) -> Result<(), StartError
             builder = builder.spin_before_park(spin);
         }
         let (shared, mesh) = (shared.clone(), mesh.clone());
+        let sockets = executor::Sockets {
+            kvix: fd,
+            http: http_fds.as_mut().and_then(Iterator::next),
+        };
         let handle = builder
-            .spawn(move || async move { executor::run(fd, shared, mesh).await })
+            .spawn(move || async move { executor::run(sockets, shared, mesh).await })
             .map_err(StartError::spawn("an executor"))?;
         handles.push(handle);
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use kvix_wire::*;
 
 pub mod engines;
+pub mod http;
 pub mod python;
 pub mod redis;
 pub mod tls;
@@ -43,6 +44,8 @@ pub struct Server {
     child: Child,
     pub addr: SocketAddr,
     pub metrics: Option<SocketAddr>,
+    /// The HTTP API's address (`--http`).
+    pub http: Option<SocketAddr>,
     pub stdout_lines: Vec<String>,
 }
 
@@ -199,8 +202,13 @@ impl Server {
         };
         let wants_metrics = given("--metrics").is_none_or(|v| !v.is_empty());
         let wants_unix = given("--unix").is_some_and(|v| !v.is_empty());
-        let mut unix = false;
-        while addr.is_none() || (wants_metrics && metrics.is_none()) || (wants_unix && !unix) {
+        let wants_http = given("--http").is_some();
+        let (mut unix, mut http) = (false, None);
+        while addr.is_none()
+            || (wants_metrics && metrics.is_none())
+            || (wants_unix && !unix)
+            || (wants_http && http.is_none())
+        {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let line = match rx.recv_timeout(left) {
                 Ok(line) => line,
@@ -226,12 +234,16 @@ impl Server {
             if let Some(rest) = line.split("metrics on http://").nth(1) {
                 metrics = Some(rest.trim().trim_end_matches("/metrics").parse().unwrap());
             }
+            if let Some(rest) = line.split("HTTP API on http://").nth(1) {
+                http = Some(rest.trim().parse().unwrap());
+            }
             lines.push(line);
         }
         Ok(Server {
             child,
             addr: addr.unwrap(),
             metrics,
+            http,
             stdout_lines: lines,
         })
     }
