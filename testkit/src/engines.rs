@@ -82,8 +82,13 @@ impl Ports {
     /// Starts rank 0 of `release` again on these ports (a restarted engine), waiting
     /// while a port is held, as by a connection that happened to take it.
     pub fn restart(&self, release: &'static str) -> Publisher {
+        self.restart_rank(release, 0)
+    }
+
+    /// Starts rank `rank` of `release` again on these ports (see [`Ports::restart`]).
+    pub fn restart_rank(&self, release: &'static str, rank: u16) -> Publisher {
         for _ in 0..200 {
-            if let Some(p) = self.try_start(release, 0) {
+            if let Some(p) = self.try_start(release, rank) {
                 return p;
             }
             std::thread::sleep(Duration::from_millis(50));
