@@ -776,6 +776,53 @@ fn a_refused_read_is_asked_again_later_on_the_same_connection() {
     assert_eq!(b.session().query(&ks, &chain).scores, held);
 }
 
+/// A write appended while the follower cannot read the log back (here an ACL that
+/// denies XREAD; in the field Redis killed between the append and the read) is answered
+/// `LogUnavailable` at the follower's next failed read, not held until the log returns:
+/// a client waiting on it waited for ever. Once reads are allowed it applies, once, and
+/// the client's retry is answered `Duplicate`.
+#[test]
+fn a_write_appended_while_the_log_cannot_be_read_back_is_refused_not_held() {
+    if available("unread_append").is_none() {
+        return;
+    }
+    let redis = Redis::start("unread-append");
+    let a = replica(&redis, &[]);
+    let ks = Keyspace::tokens("m");
+    let chain = chain_of(&ks, 0, 8);
+    let mut c = a.session();
+    let w = c.events_worker("w");
+    settle(&[&a]);
+    let acl = |rule: &str| {
+        let _: () = redis_cmd(
+            redis.port,
+            ::redis::cmd("ACL").arg("SETUSER").arg("default").arg(rule),
+        )
+        .unwrap();
+    };
+    acl("-xread");
+    // The read already blocked in Redis passed its check: wait for one refused.
+    wait_for("a refused read", &|| {
+        a.metric("kvix_log_read_failures_total") >= 1
+    });
+    let batch = stored_at(w, 0, &ks, 0, &chain);
+    let refused = c.ask(&batch).error();
+    assert_eq!(refused.code, ErrorCode::LogUnavailable);
+    assert!(
+        refused.message.contains("may still apply"),
+        "{}",
+        refused.message
+    );
+    acl("+xread");
+    let again = until_applied(&mut c, &batch, || {});
+    assert_eq!(again.status, ApplyStatus::Duplicate, "applied once");
+    let held = vec![Score {
+        worker: w,
+        blocks: 8,
+    }];
+    assert_eq!(c.query(&ks, &chain).scores, held);
+}
+
 /// Redis's `maxmemory` (0: no limit).
 fn set_maxmemory(redis: &Redis, bytes: u64) {
     let mut set = ::redis::cmd("CONFIG");

@@ -141,7 +141,9 @@ pub async fn run(r: Arc<Replica>, follow: Follow) {
 }
 
 /// After a failed step: a snapshot waiting for its cut gets it (a cut needs no Redis),
-/// the failure is counted and logged with its cause, and the next try waits `backoff`,
+/// the failure is counted and logged with its cause, the writes waiting to be read
+/// back are answered `LogUnavailable` ([`Replica::fail_pending`]: a client is never
+/// held while the log is away), and the next try waits `backoff`,
 /// which doubles up to 2 s (a Redis that refuses every read, loading or denying this
 /// user, is not asked again in a loop).
 async fn pause(
@@ -155,7 +157,9 @@ async fn pause(
         mark(inboxes, position, req).await;
     }
     r.metrics.read_failures.fetch_add(1, Relaxed);
+    let why = why.to_string();
     tracing::warn!("{why}");
+    r.fail_pending(&why);
     glommio::timer::sleep(*backoff).await;
     *backoff = (*backoff * 2).min(Duration::from_secs(2));
 }

@@ -263,6 +263,29 @@ impl Replica {
         }
     }
 
+    /// The follower cannot read the log back (`why`): every write of this replica's
+    /// clients still waiting is answered `LogUnavailable` now, rather than held until the
+    /// log returns (which may be never). One already appended applies once the log is
+    /// read again: a client's retry is then answered `Duplicate` (event batches carry
+    /// their sequence; an announce or placement again changes nothing; a retire's retry
+    /// finds the worker gone, `UnknownWorker`).
+    pub fn fail_pending(&self, why: &str) {
+        let waiting: Vec<Waiter> = {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            pending.drain().map(|(_, w)| w).collect()
+        };
+        if waiting.is_empty() {
+            return;
+        }
+        self.metrics
+            .append_failures
+            .fetch_add(waiting.len() as u64, Relaxed);
+        let why = format!("{why}: the write may still apply once the log is read again (a retry is answered Duplicate)");
+        for w in waiting {
+            let _ = w.send(Err(Failure::LogUnavailable(why.clone())));
+        }
+    }
+
     pub fn stopped(&self) -> bool {
         self.stop.load(Relaxed)
     }
