@@ -61,13 +61,14 @@ pub enum QueryOutcome {
 
 /// The HTTP API's routes (`kvix_http_requests_total{route}`), in `http_api::Route`
 /// order, then requests for no known path.
-pub const HTTP_ROUTES: [&str; 8] = [
+pub const HTTP_ROUTES: [&str; 9] = [
     "register",
     "unregister",
     "workers",
     "query",
     "query_by_hash",
     "health",
+    "echo",
     "unsupported",
     "unknown",
 ];

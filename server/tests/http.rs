@@ -265,6 +265,23 @@ fn bad_input_gets_bounded_typed_refusals() {
         )
     );
     assert!(big.closed());
+    // The bound holds on every route: a GET announcing a huge body is refused alike.
+    let mut big_get = Http::open(server.http.unwrap());
+    big_get.send_raw(format!("GET /health HTTP/1.1\r\nContent-Length: {huge}\r\n\r\n").as_bytes());
+    assert_eq!(big_get.read_reply(false).unwrap().status, 413);
+    assert!(big_get.closed());
+    // The echo (the latency bench's floor): N bytes back whatever came, N bounded.
+    let sent = vec![b'x'; 70_000];
+    let r = http.request("POST", "/echo?bytes=300", &[], &sent).unwrap();
+    assert_eq!((r.status, r.body.len()), (200, 300));
+    for bad in ["/echo", "/echo?bytes=65537", "/echo?bytes=x"] {
+        assert_eq!(
+            http.request("POST", bad, &[], b"").unwrap().status,
+            400,
+            "{bad}"
+        );
+    }
+    assert!(server.metric("kvix_http_requests_total{route=\"echo\"}") >= 4);
     let mut chunked = Http::open(server.http.unwrap());
     let r = chunked
         .request(

@@ -206,10 +206,7 @@ fn checked(
             return Err(Response::json(401, json::error(why)));
         }
     }
-    if !route.takes_json() {
-        return Ok(route);
-    }
-    if !head::is_json(head.content_type.as_deref()) {
+    if route.takes_json() && !head::is_json(head.content_type.as_deref()) {
         let why = "Expected request with `Content-Type: application/json`";
         return Err(Response::text(415, why));
     }
@@ -219,13 +216,15 @@ fn checked(
             "kvix's HTTP API reads bodies with a Content-Length, not chunked",
         )
         .closing()),
-        None => Err(Response::text(411, "a body needs a Content-Length").closing()),
+        None if route.takes_json() => {
+            Err(Response::text(411, "a body needs a Content-Length").closing())
+        }
         Some(n) if n > route.max_body() => Err(Response::text(
             413,
             "Failed to buffer the request body: length limit exceeded",
         )
         .closing()),
-        Some(_) => Ok(route),
+        _ => Ok(route),
     }
 }
 

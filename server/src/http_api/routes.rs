@@ -27,6 +27,9 @@ pub enum Route {
     Query,
     QueryByHash,
     Health,
+    /// kvix's own: the body sent back at a given length, the transport's floor for the
+    /// latency bench (`POST /echo?bytes=N`).
+    Echo,
     /// Dynamo's dump and peer routes: 501 here.
     Unsupported,
 }
@@ -46,6 +49,7 @@ impl Route {
             "/query" => (Route::Query, POST),
             "/query_by_hash" => (Route::QueryByHash, POST),
             "/health" => (Route::Health, GET),
+            "/echo" => (Route::Echo, POST),
             "/dump" | "/peers" => (Route::Unsupported, GET),
             "/register_peer" | "/deregister_peer" | "/reopen_logs" => (Route::Unsupported, POST),
             _ => return None,
@@ -64,7 +68,7 @@ impl Route {
     /// default), as Dynamo's indexer takes them.
     pub fn max_body(self) -> u64 {
         match self {
-            Route::Query | Route::QueryByHash => 8 << 20,
+            Route::Query | Route::QueryByHash | Route::Echo => 8 << 20,
             _ => 2 << 20,
         }
     }
@@ -91,6 +95,7 @@ const PARSE_ASIDE: usize = 64 << 10;
 pub async fn handle(ex: &Rc<Executor>, route: Route, head: &Head, body: Vec<u8>) -> Response {
     match route {
         Route::Health => Response::empty(200),
+        Route::Echo => echo(head),
         Route::Register => register(ex, &body).await,
         Route::Unregister => unregister(ex, &body).await,
         Route::Workers => workers(ex, head),
@@ -103,6 +108,17 @@ pub async fn handle(ex: &Rc<Executor>, route: Route, head: &Head, body: Vec<u8>)
                 head.path
             )),
         ),
+    }
+}
+
+/// The longest echo: an answer's size, not an amplifier for whoever reaches the port.
+const ECHO_MAX: u64 = 64 << 10;
+
+/// `bytes` bytes back (at most [`ECHO_MAX`]), whatever was sent.
+fn echo(head: &Head) -> Response {
+    match head::query_value(&head.query, "bytes").map(|b| b.map(|b| b.parse::<u64>())) {
+        Ok(Some(Ok(n))) if n <= ECHO_MAX => Response::text(200, " ".repeat(n as usize)),
+        _ => Response::text(400, "POST /echo?bytes=N, N up to 65536"),
     }
 }
 
