@@ -13,6 +13,7 @@
 
 pub mod echo_server;
 pub mod fleet;
+pub mod http_latency;
 pub mod huge;
 pub mod latency;
 pub mod load;

@@ -14,7 +14,7 @@ use kvix_bench::sim::{self, LegResult, LoadView, Regime, SimConfig};
 use kvix_bench::table::{f, Table};
 use kvix_bench::trace;
 use kvix_bench::workload::Workload;
-use kvix_bench::{huge, latency, load, net, redis, soak, stats, writes};
+use kvix_bench::{http_latency, huge, latency, load, net, redis, soak, stats, writes};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -338,6 +338,18 @@ struct LatencyArgs {
     /// over TLS.
     #[arg(long)]
     tls_ca: Option<std::path::PathBuf>,
+    /// Query kvix's HTTP API instead (kvix-server --http ADDR), beside an HTTP echo of
+    /// the same sizes on that listener (the floor); the engines' events come from this
+    /// process over ZMQ, registered with POST /register.
+    #[arg(long)]
+    http: Option<String>,
+    /// With --http: Dynamo's standalone KV indexer (bench/peer's dynamo-indexer) queried
+    /// beside it, fed the same engines.
+    #[arg(long, requires = "http")]
+    dynamo: Option<String>,
+    /// With --http: engines (bound ZMQ publishers), each registered with both.
+    #[arg(long, default_value_t = 16)]
+    engines: usize,
     #[command(flatten)]
     data: DataArgs,
 }
@@ -849,6 +861,9 @@ fn cmd_writes(a: WritesArgs, json: bool) -> anyhow::Result<()> {
 }
 
 fn cmd_latency(a: LatencyArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
+    if let Some(http) = &a.http {
+        return cmd_http_latency(http, &a, json, quiet);
+    }
     let addr = net::loopback(&a.server)?;
     let cfg = latency::LatencyConfig {
         server: a.server.clone(),
@@ -907,6 +922,67 @@ fn cmd_latency(a: LatencyArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
             r.server_shards,
             r.config.workers,
             r.config.top_k,
+            t.render()
+        )
+    })
+}
+
+fn cmd_http_latency(http: &str, a: &LatencyArgs, json: bool, quiet: bool) -> anyhow::Result<()> {
+    let cfg = http_latency::HttpLatencyConfig {
+        kvix: net::loopback(http)?,
+        dynamo: a.dynamo.as_deref().map(net::loopback).transpose()?,
+        blocks: a.blocks.clone(),
+        queries: a.queries,
+        warmup: a.warmup,
+        engines: a.engines,
+        chains_per_length: a.data.chains,
+        system_blocks: a.data.system_blocks,
+        token_block: a.data.token_block,
+        seed: a.data.seed,
+        max_seconds: a.max_seconds,
+    };
+    let pb = progress(quiet, "latency --http");
+    let report = http_latency::run(&cfg, &pb)?;
+    emit(json, &report, |r| {
+        let mut t = Table::new(&[
+            "blocks", "what", "req B", "reply B", "p50 us", "p90 us", "p99 us", "p99.9 us", "count",
+        ]);
+        for row in &r.rows {
+            let named = [
+                Some(("kvix", &row.kvix)),
+                row.dynamo.as_ref().map(|d| ("Dynamo", d)),
+                Some(("floor (echo)", &row.floor)),
+            ];
+            for (what, s) in named.into_iter().flatten() {
+                let mut cells = vec![
+                    row.blocks.to_string(),
+                    what.into(),
+                    row.request_bytes.to_string(),
+                    row.reply_bytes.to_string(),
+                ];
+                cells.extend(s.cells());
+                t.row(cells);
+            }
+            let ratios = [
+                Some(("kvix / floor", &row.kvix_over_floor)),
+                row.dynamo_over_kvix.as_ref().map(|x| ("Dynamo / kvix", x)),
+            ];
+            for (what, x) in ratios.into_iter().flatten() {
+                let mut cells = vec![
+                    row.blocks.to_string(),
+                    what.into(),
+                    String::new(),
+                    String::new(),
+                ];
+                cells.extend(x.cells());
+                t.row(cells);
+            }
+        }
+        format!(
+            "latency --http: kvix at {} and Dynamo at {}, {} engines, one keep-alive connection each\n{}",
+            r.config.kvix,
+            r.config.dynamo.map_or("-".to_string(), |d| d.to_string()),
+            r.config.engines,
             t.render()
         )
     })

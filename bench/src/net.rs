@@ -377,6 +377,8 @@ pub struct Dataset {
     /// `chains[g]`: the prompts of length `lengths[g]` blocks.
     pub lengths: Vec<u32>,
     pub chains: Vec<Vec<Vec<u64>>>,
+    /// `tokens[g][c]`: the token ids `chains[g][c]` hashes.
+    pub tokens: Vec<Vec<Vec<u32>>>,
     /// (worker index, length group, chain index, held prefix blocks).
     pub holdings: Vec<(usize, usize, usize, u32)>,
     /// Blocks of the system prefix every worker holds.
@@ -403,10 +405,10 @@ impl Dataset {
         };
         let system = rand_tokens(&mut rng, (system_blocks * token_block) as usize);
         let workers_n = workers.max(1);
-        let mut chains = Vec::new();
+        let (mut chains, mut all_tokens) = (Vec::new(), Vec::new());
         let mut holdings = Vec::new();
         for (g, &len) in lengths.iter().enumerate() {
-            let mut group = Vec::new();
+            let (mut group, mut group_tokens) = (Vec::new(), Vec::new());
             for c in 0..per_length {
                 let sys = system_blocks.min(len) as usize * token_block as usize;
                 let mut tokens = system[..sys].to_vec();
@@ -415,6 +417,7 @@ impl Dataset {
                     (len as usize * token_block as usize).saturating_sub(sys),
                 ));
                 group.push(token_chain(ks_seed, token_block, &tokens));
+                group_tokens.push(tokens);
                 for (k, depth) in [(0u64, len), (1, len / 2), (2, len / 4)] {
                     if depth == 0 {
                         continue;
@@ -424,6 +427,7 @@ impl Dataset {
                 }
             }
             chains.push(group);
+            all_tokens.push(group_tokens);
         }
         Dataset {
             keyspace,
@@ -433,6 +437,7 @@ impl Dataset {
                 .collect(),
             lengths: lengths.to_vec(),
             chains,
+            tokens: all_tokens,
             holdings,
             system_blocks,
         }

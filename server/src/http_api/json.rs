@@ -4,7 +4,7 @@
 //! ignores them there.
 
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 fn default_group() -> String {
     "default".into()
@@ -120,35 +120,51 @@ pub struct RankTokens {
 /// `/query`'s answer: `scores` (GPU tokens by instance and rank, ranks with some),
 /// `frequencies` (always empty, as in Dynamo 1.6.1), and `instances` (per instance the
 /// maxima over its ranks, `dp` its ranks' GPU tokens, `longest_matched` the largest).
-pub fn scores(ranks: &[RankTokens]) -> Value {
-    use serde_json::Map;
-    let mut scores: Map<String, Value> = Map::new();
-    let mut instances: Map<String, Value> = Map::new();
-    for r in ranks {
-        let id = r.instance.to_string();
-        if r.gpu > 0 {
-            let per = scores.entry(id.clone()).or_insert_with(|| json!({}));
-            per[r.rank.to_string()] = json!(r.gpu);
+/// Written straight out: built as maps of `Value`s it cost more than the query itself.
+pub fn scores(ranks: &[RankTokens]) -> Vec<u8> {
+    use std::fmt::Write;
+    let mut ranks = ranks.to_vec();
+    ranks.sort_by_key(|r| (r.instance, r.rank));
+    ranks.dedup_by_key(|r| (r.instance, r.rank));
+    let instances = || ranks.chunk_by(|a, b| a.instance == b.instance);
+    let mut out = String::with_capacity(64 + ranks.len() * 96);
+    let mut first = true;
+    out.push_str("{\"scores\":{");
+    for group in instances().filter(|g| g.iter().any(|r| r.gpu > 0)) {
+        let comma = if std::mem::take(&mut first) { "" } else { "," };
+        let _ = write!(out, "{comma}\"{}\":{{", group[0].instance);
+        let held = group.iter().filter(|r| r.gpu > 0);
+        for (i, r) in held.enumerate() {
+            let comma = if i == 0 { "" } else { "," };
+            let _ = write!(out, "{comma}\"{}\":{}", r.rank, r.gpu);
         }
-        let i = instances.entry(id).or_insert_with(
-            || json!({"gpu": 0, "cpu": 0, "disk": 0, "longest_matched": 0, "dp": {}}),
-        );
-        let max = |v: &mut Value, x: u32| {
-            let old = v.as_u64().unwrap_or(0) as u32;
-            *v = json!(old.max(x));
-        };
-        max(&mut i["gpu"], r.gpu);
-        max(&mut i["cpu"], r.cpu);
-        max(&mut i["disk"], r.disk);
-        max(&mut i["longest_matched"], r.gpu.max(r.cpu).max(r.disk));
-        i["dp"][r.rank.to_string()] = json!(r.gpu);
+        out.push('}');
     }
-    json!({ "scores": scores, "frequencies": [], "instances": instances })
+    out.push_str("},\"frequencies\":[],\"instances\":{");
+    for (i, group) in instances().enumerate() {
+        let max = |f: fn(&RankTokens) -> u32| group.iter().map(f).max().unwrap_or(0);
+        let (gpu, cpu, disk) = (max(|r| r.gpu), max(|r| r.cpu), max(|r| r.disk));
+        let comma = if i == 0 { "" } else { "," };
+        let _ = write!(
+            out,
+            "{comma}\"{}\":{{\"gpu\":{gpu},\"cpu\":{cpu},\"disk\":{disk},\"longest_matched\":{},\"dp\":{{",
+            group[0].instance,
+            gpu.max(cpu).max(disk)
+        );
+        for (j, r) in group.iter().enumerate() {
+            let comma = if j == 0 { "" } else { "," };
+            let _ = write!(out, "{comma}\"{}\":{}", r.rank, r.gpu);
+        }
+        out.push_str("}}");
+    }
+    out.push_str("}}");
+    out.into_bytes()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn rejections_say_what_axum_says() {
@@ -186,15 +202,27 @@ mod tests {
             cpu,
             disk,
         };
-        let v = scores(&[r(7, 0, 32, 48, 48), r(7, 1, 16, 64, 64), r(8, 0, 0, 16, 32)]);
+        let v: Value = serde_json::from_slice(&scores(&[
+            r(8, 0, 0, 16, 32),
+            r(7, 1, 16, 64, 64),
+            r(7, 0, 32, 48, 48),
+            r(10, 0, 0, 0, 0),
+        ]))
+        .expect("valid JSON");
         let want = json!({
             "frequencies": [],
             "scores": {"7": {"0": 32, "1": 16}},
             "instances": {
                 "7": {"gpu": 32, "cpu": 64, "disk": 64, "longest_matched": 64, "dp": {"0": 32, "1": 16}},
                 "8": {"gpu": 0, "cpu": 16, "disk": 32, "longest_matched": 32, "dp": {"0": 0}},
+                "10": {"gpu": 0, "cpu": 0, "disk": 0, "longest_matched": 0, "dp": {"0": 0}},
             },
         });
         assert_eq!(v, want);
+        let none: Value = serde_json::from_slice(&scores(&[])).expect("valid JSON");
+        assert_eq!(
+            none,
+            json!({"scores": {}, "frequencies": [], "instances": {}})
+        );
     }
 }

@@ -15,6 +15,7 @@ mod endpoint;
 pub mod head;
 pub mod instances;
 pub mod json;
+mod query_body;
 mod routes;
 
 use std::net::IpAddr;
