@@ -585,6 +585,10 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
             "e2e p50/p99 ms",
             "server cores",
             "server MiB",
+            "fu CPU share",
+            "fu TTFT mean/p90 ms",
+            "fu prefill ms",
+            "TTFT vs oracle",
             "requests",
         ]);
         for l in &r.legs {
@@ -606,6 +610,14 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
                 format!("{}/{}", f(l.e2e_p50_ms, 0), f(l.e2e_p99_ms, 0)),
                 opt(l.server_cores, 2),
                 opt(l.server_rss_mib, 0),
+                f(l.followup_cpu_share, 3),
+                format!(
+                    "{}/{}",
+                    f(l.followup_ttft_mean_ms, 1),
+                    f(l.followup_ttft_p90_ms, 1)
+                ),
+                f(l.followup_prefill_mean_ms, 1),
+                opt(l.ttft_vs_oracle, 3),
                 l.requests.to_string(),
             ]);
         }
@@ -615,7 +627,7 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
             .filter_map(|l| Some(format!("{} {}", l.leg, f(l.cold_gateway_followup_hit?, 3))))
             .collect();
         format!(
-            "fleet: {} engines, {} gateways, {} sessions/s for {} s, {} turns, seed {}, capacity {} blocks, {} slots, chaos {:?}\n{}{}",
+            "fleet: {} engines, {} gateways, {} sessions/s for {} s, {} turns, seed {}, capacity {} blocks, CPU tier {} blocks, {} slots, chaos {:?}\n{}{}",
             r.config.engines,
             r.config.gateways,
             r.config.session_rate,
@@ -623,6 +635,7 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
             r.config.workload.turns,
             r.config.workload.seed,
             r.config.workload.capacity_blocks,
+            r.config.workload.cpu_capacity_blocks,
             r.config.slots,
             r.config.chaos,
             t.render(),

@@ -40,6 +40,15 @@ pub struct Workload {
     /// Decode ms per output token.
     #[arg(long, default_value_t = Workload::default().decode_ms_per_token)]
     pub decode_ms_per_token: f64,
+    /// Each worker's CPU tier, in blocks (0: none): what the GPU cache computes is
+    /// offloaded there too (vLLM's offloading connector), and a prompt continuing from
+    /// it is loaded rather than recomputed.
+    #[arg(long, default_value_t = Workload::default().cpu_capacity_blocks)]
+    pub cpu_capacity_blocks: u32,
+    /// µs to load one block from the CPU tier (recomputing it costs
+    /// `block_tokens` × `prefill_us_per_token`).
+    #[arg(long, default_value_t = Workload::default().cpu_load_us_per_block)]
+    pub cpu_load_us_per_block: f64,
 }
 
 impl Default for Workload {
@@ -57,6 +66,8 @@ impl Default for Workload {
             alpha: 4.0,
             prefill_us_per_token: 50.0,
             decode_ms_per_token: 10.0,
+            cpu_capacity_blocks: 0,
+            cpu_load_us_per_block: 80.0,
         }
     }
 }

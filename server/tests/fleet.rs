@@ -154,3 +154,28 @@ fn replicas_of_the_placements_converge_through_a_replica_killed_and_redis_paused
     // (refused, `kvix_log_append_failures_total`), not the answers.
     assert!(paused.degraded < 0.05, "{}", paused.degraded);
 }
+
+/// Engines whose small GPU cache spills into a CPU tier, publishing as vLLM's offloading
+/// connector does (CPU stores with tokens and parent, each tier's own removals): kvix's
+/// depths, tier by tier, are what the engines hold, and follow-ups load from CPU,
+/// whether the pick weighs CPU blocks by the time model or counts them as GPU blocks.
+#[test]
+fn with_a_cpu_tier_the_index_knows_each_tier_and_the_pick_weighs_them() {
+    let mut cfg = config();
+    cfg.workload.capacity_blocks = 96;
+    cfg.workload.cpu_capacity_blocks = 1024;
+    let r = legs(&cfg, &[Leg::Oracle, Leg::Events, Leg::EventsJoint]);
+    let (oracle, tiered, joint) = (
+        leg(&r, Leg::Oracle),
+        leg(&r, Leg::Events),
+        leg(&r, Leg::EventsJoint),
+    );
+    assert!(r.iter().all(|l| l.requests == oracle.requests));
+    for l in [tiered, joint] {
+        // GPU, CPU and the joint depth alike, for every conversation and engine.
+        assert_eq!(l.audit_mismatches, Some(0), "{l:?}");
+        assert_eq!(l.error_p95_tokens, Some(0), "{l:?}");
+        assert!(l.followup_cpu_share > 0.05, "the CPU tier is used: {l:?}");
+        assert!(l.followup_hit >= oracle.followup_hit - 0.02, "{l:?}");
+    }
+}

@@ -6,8 +6,14 @@
 //! does, its KV events on a PUB socket connected to kvix, with a replay ROUTER
 //! (`kvix_events::encode` writes the batches byte for byte as vLLM does).
 //!
+//! With a CPU tier (`cpu_capacity_blocks`), every block the GPU cache stores is also
+//! offloaded to a CPU LRU, as vLLM 0.34's offloading connector does, and published as a
+//! CPU store (`medium: CPU`, self-describing: tokens and parent); each tier's evictions
+//! are its own removals. A prompt loads the GPU prefix, then what continues from CPU
+//! (`cpu_load_us_per_block` each), and prefills the rest.
+//!
 //! What it reports for each request is the truth the fleet's figures use: the blocks of
-//! the prompt it actually held when the request's prefill started.
+//! the prompt it actually held, by tier, when the request's prefill started.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -31,14 +37,22 @@ const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 pub struct TimeModel {
     pub prefill_us_per_token: f64,
     pub decode_ms_per_token: f64,
+    pub cpu_load_us_per_block: f64,
 }
 
 impl TimeModel {
-    fn work(&self, uncached_tokens: usize, output_tokens: usize) -> Duration {
+    /// Time to first token's own part: loading `from_cpu` blocks and prefilling
+    /// `uncached_tokens`.
+    pub fn prefill(&self, uncached_tokens: usize, from_cpu: u32) -> Duration {
         Duration::from_secs_f64(
-            uncached_tokens as f64 * self.prefill_us_per_token * 1e-6
-                + output_tokens as f64 * self.decode_ms_per_token * 1e-3,
+            (uncached_tokens as f64 * self.prefill_us_per_token
+                + f64::from(from_cpu) * self.cpu_load_us_per_block)
+                * 1e-6,
         )
+    }
+
+    fn decode(&self, output_tokens: usize) -> Duration {
+        Duration::from_secs_f64(output_tokens as f64 * self.decode_ms_per_token * 1e-3)
     }
 }
 
@@ -46,6 +60,8 @@ impl TimeModel {
 #[derive(Debug, Clone, Copy)]
 pub struct EngineSpec {
     pub capacity_blocks: usize,
+    /// The CPU tier's blocks (0: none).
+    pub cpu_capacity_blocks: usize,
     pub block_tokens: u32,
     /// Requests it runs at once.
     pub slots: usize,
@@ -147,6 +163,7 @@ impl Publisher {
 
 struct State {
     cache: LruCache,
+    cpu: Option<LruCache>,
     events: Option<Publisher>,
     published: u64,
 }
@@ -185,11 +202,26 @@ impl Conversation {
     }
 }
 
+/// The leading blocks of a prompt an engine holds: on GPU, and continuing from CPU
+/// (cumulative: `cpu >= gpu`, the blocks loaded rather than prefilled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Held {
+    pub gpu: u32,
+    pub cpu: u32,
+}
+
 /// What serving one request came to.
 #[derive(Debug, Clone, Copy)]
 pub struct Served {
-    /// Prompt blocks the engine held when the prefill started.
+    /// Prompt blocks the engine held (any tier) when the prefill started.
     pub reused_blocks: u32,
+    /// Of those, the blocks loaded from CPU.
+    pub from_cpu: u32,
+    /// Arrival to the first token: the wait for a slot, then loading and prefill.
+    pub ttft: Duration,
+    /// The time model's loading and prefill alone (no wait): what the choice of engine
+    /// cost, free of queues and of this machine's timing.
+    pub prefill: Duration,
     /// Arrival to completion.
     pub e2e: Duration,
 }
@@ -221,6 +253,7 @@ impl Engine {
             slots: Semaphore::new(spec.slots),
             state: Mutex::new(State {
                 cache: LruCache::new(spec.capacity_blocks),
+                cpu: cpu_tier(spec),
                 events,
                 published: 0,
             }),
@@ -231,44 +264,64 @@ impl Engine {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The blocks of `chain` this engine holds now (what an oracle reads).
-    pub fn reusable(&self, chain: &[u64]) -> u32 {
-        self.state().cache.reusable(chain) as u32
+    /// The leading blocks of `chain` this engine holds now, by tier (what an oracle
+    /// reads).
+    pub fn held(&self, chain: &[u64]) -> Held {
+        self.state().held(chain)
     }
 
-    /// Admits `chain` (of `tokens`) and publishes what that stored and evicted.
-    pub fn admit(&self, chain: &[u64], tokens: &[u32]) -> u32 {
+    /// The blocks of `chain` this engine can reuse now from any tier.
+    pub fn reusable(&self, chain: &[u64]) -> u32 {
+        self.held(chain).cpu
+    }
+
+    /// Admits `chain` (of `tokens`) to the GPU cache, and offloads it to the CPU tier,
+    /// publishing what that stored and evicted; what was held before.
+    pub fn admit(&self, chain: &[u64], tokens: &[u32]) -> Held {
         let mut st = self.state();
-        let reused = st.cache.reusable(chain) as u32;
-        let admitted = st.cache.admit(chain);
-        let events = self.events(&admitted, chain, tokens);
+        let held = st.held(chain);
+        let on_gpu = st.cache.admit(chain);
+        let mut events = self.events(&on_gpu, Medium::Gpu, chain, tokens);
+        if let Some(cpu) = st.cpu.as_mut() {
+            let on_cpu = cpu.admit(chain);
+            events.extend(self.events(&on_cpu, Medium::Cpu, chain, tokens));
+        }
         if let (Some(p), false) = (st.events.as_mut(), events.is_empty()) {
             p.publish(events);
             st.published += 1;
         }
-        reused
+        held
     }
 
-    /// The engine's events for one admission: a store per new run (engine hashes, the
-    /// parent's, the run's tokens), one removal for what was evicted.
-    fn events(&self, admitted: &Admitted, chain: &[u64], tokens: &[u32]) -> Vec<EngineEvent> {
+    /// The engine's events for one admission to one tier: a store per new run (engine
+    /// hashes, the parent's, the run's tokens), one removal for what was evicted.
+    fn events(
+        &self,
+        admitted: &Admitted,
+        medium: Medium,
+        chain: &[u64],
+        tokens: &[u32],
+    ) -> Vec<EngineEvent> {
         let bt = self.spec.block_tokens as usize;
         let mut events: Vec<EngineEvent> = admitted
             .stored
             .iter()
             .map(|&(start, len)| {
                 let (s, e) = (start as usize, (start + len) as usize);
-                EngineEvent::Stored(Stored::plain(
-                    chain[s..e].iter().map(|&h| engine_hash(h)).collect(),
-                    s.checked_sub(1).map(|p| engine_hash(chain[p])),
-                    tokens[s * bt..e * bt].to_vec(),
-                    self.spec.block_tokens,
-                ))
+                EngineEvent::Stored(Stored {
+                    medium,
+                    ..Stored::plain(
+                        chain[s..e].iter().map(|&h| engine_hash(h)).collect(),
+                        s.checked_sub(1).map(|p| engine_hash(chain[p])),
+                        tokens[s * bt..e * bt].to_vec(),
+                        self.spec.block_tokens,
+                    )
+                })
             })
             .collect();
         if !admitted.evicted.is_empty() {
             let evicted = admitted.evicted.iter().map(|&h| engine_hash(h)).collect();
-            events.push(EngineEvent::Removed(Removed::new(evicted, Medium::Gpu, 0)));
+            events.push(EngineEvent::Removed(Removed::new(evicted, medium, 0)));
         }
         events
     }
@@ -283,16 +336,23 @@ impl Engine {
         arrival: Instant,
     ) -> Served {
         let _slot = self.slots.acquire().await.expect("slots are never closed");
-        let reused = self.admit(&conversation.chain, &conversation.tokens);
+        let held = self.admit(&conversation.chain, &conversation.tokens);
         let uncached = conversation
             .tokens
             .len()
-            .saturating_sub(reused as usize * self.spec.block_tokens as usize);
-        tokio::time::sleep(self.spec.time.work(uncached, output.len())).await;
+            .saturating_sub(held.cpu as usize * self.spec.block_tokens as usize);
+        let from_cpu = held.cpu - held.gpu;
+        let prefill = self.spec.time.prefill(uncached, from_cpu);
+        tokio::time::sleep(prefill).await;
+        let ttft = arrival.elapsed();
+        tokio::time::sleep(self.spec.time.decode(output.len())).await;
         conversation.extend(output);
         self.admit(&conversation.chain, &conversation.tokens);
         Served {
-            reused_blocks: reused,
+            reused_blocks: held.cpu,
+            from_cpu,
+            ttft,
+            prefill,
             e2e: arrival.elapsed(),
         }
     }
@@ -318,6 +378,7 @@ impl Engine {
     pub fn restart(&self, ctx: &zmq::Context, to: Option<&EventsTo>) -> anyhow::Result<()> {
         let mut st = self.state();
         st.cache = LruCache::new(self.spec.capacity_blocks);
+        st.cpu = cpu_tier(&self.spec);
         if let Some(to) = to {
             st.events = None; // closes the old sockets
                               // libzmq releases the old replay port in its I/O thread, a moment later.
@@ -339,6 +400,24 @@ impl Engine {
     pub fn published(&self) -> u64 {
         self.state().published
     }
+}
+
+impl State {
+    fn held(&self, chain: &[u64]) -> Held {
+        let gpu = self.cache.reusable(chain);
+        let from_cpu = self
+            .cpu
+            .as_ref()
+            .map_or(0, |cpu| cpu.reusable(&chain[gpu..]));
+        Held {
+            gpu: gpu as u32,
+            cpu: (gpu + from_cpu) as u32,
+        }
+    }
+}
+
+fn cpu_tier(spec: &EngineSpec) -> Option<LruCache> {
+    (spec.cpu_capacity_blocks > 0).then(|| LruCache::new(spec.cpu_capacity_blocks))
 }
 
 /// The engine's own hash of a block: unrelated to kvix's keys, as a real engine's are;

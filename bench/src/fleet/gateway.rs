@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kvix_client::pick::Picker;
 use kvix_client::{Client, QueryOptions, QueryOutcome};
 use kvix_engine::{Engine as Index, Ks};
-use kvix_wire::{Feed, Keyspace, Lane, WorkerId};
+use kvix_wire::{Depths, Feed, Keyspace, Lane, TierWeights, WorkerId};
 
 use super::engine::Engine;
 use super::{Fleet, Leg};
@@ -31,10 +31,12 @@ enum Knowledge {
     Kvix {
         client: Client,
         placements: bool,
+        /// What a block from CPU is worth against one on GPU, for this leg's pick.
+        weights: TierWeights,
     },
     Local(Box<Mutex<LocalIndex>>),
-    /// Every engine's cache, read directly, with no lag.
-    Oracle,
+    /// Every engine's cache, read directly, with no lag, weighed by the time model.
+    Oracle(TierWeights),
     RoundRobin(AtomicUsize),
 }
 
@@ -42,8 +44,8 @@ enum Knowledge {
 #[derive(Debug, Clone, Copy)]
 pub struct Routed {
     pub engine: usize,
-    /// Reusable blocks the gateway expected on that engine (None: round robin has no
-    /// expectation).
+    /// Reusable blocks (any tier) the gateway expected on that engine (None: round robin
+    /// has no expectation).
     pub predicted: Option<u32>,
     pub lookup: Duration,
     /// Why the index did not help (`QueryOutcome::kind`: timeout, disconnected,
@@ -71,9 +73,13 @@ impl Gateway {
         let capacity_blocks = u64::from(fleet.cfg.workload.capacity_blocks);
         let n = engines.len();
         let knowledge = match leg {
-            Leg::Events | Leg::Placements => Knowledge::Kvix {
+            Leg::Events | Leg::EventsJoint | Leg::Placements => Knowledge::Kvix {
                 client: client.ok_or_else(|| anyhow::anyhow!("the {leg:?} leg asks kvix"))?,
                 placements: leg == Leg::Placements,
+                weights: match leg {
+                    Leg::EventsJoint => TierWeights::JOINT,
+                    _ => fleet.tier_weights(),
+                },
             },
             Leg::Local => {
                 let mut index = Index::new(block_tokens);
@@ -99,7 +105,7 @@ impl Gateway {
                     engine_of,
                 })))
             }
-            Leg::Oracle => Knowledge::Oracle,
+            Leg::Oracle => Knowledge::Oracle(fleet.tier_weights()),
             Leg::RoundRobin => Knowledge::RoundRobin(AtomicUsize::new(g)),
         };
         Ok(Gateway {
@@ -117,74 +123,95 @@ impl Gateway {
     /// leg's knowledge comes from (a placement); `tie` orders equal engines.
     pub async fn route(&self, chain: &[u64], tie: u64) -> Routed {
         let started = Instant::now();
-        let (scores, degraded): (Vec<(WorkerId, u32)>, Option<&'static str>) = match &self.knowledge
-        {
-            Knowledge::Kvix { client, .. } => {
-                let outcome = client
-                    .query_chain(&self.keyspace, chain, &QueryOptions::default())
-                    .await;
-                let degraded = match outcome {
-                    QueryOutcome::Scores(_) | QueryOutcome::Empty => None,
-                    ref other => Some(other.kind()),
-                };
-                let scores = match outcome {
-                    QueryOutcome::Scores(s) => s
+        // (engine, reuse weighed by tier, joint depth) for the engines that hold some.
+        let (scores, degraded): (Vec<(WorkerId, f64, u32)>, Option<&'static str>) =
+            match &self.knowledge {
+                Knowledge::Kvix {
+                    client, weights, ..
+                } => {
+                    let opts = QueryOptions {
+                        weights: Some(*weights),
+                        ..QueryOptions::default()
+                    };
+                    let outcome = client.query_chain(&self.keyspace, chain, &opts).await;
+                    let degraded = match outcome {
+                        QueryOutcome::Scores(_) | QueryOutcome::Empty => None,
+                        ref other => Some(other.kind()),
+                    };
+                    let scores = match outcome {
+                        QueryOutcome::Scores(s) => s
+                            .iter()
+                            .filter_map(|s| {
+                                let i = self.engine_of_name.get(s.name.as_deref()?)?;
+                                Some((*i as WorkerId, s.reuse, s.blocks))
+                            })
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    (scores, degraded)
+                }
+                Knowledge::Local(local) => {
+                    let mut l = local.lock().unwrap_or_else(|e| e.into_inner());
+                    let ks = l.ks;
+                    let answer = l.index.query(ks, chain, None, 0, false);
+                    let scores = answer
+                        .scores
                         .iter()
-                        .filter_map(|s| {
-                            let i = self.engine_of_name.get(s.name.as_deref()?)?;
-                            Some((*i as WorkerId, s.blocks))
+                        .filter_map(|&(id, b)| {
+                            Some((*l.engine_of.get(&id)? as WorkerId, f64::from(b), b))
                         })
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                (scores, degraded)
-            }
-            Knowledge::Local(local) => {
-                let mut l = local.lock().unwrap_or_else(|e| e.into_inner());
-                let ks = l.ks;
-                let answer = l.index.query(ks, chain, None, 0, false);
-                let scores = answer
-                    .scores
-                    .iter()
-                    .filter_map(|&(id, b)| Some((*l.engine_of.get(&id)? as WorkerId, b)))
-                    .collect();
-                (scores, None)
-            }
-            Knowledge::Oracle => {
-                let scores = self
-                    .engines
-                    .iter()
-                    .enumerate()
-                    .map(|(i, e)| (i as WorkerId, e.reusable(chain)))
-                    .filter(|&(_, b)| b > 0)
-                    .collect();
-                (scores, None)
-            }
-            Knowledge::RoundRobin(next) => {
-                let engine = next.fetch_add(1, Ordering::Relaxed) % self.engines.len();
-                return Routed {
-                    engine,
-                    predicted: None,
-                    lookup: started.elapsed(),
-                    degraded: None,
-                };
-            }
-        };
+                        .collect();
+                    (scores, None)
+                }
+                Knowledge::Oracle(weights) => {
+                    let scores = self
+                        .engines
+                        .iter()
+                        .enumerate()
+                        .map(|(i, e)| {
+                            let held = e.held(chain);
+                            let depths = Depths {
+                                gpu: held.gpu,
+                                cpu: held.cpu,
+                                storage: held.cpu,
+                            };
+                            (i as WorkerId, depths.weighed(weights), held.cpu)
+                        })
+                        .filter(|&(_, _, b)| b > 0)
+                        .collect();
+                    (scores, None)
+                }
+                Knowledge::RoundRobin(next) => {
+                    let engine = next.fetch_add(1, Ordering::Relaxed) % self.engines.len();
+                    return Routed {
+                        engine,
+                        predicted: None,
+                        lookup: started.elapsed(),
+                        degraded: None,
+                    };
+                }
+            };
         let lookup = started.elapsed();
         let load: Vec<u32> = self
             .inflight
             .iter()
             .map(|l| l.load(Ordering::Relaxed))
             .collect();
-        let picked = self
-            .picker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pick(scores, &load, self.alpha, tie);
+        let picked = self.picker.lock().unwrap_or_else(|e| e.into_inner()).pick(
+            scores.iter().map(|&(w, r, _)| (w, r)),
+            &load,
+            self.alpha,
+            tie,
+        );
+        let joint = scores
+            .iter()
+            .find(|&&(w, _, _)| w as usize == picked.index)
+            .map_or(0, |&(_, _, b)| b);
         match &self.knowledge {
             Knowledge::Kvix {
                 client,
                 placements: true,
+                ..
             } => {
                 let name = self.engines[picked.index].name.as_str();
                 client.publish_placement(name, &self.keyspace, chain.to_vec());
@@ -199,8 +226,7 @@ impl Gateway {
         }
         Routed {
             engine: picked.index,
-            // The scores picked from are whole blocks here.
-            predicted: Some(picked.reuse as u32),
+            predicted: Some(joint),
             lookup,
             degraded,
         }

@@ -6,7 +6,8 @@
 //! wait for slots, prefill and decode take their modelled time, events take the wire.
 //!
 //! Legs, on the same workload (sessions, contents, gateway choices and think times are
-//! drawn per session from the seed): `events` (kvix fed by the engines' events),
+//! drawn per session from the seed): `events` (kvix fed by the engines' events; with a
+//! CPU tier, `events-joint` picks by the joint depth instead of the tier-weighed one),
 //! `placements` (kvix fed by the gateways' placements), `local` (each gateway's own
 //! index of its own placements, the incumbent), `round-robin`, and `oracle` (every
 //! engine's cache read directly at routing time, no lag: the ceiling).
@@ -24,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use kvix_client::{Addr, Client, ClientConfig, QueryOptions, QueryOutcome};
-use kvix_wire::{Feed, Keyspace, Lane};
+use kvix_wire::{Depths, Feed, Keyspace, Lane, TierWeights};
 use serde::{Deserialize, Serialize};
 
 use crate::rng::Rng;
@@ -39,8 +40,12 @@ use server::{free_port, Redis, Server};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Leg {
-    /// kvix, fed by the engines' KV events.
+    /// kvix, fed by the engines' KV events; the pick weighs CPU blocks by the time model
+    /// (a block loaded costs `cpu_load_us_per_block`, one recomputed its tokens' prefill).
     Events,
+    /// kvix, fed by the engines' KV events; the pick counts a CPU block as a GPU one
+    /// (the joint depth, as a v4 answer ranks).
+    EventsJoint,
     /// kvix, fed by the gateways' placements.
     Placements,
     /// Each gateway's own index of its own placements.
@@ -145,6 +150,16 @@ pub struct LegResult {
     /// With `gateway-restart`: the follow-up hit of the restarted gateway's requests
     /// after its restart.
     pub cold_gateway_followup_hit: Option<f64>,
+    /// Of the follow-ups' prompt blocks, the share loaded from the CPU tier.
+    pub followup_cpu_share: f64,
+    /// Follow-ups' time to first token (slot wait, loading, prefill), measured.
+    pub followup_ttft_mean_ms: f64,
+    pub followup_ttft_p90_ms: f64,
+    /// Follow-ups' loading and prefill alone, from the time model (no queues, no clock):
+    /// what the choices of engine cost.
+    pub followup_prefill_mean_ms: f64,
+    /// `followup_ttft_mean_ms` over the oracle leg's in the same run.
+    pub ttft_vs_oracle: Option<f64>,
     pub wall_s: f64,
 }
 
@@ -162,6 +177,9 @@ struct Acc {
     errors: Vec<u64>,
     lookups_ns: Vec<u64>,
     e2e_us: Vec<u64>,
+    fu_cpu: Ratio,
+    fu_ttft_us: Vec<u64>,
+    fu_prefill_us: Vec<u64>,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -185,6 +203,13 @@ impl Ratio {
             self.hit as f64 / self.of as f64
         }
     }
+}
+
+fn mean(v: &[u64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.iter().sum::<u64>() as f64 / v.len() as f64
 }
 
 fn percentile(v: &mut [u64], q: f64) -> u64 {
@@ -227,6 +252,22 @@ fn host(i: u32) -> String {
 }
 
 impl Fleet {
+    /// What a block loaded from CPU is worth against one on GPU under the time model:
+    /// 1 − load / recompute (0.9 for 80 µs against 16 × 50 µs).
+    fn tier_weights(&self) -> TierWeights {
+        let w = &self.cfg.workload;
+        let recompute = f64::from(w.block_tokens) * w.prefill_us_per_token;
+        let cpu = if recompute > 0.0 {
+            (1.0 - w.cpu_load_us_per_block / recompute).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        TierWeights {
+            cpu: cpu as f32,
+            storage: 0.0,
+        }
+    }
+
     fn addrs(&self) -> Vec<String> {
         let servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
         servers.iter().map(|s| s.addr.clone()).collect()
@@ -249,7 +290,9 @@ impl Fleet {
 
     async fn gateway(&self, g: usize) -> anyhow::Result<Gateway> {
         let client = match self.leg {
-            Leg::Events | Leg::Placements => Some(self.client(format!("gateway-{g}"), None).await?),
+            Leg::Events | Leg::EventsJoint | Leg::Placements => {
+                Some(self.client(format!("gateway-{g}"), None).await?)
+            }
             _ => None,
         };
         Gateway::new(g, self, client)
@@ -337,6 +380,9 @@ impl Fleet {
                     acc.first.add(hit, of);
                 } else {
                     acc.fu.add(hit, of);
+                    acc.fu_cpu.add(u64::from(served.from_cpu), of);
+                    acc.fu_ttft_us.push(served.ttft.as_micros() as u64);
+                    acc.fu_prefill_us.push(served.prefill.as_micros() as u64);
                     if cold {
                         acc.cold.add(hit, of);
                     }
@@ -371,17 +417,17 @@ impl Fleet {
         }
     }
 
-    /// kvix's score of `chain` for every engine, as `client` answers.
-    async fn said(&self, client: &Client, chain: &[u64]) -> Vec<u32> {
+    /// kvix's depths of `chain` for every engine, as `client` answers.
+    async fn said(&self, client: &Client, chain: &[u64]) -> Vec<Depths> {
         let opts = QueryOptions {
             deadline: Some(Duration::from_millis(500)),
             ..Default::default()
         };
-        let mut said = vec![0u32; self.engines.len()];
+        let mut said = vec![Depths::default(); self.engines.len()];
         if let QueryOutcome::Scores(s) = client.query_chain(&self.keyspace, chain, &opts).await {
             for s in s {
                 if let Some(&i) = s.name.and_then(|n| self.engine_of_name.get(&n)) {
-                    said[i] = s.blocks;
+                    said[i] = s.tiers;
                 }
             }
         }
@@ -412,15 +458,18 @@ impl Fleet {
         }
     }
 
-    /// (session, engine) pairs where kvix's score of the conversation is not what the
-    /// engine holds.
+    /// (session, engine) pairs where kvix's depths of the conversation, tier by tier,
+    /// are not what the engine holds.
     async fn audit(&self, control: &Client) -> u64 {
         self.until_none(|fleet, chain| async move {
             let said = fleet.said(control, &chain).await;
             let engines = fleet.engines.iter();
             engines
                 .zip(&said)
-                .filter(|(e, &b)| e.reusable(&chain) != b)
+                .filter(|(e, d)| {
+                    let held = e.held(&chain);
+                    (held.gpu, held.cpu, held.cpu) != (d.gpu, d.cpu, d.storage)
+                })
                 .count() as u64
         })
         .await
@@ -492,7 +541,8 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         "--block-size".into(),
         cfg.workload.block_tokens.to_string(),
     ];
-    let kvix = matches!(leg, Leg::Events | Leg::Placements);
+    let kvix = matches!(leg, Leg::Events | Leg::EventsJoint | Leg::Placements);
+    let by_events = matches!(leg, Leg::Events | Leg::EventsJoint);
     let replicas = if kvix { cfg.replicas.max(1) } else { 0 };
     let needs_replicas = matches!(cfg.chaos, Some(Chaos::ReplicaRestart | Chaos::RedisPause));
     anyhow::ensure!(
@@ -501,11 +551,11 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         cfg.chaos
     );
     anyhow::ensure!(
-        leg != Leg::Events || replicas < 2,
+        !by_events || replicas < 2,
         "the events leg runs one server: engines that connect (--events-bind) are not served with --log"
     );
-    let events_to = match leg {
-        Leg::Events => {
+    let events_to = match by_events {
+        true => {
             let (bind, replay_port) = (free_port()?, free_port()?);
             args.extend([
                 "--events-bind".into(),
@@ -519,7 +569,7 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
                 model: MODEL.into(),
             })
         }
-        _ => None,
+        false => None,
     };
     let redis = (replicas > 1).then(Redis::start).transpose()?;
     if let Some(r) = &redis {
@@ -533,11 +583,13 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let spec = EngineSpec {
         capacity_blocks: cfg.workload.capacity_blocks as usize,
+        cpu_capacity_blocks: cfg.workload.cpu_capacity_blocks as usize,
         block_tokens: cfg.workload.block_tokens,
         slots: cfg.slots as usize,
         time: TimeModel {
             prefill_us_per_token: cfg.workload.prefill_us_per_token,
             decode_ms_per_token: cfg.workload.decode_ms_per_token,
+            cpu_load_us_per_block: cfg.workload.cpu_load_us_per_block,
         },
     };
     let engines = (0..cfg.engines)
@@ -696,6 +748,11 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         replicas_differ,
         cold_gateway_followup_hit: (cfg.chaos == Some(Chaos::GatewayRestart))
             .then(|| acc.cold.value()),
+        followup_cpu_share: acc.fu_cpu.value(),
+        followup_ttft_mean_ms: mean(&acc.fu_ttft_us) / 1e3,
+        followup_ttft_p90_ms: percentile(&mut acc.fu_ttft_us, 0.9) as f64 / 1e3,
+        followup_prefill_mean_ms: mean(&acc.fu_prefill_us) / 1e3,
+        ttft_vs_oracle: None,
         wall_s: started.elapsed().as_secs_f64(),
     })
 }
@@ -706,13 +763,14 @@ pub async fn run(cfg: &FleetConfig, legs: &[Leg]) -> anyhow::Result<Vec<LegResul
     for &leg in legs {
         results.push(run_leg(cfg, leg).await?);
     }
-    if let Some(oracle) = results
+    if let Some((hit, ttft)) = results
         .iter()
         .find(|r| r.leg == Leg::Oracle)
-        .map(|r| r.followup_hit)
+        .map(|r| (r.followup_hit, r.followup_ttft_mean_ms))
     {
         for r in &mut results {
-            r.vs_oracle = (oracle > 0.0).then(|| r.followup_hit / oracle);
+            r.vs_oracle = (hit > 0.0).then(|| r.followup_hit / hit);
+            r.ttft_vs_oracle = (ttft > 0.0).then(|| r.followup_ttft_mean_ms / ttft);
         }
     }
     Ok(results)
