@@ -132,6 +132,11 @@ impl BlockingClient {
         self.client().publish_placement(worker, keyspace, chain)
     }
 
+    /// See [`Client::report_reuse`].
+    pub fn report_reuse(&self, sample: crate::ReuseSample) -> bool {
+        self.client().report_reuse(sample)
+    }
+
     /// See [`Client::stats`].
     pub fn stats(&self) -> Result<Stats, ClientError> {
         self.on(self.client().stats())

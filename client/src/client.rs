@@ -39,6 +39,7 @@ impl Client {
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
         config.validate()?;
         let (ptx, prx) = mpsc::channel(config.placement_queue);
+        let (rtx, rrx) = mpsc::channel(config.placement_queue);
         let slots = config
             .servers
             .iter()
@@ -59,6 +60,7 @@ impl Client {
             registry: Mutex::new(Vec::new()),
             counters: Arc::new(Counters::new()),
             placements: ptx,
+            reuse: rtx,
             sent_placements: Default::default(),
             unresolved: Mutex::default(),
             names_wanted: Default::default(),
@@ -69,6 +71,7 @@ impl Client {
             tokio::spawn(supervise(shared.clone(), i));
         }
         tokio::spawn(pump_placements(shared.clone(), prx));
+        tokio::spawn(crate::reuse::pump_reuse(shared.clone(), rrx));
         let client = Client {
             _guard: Arc::new(Guard(shared.clone())),
             shared,

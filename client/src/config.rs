@@ -107,8 +107,8 @@ pub struct ClientConfig {
     pub reconnect_min: Duration,
     /// Cap of the exponential reconnect delay. Default 1 s.
     pub reconnect_max: Duration,
-    /// Placements waiting to be sent; when full, new ones are dropped and counted.
-    /// Default 4096.
+    /// Placements waiting to be sent (and, apart, reuse reports); when full, new ones
+    /// are dropped and counted. Default 4096.
     pub placement_queue: usize,
     /// Spin (checking for the reply) this long before parking the waiting task:
     /// trades a core's time for a shorter wake-up. `None` (default): park at once.

@@ -37,6 +37,10 @@ pub(crate) struct Atomics {
     pub hedges: AtomicU64,
     pub hedges_won: AtomicU64,
     pub failovers: AtomicU64,
+    pub reuse_reports_sent: AtomicU64,
+    pub reuse_unreported: AtomicU64,
+    pub reuse_drops: AtomicU64,
+    pub reuse_unsent: AtomicU64,
 }
 
 pub(crate) struct Counters {
@@ -68,6 +72,10 @@ impl Counters {
                 1
             }
         }
+    }
+
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Relaxed);
     }
 
     pub fn bump(c: &AtomicU64) {
@@ -118,6 +126,10 @@ impl Counters {
             late_replies: g(&n.late_replies),
             hedges: g(&n.hedges),
             hedges_won: g(&n.hedges_won),
+            reuse_reports_sent: g(&n.reuse_reports_sent),
+            reuse_unreported: g(&n.reuse_unreported),
+            reuse_drops: g(&n.reuse_drops),
+            reuse_unsent: g(&n.reuse_unsent),
             failovers: g(&n.failovers),
             latency_ns: self
                 .latency
@@ -202,6 +214,14 @@ pub struct CountersSnapshot {
     /// Queries sent again to the next server because the connection they were waiting
     /// on was lost before the answer.
     pub failovers: u64,
+    /// Reuse reports sent to a server ([`crate::Client::report_reuse`]).
+    pub reuse_reports_sent: u64,
+    /// Reuse samples without the engine's figure: not reports.
+    pub reuse_unreported: u64,
+    /// Reuse reports dropped because the queue was full.
+    pub reuse_drops: u64,
+    /// Reuse reports dequeued but not sent: no server up, or a send failed.
+    pub reuse_unsent: u64,
     /// Query latency in nanoseconds, every outcome included.
     pub latency_ns: Histogram<u64>,
 }
@@ -228,6 +248,8 @@ impl fmt::Debug for CountersSnapshot {
             .field("handshake_refusals", &self.handshake_refusals)
             .field("malformed_replies", &self.malformed_replies)
             .field("late_replies", &self.late_replies)
+            .field("reuse_reports_sent", &self.reuse_reports_sent)
+            .field("reuse_drops", &self.reuse_drops)
             .field("hedges", &self.hedges)
             .field("hedges_won", &self.hedges_won)
             .field("failovers", &self.failovers)

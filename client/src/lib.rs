@@ -56,6 +56,8 @@ mod control;
 mod counters;
 mod error;
 mod placements;
+mod reuse;
+pub use reuse::ReuseSample;
 mod query;
 mod roster;
 mod shared;

@@ -48,7 +48,7 @@ pub fn pick<N: AsRef<str>>(
         scores
             .iter()
             .find(|s| s.name.as_deref() == Some(name))
-            .map_or(0.0, |s| s.reuse)
+            .map_or(0.0, |s| s.expected_reuse())
     };
     let mut best: Option<(Key, Picked)> = None;
     for (index, (name, load)) in workers.iter().enumerate() {

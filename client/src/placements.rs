@@ -73,6 +73,12 @@ impl Sent {
         id
     }
 
+    /// An id in the same space for another fire-and-forget request (a reuse report)
+    /// that is not kept for a retry.
+    pub(crate) fn fresh_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Relaxed)
+    }
+
     fn take(&self, id: u64) -> Option<PlacementReq> {
         let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         let at = recent.iter().position(|(i, _)| *i == id)?;

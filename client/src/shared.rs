@@ -74,6 +74,7 @@ pub(crate) struct Shared {
     pub(crate) registry: Mutex<Vec<Announce>>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) placements: mpsc::Sender<PlacementReq>,
+    pub(crate) reuse: mpsc::Sender<crate::reuse::ReuseSample>,
     /// Placements sent lately, by request id, for a retry should a server refuse one.
     pub(crate) sent_placements: crate::placements::Sent,
     /// Names a placement was refused for (not in the roster learnt): the servers'

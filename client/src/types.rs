@@ -99,6 +99,17 @@ pub struct WorkerScore {
 }
 
 impl WorkerScore {
+    /// [`WorkerScore::reuse`] as a pick should weigh it: halved for a worker whose
+    /// engine's reports say kvix predicts more than it keeps
+    /// ([`SuspectCause::EventsLagging`]: its prefix may be gone by the time the request
+    /// arrives); the other causes say kvix predicts less, which no pick can make up.
+    pub fn expected_reuse(&self) -> f64 {
+        match self.suspect {
+            Some(SuspectCause::EventsLagging) => self.reuse / 2.0,
+            _ => self.reuse,
+        }
+    }
+
     /// A score whose blocks are all on GPU (tests, and answers built by hand).
     pub fn on_gpu(worker: WorkerId, name: Option<Arc<str>>, blocks: u32) -> Self {
         WorkerScore {

@@ -293,6 +293,15 @@ impl Executor {
             a.history_lost.extend(lost);
             a.history_lost.sort_unstable();
         }
+        a.suspect.clear();
+        if crate::reuse::SUSPECT.any() {
+            let suspect = a
+                .scores
+                .iter()
+                .filter_map(|&(w, _)| Some((w, crate::reuse::SUSPECT.of(w)?)));
+            a.suspect.extend(suspect);
+            a.suspect.sort_unstable_by_key(|&(w, _)| w);
+        }
         let outcome = if !answer.scores.is_empty() {
             QueryOutcome::Hit
         } else if answer.unscorable > 0 {

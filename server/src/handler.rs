@@ -13,7 +13,7 @@ use kvix_wire::{
 use crate::executor::Executor;
 use crate::failure::Failure;
 use crate::mesh::LocalFuture;
-use crate::metrics::{ExecutorMetrics, Rejected};
+use crate::metrics::Rejected;
 use crate::query;
 use crate::write::{route_write, Origin};
 use crate::write::{FrameBytes, Outcome, Write};
@@ -31,6 +31,8 @@ pub struct Session {
     /// The client's address (None on the Unix socket).
     pub peer: Option<std::net::IpAddr>,
     pub hello: bool,
+    /// Who the client is to the reuse verdicts: its Hello's name and its address.
+    pub client: Option<std::sync::Arc<str>>,
     /// Set when the reply being sent is the last one on this connection.
     pub closing: bool,
 }
@@ -160,7 +162,7 @@ pub fn handle(
             Ok(asked) => ex.query(&asked, |a| bounded(ex, id, frame(id, &a.to_tiered()))),
             Err(f) => failure_frame(id, f),
         }),
-        MessageRef::ReuseReport(r) => Reply::Now(reuse(ex, id, r)),
+        MessageRef::ReuseReport(r) => Reply::Now(reuse(ex, session, id, r)),
         MessageRef::StatsRequest(_) => stats(ex, id),
         MessageRef::RosterRequest(r) => Reply::Now(roster(ex, id, r)),
         MessageRef::Echo(e) => echo(ex, id, e.reply_len.to_native()),
@@ -197,10 +199,34 @@ fn bounded(ex: &Executor, id: ReplyTo, bytes: AlignedVec) -> AlignedVec {
     )
 }
 
-/// Counts a gateway's reuse reports (what the engines say they reused); the verdicts
-/// drawn from them are not built yet, so the reports are counted and acknowledged.
-fn reuse(ex: &Executor, id: ReplyTo, r: &kvix_wire::ArchivedReuseReport) -> AlignedVec {
-    ExecutorMetrics::add(&ex.metrics().reuse_reports, r.reports.len() as u64);
+/// Takes a gateway's reuse reports (what the engines say they reused) into the
+/// verdicts ([`crate::reuse`]), judged against this executor's roster.
+fn reuse(
+    ex: &Executor,
+    session: &Session,
+    id: ReplyTo,
+    r: &kvix_wire::ArchivedReuseReport,
+) -> AlignedVec {
+    let reports: Vec<crate::reuse::Report> = r
+        .reports
+        .iter()
+        .map(|r| crate::reuse::Report {
+            worker: r.worker.to_native(),
+            predicted: r.predicted_tokens.as_ref().map(|p| p.to_native()),
+            cached: r.cached_tokens.to_native(),
+            prompt: r.prompt_tokens.to_native(),
+        })
+        .collect();
+    let core = ex.core();
+    let kind = |w| {
+        let entry = core.roster().get(w)?;
+        Some(crate::reuse::WorkerKind {
+            event_fed: matches!(entry.feed, kvix_wire::Feed::Events),
+            history_lost: crate::ingest::states::LOST.contains(w),
+        })
+    };
+    let client = session.client.as_deref().unwrap_or("unknown");
+    crate::reuse::take(client, &reports, ex.settings().index.block_size, &kind);
     frame(id, &kvix_wire::Ack {})
 }
 
@@ -330,6 +356,10 @@ fn hello(ex: &Executor, session: &mut Session, id: ReplyTo, h: &ArchivedHello) -
         ));
     }
     session.hello = true;
+    session.client = Some(match session.peer {
+        Some(ip) => format!("{}@{ip}", h.client.as_str()).into(),
+        None => format!("{}@local", h.client.as_str()).into(),
+    });
     tracing::debug!(client = %h.client.as_str(), "hello");
     Reply::Now(frame(
         id,

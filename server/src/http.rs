@@ -1,4 +1,5 @@
-//! The metrics endpoint: `GET /metrics` (Prometheus text) and `GET /healthz`, HTTP/1.1
+//! The metrics endpoint: `GET /metrics` (Prometheus text), `GET /healthz` and `GET /reuse`
+//! (the reuse verdicts, JSON: [`crate::reuse::view`]), HTTP/1.1
 //! with `Connection: close`. Served by executor 0; it reads the executors' atomics only.
 //! Bounded: 64 scrapes at once, 8 KiB requests, 5 s per scrape; 8 more connections are
 //! kept for `/healthz` alone, so slow scrapers never make a health check fail.
@@ -27,6 +28,7 @@ pub async fn serve_metrics(
     listener: TcpListener,
     shards: Arc<[ExecutorMetrics]>,
     replica: Option<Arc<crate::durable::replica::Replica>>,
+    ex: Rc<crate::executor::Executor>,
 ) {
     let open = Rc::new(Cell::new(0usize));
     loop {
@@ -48,7 +50,8 @@ pub async fn serve_metrics(
         }
         let health_only = open.get() >= MAX_CONNECTIONS;
         open.set(open.get() + 1);
-        let (shards, open, replica) = (shards.clone(), open.clone(), replica.clone());
+        let (shards, open, replica, ex) =
+            (shards.clone(), open.clone(), replica.clone(), ex.clone());
         glommio::spawn_local(async move {
             let _ = glommio::timer::timeout(TIMEOUT, async {
                 let mut req = Vec::with_capacity(512);
@@ -59,9 +62,19 @@ pub async fn serve_metrics(
                         Ok(n) => req.extend_from_slice(&chunk[..n]),
                     }
                 }
-                let (status, body) = respond(&req, &shards, replica.as_deref(), health_only);
+                let reuse = || {
+                    let core = ex.core();
+                    let name_of = |w| core.roster().get(w).map(|e| e.name.clone());
+                    crate::reuse::view(&name_of).to_string()
+                };
+                let (status, body) =
+                    respond(&req, &shards, replica.as_deref(), health_only, &reuse);
+                let kind = match body.starts_with('{') {
+                    true => "application/json",
+                    false => "text/plain; version=0.0.4",
+                };
                 let head = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
                 );
                 let _ = stream.write_all(head.as_bytes()).await;
@@ -81,6 +94,7 @@ fn respond(
     shards: &[ExecutorMetrics],
     replica: Option<&crate::durable::replica::Replica>,
     health_only: bool,
+    reuse: &dyn Fn() -> String,
 ) -> (&'static str, String) {
     let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
@@ -94,7 +108,8 @@ fn respond(
             "too many scrapes at once; /healthz only\n".into(),
         ),
         (Some(b"GET"), Some(b"/metrics")) => ("200 OK", metrics::render(shards, replica)),
-        (Some(b"GET"), _) => ("404 Not Found", "try /metrics or /healthz\n".into()),
+        (Some(b"GET"), Some(b"/reuse")) => ("200 OK", reuse()),
+        (Some(b"GET"), _) => ("404 Not Found", "try /metrics, /healthz or /reuse\n".into()),
         _ => ("405 Method Not Allowed", "GET only\n".into()),
     }
 }
@@ -107,31 +122,63 @@ mod tests {
     fn routes() {
         let shards = vec![ExecutorMetrics::default()];
         assert_eq!(
-            respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards, None, false).0,
+            respond(
+                b"GET /metrics HTTP/1.1\r\n\r\n",
+                &shards,
+                None,
+                false,
+                &String::new
+            )
+            .0,
             "200 OK"
         );
-        assert!(
-            respond(b"GET /metrics HTTP/1.1\r\n\r\n", &shards, None, false)
-                .1
-                .contains("kvix_queries_total")
-        );
+        assert!(respond(
+            b"GET /metrics HTTP/1.1\r\n\r\n",
+            &shards,
+            None,
+            false,
+            &String::new
+        )
+        .1
+        .contains("kvix_queries_total"));
         assert_eq!(
-            respond(b"GET /healthz HTTP/1.1\r\n\r\n", &shards, None, false).0,
+            respond(
+                b"GET /healthz HTTP/1.1\r\n\r\n",
+                &shards,
+                None,
+                false,
+                &String::new
+            )
+            .0,
             "200 OK"
         );
         assert_eq!(
-            respond(b"GET /x HTTP/1.1\r\n\r\n", &shards, None, false).0,
+            respond(
+                b"GET /x HTTP/1.1\r\n\r\n",
+                &shards,
+                None,
+                false,
+                &String::new
+            )
+            .0,
             "404 Not Found"
         );
         assert_eq!(
-            respond(b"POST /metrics HTTP/1.1\r\n\r\n", &shards, None, false).0,
+            respond(
+                b"POST /metrics HTTP/1.1\r\n\r\n",
+                &shards,
+                None,
+                false,
+                &String::new
+            )
+            .0,
             "405 Method Not Allowed"
         );
         assert_eq!(
-            respond(b"", &shards, None, false).0,
+            respond(b"", &shards, None, false, &String::new).0,
             "405 Method Not Allowed"
         );
-        let busy = |req: &[u8]| respond(req, &shards, None, true).0;
+        let busy = |req: &[u8]| respond(req, &shards, None, true, &String::new).0;
         assert_eq!(busy(b"GET /healthz HTTP/1.1\r\n\r\n"), "200 OK");
         assert_eq!(
             busy(b"GET /metrics HTTP/1.1\r\n\r\n"),

@@ -30,6 +30,7 @@ pub mod loud;
 pub mod mesh;
 pub mod metrics;
 pub mod query;
+pub mod reuse;
 pub mod rlimit;
 pub mod steering;
 pub mod tls;

@@ -89,8 +89,6 @@ crate::metric_set! {
     pub struct ExecutorMetrics {
         /// Queries answered, by outcome.
         queries: Counter Sum "kvix_queries_total" by "outcome" (&["hit", "empty", "unscorable"]),
-        /// Reuse reports taken (v5 `ReuseReport`: what engines said they reused).
-        reuse_reports: Counter Sum "kvix_reuse_reports_total",
         /// Requests on the HTTP API (`--http`), by route (`unknown`: no such path).
         http_requests: Counter Sum "kvix_http_requests_total" by "route" (&HTTP_ROUTES),
         /// Responses of the HTTP API, by status code.
@@ -240,6 +238,7 @@ pub fn render(
         shards.len() as u64,
     );
     crate::ingest::render(&mut out);
+    crate::reuse::render(&mut out);
     if let Some(r) = replica {
         crate::durable::replica::render(r, &mut out);
     }

@@ -283,6 +283,9 @@ pub struct Answer {
     /// The scored workers whose history is lost, ascending (the caller fills it: the
     /// index does not know; see `kvix_wire::Answer::history_lost`).
     pub history_lost: Vec<WorkerId>,
+    /// The scored workers under a reuse verdict, ascending, with its cause (the caller
+    /// fills it: the verdicts are the server's).
+    pub suspect: Vec<(WorkerId, kvix_wire::SuspectCause)>,
     /// The roster's [`crate::Roster::reissued`] count (the caller fills it).
     pub reissued: u32,
 }
@@ -313,7 +316,11 @@ impl Answer {
                 .map(|(&(worker, _), &tiers)| kvix_wire::TieredScore {
                     worker,
                     tiers,
-                    suspect: None,
+                    suspect: self
+                        .suspect
+                        .binary_search_by_key(&worker, |&(w, _)| w)
+                        .ok()
+                        .map(|i| self.suspect[i].1),
                 })
                 .collect(),
             unscorable: self.unscorable,

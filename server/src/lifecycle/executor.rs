@@ -174,7 +174,8 @@ fn listen(
             .map_err(|e| StartError::io("the metrics address")(e.into()))?;
         println!("kvix-server metrics on http://{bound}/metrics");
         let replica = ex.log().shared().cloned();
-        glommio::spawn_local(http::serve_metrics(l, shared.metrics.clone(), replica)).detach();
+        let serve = http::serve_metrics(l, shared.metrics.clone(), replica, ex.clone());
+        glommio::spawn_local(serve).detach();
     }
     if ex.me() == 0 && !config.listen.unix.is_empty() {
         let path = &config.listen.unix;

@@ -61,6 +61,7 @@ pub(super) async fn retire(ex0: &Rc<Executor>, worker: WorkerId) -> Result<(), F
     ex0.keep(&Write::Retire { worker }).await?;
     ex0.registry().retire(worker)?;
     ex0.ingest().retired(worker);
+    crate::reuse::forget(worker);
     ex0.queue_on(ex0.home_of(worker), move |home| forget(home, worker))
         .await
 }

@@ -207,12 +207,33 @@ impl Server {
             .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
     }
 
+    /// A connection of the client named `client`, handshake done with 16-token blocks.
+    #[allow(dead_code)]
+    pub fn session_as(&self, client: &str) -> Conn {
+        let mut c = self.connect();
+        c.hello_as(client, 16, None).expect("welcome");
+        c
+    }
+
     /// A connection that has completed the handshake with 16-token blocks.
     pub fn session(&self) -> Conn {
         let mut c = self.connect();
         let w = c.hello(16, None).expect("welcome");
         assert_eq!(w.token_block, 16);
         c
+    }
+
+    /// The body of `GET path` on the metrics port.
+    #[allow(dead_code)]
+    pub fn get_metrics_path(&self, path: &str) -> String {
+        let mut s = TcpStream::connect(self.metrics.expect("metrics enabled")).unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut response = String::new();
+        s.read_to_string(&mut response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").expect("a whole response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
     }
 
     pub fn scrape(&self) -> String {
@@ -428,8 +449,18 @@ impl Conn {
     }
 
     pub fn hello(&mut self, token_block: u32, auth: Option<&str>) -> Result<Welcome, ErrorReply> {
+        self.hello_as("test", token_block, auth)
+    }
+
+    /// A Hello naming the client `client`.
+    pub fn hello_as(
+        &mut self,
+        client: &str,
+        token_block: u32,
+        auth: Option<&str>,
+    ) -> Result<Welcome, ErrorReply> {
         let r = self.ask(&Hello {
-            client: "test".into(),
+            client: client.into(),
             token_block,
             auth: auth.map(str::to_string),
         });
