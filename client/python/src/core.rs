@@ -307,6 +307,27 @@ impl Core {
         Ok(self.client()?.publish_placement(worker, &ks, chain))
     }
 
+    /// Queues a reuse report (what the engine said it reused for a request routed to
+    /// `worker`); never blocks. False when nothing was queued: no `cached_tokens`, or
+    /// the queue was full.
+    fn report_reuse(
+        &self,
+        worker: &Bound<'_, PyAny>,
+        model: String,
+        predicted_tokens: Option<u32>,
+        cached_tokens: Option<u32>,
+        prompt_tokens: u32,
+    ) -> PyResult<bool> {
+        let worker = args::worker(worker)?;
+        Ok(self.client()?.report_reuse(kvix_client::ReuseSample {
+            worker,
+            model,
+            predicted_tokens,
+            cached_tokens,
+            prompt_tokens,
+        }))
+    }
+
     /// The prompt's chain of block hashes, as the server would index it.
     fn chain(
         &self,
@@ -358,6 +379,10 @@ impl Core {
             ("hedges", c.hedges),
             ("hedges_won", c.hedges_won),
             ("failovers", c.failovers),
+            ("reuse_reports_sent", c.reuse_reports_sent),
+            ("reuse_unreported", c.reuse_unreported),
+            ("reuse_drops", c.reuse_drops),
+            ("reuse_unsent", c.reuse_unsent),
             ("writes_refused", c.writes_refused_total()),
         ] {
             d.set_item(k, v)?;

@@ -745,3 +745,23 @@ def test_tier_weights_are_checked(server):
         kvix.Client(server.addr, tier_weights=(2.0, 0.0))
     with pytest.raises(TypeError, match="tier_weights"):
         kvix.Client(server.addr, tier_weights="heavy")
+
+
+def test_reuse_reports_flag_a_worker_the_engine_contradicts(server):
+    with kvix.Client(server.addr, name="pytest-reuse", deadline_ms=SLOW) as c:
+        a = placement_worker(c, "a")
+        p = tokens(8, salt=3)
+        placed(c, "a", p, 8)
+        held = 8 * 16
+        # No usage figure in the response: no report.
+        assert not c.report_reuse("a", MODEL, predicted_tokens=held, cached_tokens=None,
+                                  prompt_tokens=len(p) + 5)
+        # The engine keeps reusing nothing where kvix predicts 8 blocks: its placements
+        # outlive what it holds. Sixteen such reports name it.
+        for _ in range(16):
+            assert c.report_reuse(a, MODEL, predicted_tokens=held, cached_tokens=0,
+                                  prompt_tokens=len(p) + 5)
+        wait_until(lambda: c.query_tokens(MODEL, p).best.suspect == "EventsLagging",
+                   "a flagged")
+        n = c.counters()
+        assert n["reuse_reports_sent"] == 16 and n["reuse_unreported"] == 1

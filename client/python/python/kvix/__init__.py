@@ -158,6 +158,20 @@ class _Base:
         kind, prompt = _prompt(token_ids, text, messages, tokenizer)
         return self._core.publish_placement(worker, keyspace, kind, prompt)
 
+    def report_reuse(self, worker: Worker, model: str, *, predicted_tokens: Optional[int],
+                     cached_tokens: Optional[int], prompt_tokens: int) -> bool:
+        """Reports what the engine said it reused for a request routed to `worker`
+        (`usage.prompt_tokens_details.cached_tokens` of its response), against the reuse
+        the answer predicted for it in tokens (`Score.blocks` times the token block;
+        None when `worker` was not in the answer). The server judges the reports and
+        names a worker, or this gateway, whose figures disagree (docs/operations.md,
+        "Reuse verdicts"); answers then flag the worker (`Score.suspect`). Never blocks:
+        batched and sent in the background, no prompt text. `cached_tokens` None (the
+        response carried no usage figure) is no report, never 0: False, counted
+        (`reuse_unreported`); False too when the queue is full (`reuse_drops`)."""
+        return self._core.report_reuse(worker, model, predicted_tokens, cached_tokens,
+                                       prompt_tokens)
+
     def chain(self, keyspace: KeyspaceLike, token_ids: Any = None, *,
               text: Union[str, bytes, None] = None, messages: Any = None,
               tokenizer: Any = None) -> list:
