@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use kvix_bench::fleet::{self, Chaos, FleetConfig, Leg};
+use kvix_bench::fleet::{self, Chaos, FleetConfig, Leg, Misconfig};
 use kvix_bench::replay::{self, InProcess, Remote, ReplayConfig, ReplayResult};
 use kvix_bench::sim::{self, LegResult, LoadView, Regime, SimConfig};
 use kvix_bench::table::{f, Table};
@@ -186,6 +186,10 @@ struct FleetArgs {
     /// A fault halfway through the arrivals of every leg.
     #[arg(long, value_enum)]
     chaos: Option<Chaos>,
+    /// A part set up wrong for every leg, for kvix's reuse verdicts to name (the kvix
+    /// legs' gateways report every request's reuse).
+    #[arg(long, value_enum)]
+    misconfig: Option<Misconfig>,
     #[command(flatten)]
     workload: Workload,
 }
@@ -560,6 +564,7 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
         server_cores: a.server_cores,
         replicas: a.replicas,
         chaos: a.chaos,
+        misconfig: a.misconfig,
         workload: a.workload,
     };
     let legs = runtime(2)?.block_on(fleet::run(&config, &a.legs))?;
@@ -643,9 +648,25 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
                 String::new()
             } else {
                 format!("restarted gateway's follow-up hit after its restart: {}\n", cold.join(", "))
-            }
+            } + &verdicts_line(&r.legs)
         )
     })
+}
+
+/// The kvix legs' reuse verdicts: the most held at once by cause, and when a
+/// misconfigured gateway was named.
+fn verdicts_line(legs: &[fleet::LegResult]) -> String {
+    let mut out = String::new();
+    for l in legs {
+        let Some(v) = &l.verdicts else { continue };
+        let held: Vec<String> = v.iter().map(|(c, n)| format!("{c} {n}")).collect();
+        out += &format!("{} verdicts (most at once): {}", l.leg, held.join(", "));
+        if let (Some(s), Some(n)) = (l.flagged_after_s, l.flagged_after_reports) {
+            out += &format!("; gateway 0 named after {s:.1} s and {n} of its reports");
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// The default trace path: `../shared/data/…` relative to the repository root, looked up

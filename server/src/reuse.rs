@@ -1,20 +1,20 @@
 //! The closed loop: what the engines say they reused (v5 `ReuseReport`: a gateway's
 //! reports of `usage.prompt_tokens_details.cached_tokens` after routed requests) against
-//! what kvix predicted, kept per (client, worker) so that a gateway-side cause is not
-//! blamed on a worker, and turned into verdicts that name a cause.
+//! what kvix predicted, judged per client and per worker so that a gateway-side cause
+//! is not blamed on a worker, and turned into verdicts that name a cause.
 //!
 //! One report is exact within one block (the engine caps reuse below the prompt's
 //! length and rounds to its block), an over-prediction, an under-prediction, or a miss
-//! (kvix predicted nothing where the engine reused). Each (client, worker) pair keeps
-//! its last [`WINDOW`] outcomes and turns *bad* at [`RAISE`] wrong ones, *good* again at
-//! [`CLEAR`] or fewer: a verdict clears within `WINDOW - CLEAR` = 13 right reports after
-//! its cause is fixed.
+//! (kvix predicted nothing where the engine reused).
 //!
-//! - A client whose pairs are bad on at least two workers and on two thirds of those it
-//!   reports on is suspect (`GatewayTokenization`: its token ids are not the engines');
-//!   its reports then count for no worker.
-//! - A worker is suspect when at least half of its judged pairs with the other clients
-//!   are bad: `EventsMissing` (kvix predicts nothing), `Undercounted` (less than the
+//! - A client's last [`CLIENT_WINDOW`] reports name it (`GatewayTokenization`: its token
+//!   ids are not the engines') when half are wrong, about two workers or more, while
+//!   the other clients' reports are at least three quarters right; a fifth wrong or
+//!   fewer clears it. Its reports then count for no worker.
+//! - A worker's last [`WINDOW`] reports (from clients under no verdict) name it at
+//!   [`RAISE`] wrong when most of the clients in them are mostly wrong, and clear it at
+//!   [`CLEAR`] or fewer: within `WINDOW - CLEAR` = 13 right reports after its cause is
+//!   fixed. `EventsMissing` (kvix predicts nothing), `Undercounted` (less than the
 //!   engine reuses), `EventsLagging` (more). A worker whose history is lost is already
 //!   flagged for under-counting and gets no verdict; placement-fed workers only for
 //!   over-prediction (placements never learn the output an engine caches).
@@ -34,11 +34,11 @@ use kvix_wire::{SuspectCause, WorkerId};
 
 use crate::exposition::{Buckets, Exposition};
 
-/// Reports per (client, worker) judged.
+/// A worker's last reports judged together.
 pub const WINDOW: usize = 16;
-/// Wrong reports of the last [`WINDOW`] that make a pair bad.
+/// Wrong reports of the last [`WINDOW`] that name a worker.
 pub const RAISE: usize = 8;
-/// Wrong reports of the last [`WINDOW`] at or under which a bad pair is good again.
+/// Wrong reports of the last [`WINDOW`] at or under which a worker's verdict clears.
 pub const CLEAR: usize = 3;
 /// Clients tracked at once; reports of more are dropped (counted).
 pub const MAX_CLIENTS: usize = 1024;
@@ -145,60 +145,102 @@ pub struct WorkerKind {
     pub history_lost: bool,
 }
 
-/// One (client, worker) pair's last reports.
-#[derive(Debug, Default)]
-struct Pair {
-    window: VecDeque<Outcome>,
+/// The last outcomes, each with whom it is about (a worker in a client's window, a
+/// client in a worker's), and whether they add up to a verdict (kept between reports:
+/// raising and clearing have different thresholds).
+#[derive(Debug)]
+struct Window<K> {
+    last: VecDeque<(K, Outcome)>,
+    cap: usize,
     bad: bool,
 }
 
-impl Pair {
-    fn push(&mut self, o: Outcome) {
-        if self.window.len() == WINDOW {
-            self.window.pop_front();
-        }
-        self.window.push_back(o);
-        let wrong = self.wrong();
-        if !self.bad && self.judged() && wrong >= RAISE {
-            self.bad = true;
-        } else if self.bad && wrong <= CLEAR {
-            self.bad = false;
+impl<K: PartialEq + Clone> Window<K> {
+    fn new(cap: usize) -> Self {
+        Window {
+            last: VecDeque::with_capacity(cap),
+            cap,
+            bad: false,
         }
     }
 
-    fn judged(&self) -> bool {
-        self.window.len() == WINDOW
+    fn push(&mut self, about: K, o: Outcome) {
+        if self.last.len() == self.cap {
+            self.last.pop_front();
+        }
+        self.last.push_back((about, o));
+    }
+
+    fn full(&self) -> bool {
+        self.last.len() == self.cap
     }
 
     fn wrong(&self) -> usize {
-        self.window.iter().filter(|&&o| o != Outcome::Exact).count()
+        self.last
+            .iter()
+            .filter(|(_, o)| *o != Outcome::Exact)
+            .count()
     }
 
     /// The most frequent wrong outcome.
     fn direction(&self) -> Outcome {
-        let count = |x| self.window.iter().filter(|&&o| o == x).count();
+        let count = |x| self.last.iter().filter(|(_, o)| *o == x).count();
         [Outcome::Missed, Outcome::Under, Outcome::Over]
             .into_iter()
             .max_by_key(|&o| count(o))
             .unwrap_or(Outcome::Exact)
     }
+
+    /// Whom the outcomes are about, each with (outcomes, wrong ones).
+    fn by_whom(&self) -> Vec<(K, usize, usize)> {
+        let mut out: Vec<(K, usize, usize)> = Vec::new();
+        for (k, o) in &self.last {
+            let wrong = usize::from(*o != Outcome::Exact);
+            match out.iter_mut().find(|(x, _, _)| x == k) {
+                Some(e) => {
+                    e.1 += 1;
+                    e.2 += wrong;
+                }
+                None => out.push((k.clone(), 1, wrong)),
+            }
+        }
+        out
+    }
+
+    fn shown(&self) -> String {
+        self.last
+            .iter()
+            .map(|(_, o)| match o {
+                Outcome::Exact => '=',
+                Outcome::Over => '+',
+                Outcome::Under => '-',
+                Outcome::Missed => '0',
+            })
+            .collect()
+    }
 }
+
+/// A client's last reports judged together (across the workers it reports on).
+pub const CLIENT_WINDOW: usize = 32;
 
 #[derive(Debug)]
 struct Client {
     tokens: f64,
     refilled: Instant,
-    suspect: bool,
-    workers: Vec<WorkerId>,
+    window: Window<WorkerId>,
+}
+
+#[derive(Debug)]
+struct Worker {
+    /// Reports from clients under no verdict.
+    window: Window<Arc<str>>,
+    cause: Option<SuspectCause>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     clients: HashMap<Arc<str>, Client>,
-    pairs: HashMap<(Arc<str>, WorkerId), Pair>,
-    /// Clients that reported on each worker.
-    reporters: HashMap<WorkerId, Vec<Arc<str>>>,
-    workers: HashMap<WorkerId, SuspectCause>,
+    workers: HashMap<WorkerId, Worker>,
 }
 
 crate::metric_set! {
@@ -276,30 +318,15 @@ pub fn take(
 ) {
     METRICS.reports.fetch_add(reports.len() as u64, Relaxed);
     let mut st = lock();
-    let key: Arc<str> = match st.clients.get_key_value(client) {
-        Some((k, _)) => k.clone(),
-        None if st.clients.len() >= MAX_CLIENTS => {
-            return drop_all(Dropped::Clients, reports.len());
-        }
-        None => {
-            let k: Arc<str> = client.into();
-            st.clients.insert(
-                k.clone(),
-                Client {
-                    tokens: REPORTS_PER_S,
-                    refilled: Instant::now(),
-                    suspect: false,
-                    workers: Vec::new(),
-                },
-            );
-            k
-        }
+    let Some(key) = st.client_key(client) else {
+        return drop_all(Dropped::Clients, reports.len());
     };
     let allowed = st
         .clients
         .get_mut(&key)
         .map_or(0, |c| c.allow(reports.len()));
     drop_all(Dropped::Rate, reports.len() - allowed);
+    let suspect = st.clients.get(&key).is_some_and(|c| c.window.bad);
     let mut touched = Vec::new();
     for r in &reports[..allowed] {
         let Some(k) = kind(r.worker) else {
@@ -314,26 +341,31 @@ pub fn take(
             Outcome::Under | Outcome::Missed => ERROR_UNDER.observe(off),
             Outcome::Exact => {}
         }
-        st.record(&key, r.worker, o);
+        if let Some(c) = st.clients.get_mut(&key) {
+            c.window.push(r.worker, o);
+        }
+        if !suspect {
+            let w = st.workers.entry(r.worker).or_insert_with(|| Worker {
+                window: Window::new(WINDOW),
+                cause: None,
+            });
+            w.window.push(key.clone(), o);
+        }
         touched.push((r.worker, k));
+    }
+    if st.judge_client(&key) {
+        // Named: its reports count for no worker; every worker it spoke of is judged
+        // again without them.
+        let about: Vec<WorkerId> = st.clients.get(&key).map_or(Vec::new(), |c| {
+            c.window.last.iter().map(|(w, _)| *w).collect()
+        });
+        for w in &mut st.workers.values_mut() {
+            w.window.last.retain(|(c, _)| *c != key);
+        }
+        touched.extend(about.into_iter().filter_map(|w| Some((w, kind(w)?))));
     }
     touched.sort_unstable_by_key(|&(w, _)| w);
     touched.dedup_by_key(|&mut (w, _)| w);
-    let was = st.clients.get(&key).is_some_and(|c| c.suspect);
-    st.judge_client(&key);
-    if st.clients.get(&key).is_some_and(|c| c.suspect) != was {
-        // The client's reports now count, or no longer count, for every worker it
-        // reported on.
-        let all: Vec<WorkerId> = st
-            .clients
-            .get(&key)
-            .map_or(Vec::new(), |c| c.workers.clone());
-        for w in all {
-            if let Some(k) = kind(w) {
-                touched.push((w, k));
-            }
-        }
-    }
     for (w, k) in touched {
         st.judge_worker(w, k);
     }
@@ -342,15 +374,11 @@ pub fn take(
 /// A retired worker's reports and verdict go (its id may name another worker next).
 pub fn forget(worker: WorkerId) {
     let mut st = lock();
-    if let Some(clients) = st.reporters.remove(&worker) {
-        for c in clients {
-            st.pairs.remove(&(c.clone(), worker));
-            if let Some(client) = st.clients.get_mut(&c) {
-                client.workers.retain(|&w| w != worker);
-            }
-        }
-    }
     st.set_worker(worker, None);
+    st.workers.remove(&worker);
+    for c in st.clients.values_mut() {
+        c.window.last.retain(|(w, _)| *w != worker);
+    }
 }
 
 fn drop_all(why: Dropped, n: usize) {
@@ -373,99 +401,126 @@ impl Client {
 }
 
 impl State {
-    fn record(&mut self, client: &Arc<str>, worker: WorkerId, o: Outcome) {
-        let pair = self
-            .pairs
-            .entry((client.clone(), worker))
-            .or_insert_with(|| {
-                self.reporters
-                    .entry(worker)
-                    .or_default()
-                    .push(client.clone());
-                if let Some(c) = self.clients.get_mut(client) {
-                    c.workers.push(worker);
-                }
-                Pair::default()
-            });
-        pair.push(o);
+    /// The key `client` is tracked under, tracking it now if there is room.
+    fn client_key(&mut self, client: &str) -> Option<Arc<str>> {
+        if let Some((k, _)) = self.clients.get_key_value(client) {
+            return Some(k.clone());
+        }
+        if self.clients.len() >= MAX_CLIENTS {
+            return None;
+        }
+        let k: Arc<str> = client.into();
+        let c = Client {
+            tokens: REPORTS_PER_S,
+            refilled: Instant::now(),
+            window: Window::new(CLIENT_WINDOW),
+        };
+        self.clients.insert(k.clone(), c);
+        Some(k)
     }
 
-    fn judge_client(&mut self, client: &Arc<str>) {
-        let Some(c) = self.clients.get(client) else {
-            return;
+    /// Judges `client` on its last [`CLIENT_WINDOW`] reports: named when half of them
+    /// are wrong, about two workers or more, while the other clients' reports (on any
+    /// worker) are at least three quarters right; cleared at a fifth wrong or fewer.
+    /// True when it was named just now.
+    fn judge_client(&mut self, client: &Arc<str>) -> bool {
+        let others = self.others_wrong_share(client);
+        let Some(c) = self.clients.get_mut(client) else {
+            return false;
         };
-        let judged: Vec<&Pair> = c
-            .workers
-            .iter()
-            .filter_map(|&w| self.pairs.get(&(client.clone(), w)))
-            .filter(|p| p.judged())
-            .collect();
-        let bad = judged.iter().filter(|p| p.bad).count();
-        let suspect = bad >= 2 && 3 * bad >= 2 * judged.len();
-        let was = c.suspect;
-        if suspect == was {
-            return;
+        let wrong = c.window.wrong();
+        let about = c.window.by_whom().iter().filter(|(_, _, w)| *w > 0).count();
+        let was = c.window.bad;
+        if !was && c.window.full() && 2 * wrong >= CLIENT_WINDOW && about >= 2 && others <= 0.25 {
+            c.window.bad = true;
+        } else if was && 5 * wrong <= CLIENT_WINDOW {
+            c.window.bad = false;
         }
-        let gauge = &METRICS.suspect[cause_index(SuspectCause::GatewayTokenization)];
+        let now = c.window.bad;
+        if now == was {
+            return false;
+        }
         let cause = SuspectCause::GatewayTokenization;
-        if suspect {
+        let gauge = &METRICS.suspect[cause_index(cause)];
+        if now {
             gauge.fetch_add(1, Relaxed);
             tracing::warn!(
                 client = %client,
                 cause = CAUSE_LABELS[cause_index(cause)],
-                "reuse reports: client {client} is wrong on {bad} of the {} workers it reports \
-                 on: {}",
-                judged.len(),
+                "reuse reports: client {client} is wrong on {wrong} of its last {CLIENT_WINDOW} \
+                 reports, about {about} workers, where the other clients are right: {}",
                 remedy(cause)
             );
         } else {
             gauge.fetch_sub(1, Relaxed);
             tracing::info!(client = %client, "reuse reports: client {client} agrees with the engines again");
         }
-        if let Some(c) = self.clients.get_mut(client) {
-            c.suspect = suspect;
+        now
+    }
+
+    /// The share of wrong reports from clients other than `client` in the workers'
+    /// windows (0 when there are none).
+    fn others_wrong_share(&self, client: &Arc<str>) -> f64 {
+        let (mut n, mut wrong) = (0usize, 0usize);
+        for w in self.workers.values() {
+            for (c, o) in &w.window.last {
+                if c != client {
+                    n += 1;
+                    wrong += usize::from(*o != Outcome::Exact);
+                }
+            }
+        }
+        if n == 0 {
+            0.0
+        } else {
+            wrong as f64 / n as f64
         }
     }
 
+    /// Judges `worker` on its last [`WINDOW`] reports from clients under no verdict:
+    /// named at [`RAISE`] wrong when most of the clients in them (those with two reports
+    /// or more) are at least half wrong, cleared at [`CLEAR`] wrong or fewer.
     fn judge_worker(&mut self, worker: WorkerId, kind: WorkerKind) {
-        let clients = self.reporters.get(&worker).map_or(&[][..], |v| &v[..]);
-        let judged: Vec<&Pair> = clients
-            .iter()
-            .filter(|c| !self.clients.get(*c).is_some_and(|c| c.suspect))
-            .filter_map(|c| self.pairs.get(&(c.clone(), worker)))
-            .filter(|p| p.judged())
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        let wrong = w.window.wrong();
+        let clients: Vec<_> = w
+            .window
+            .by_whom()
+            .into_iter()
+            .filter(|(_, n, _)| *n >= 2)
             .collect();
-        let bad: Vec<&&Pair> = judged.iter().filter(|p| p.bad).collect();
-        let cause = if kind.history_lost || bad.is_empty() || 2 * bad.len() < judged.len() {
-            None
-        } else {
-            let count = |o| bad.iter().filter(|p| p.direction() == o).count();
-            let direction = [Outcome::Missed, Outcome::Under, Outcome::Over]
-                .into_iter()
-                .max_by_key(|&o| count(o))
-                .unwrap_or(Outcome::Exact);
-            match (direction, kind.event_fed) {
-                (Outcome::Over, _) => Some(SuspectCause::EventsLagging),
-                (Outcome::Missed, true) => Some(SuspectCause::EventsMissing),
-                (Outcome::Under, true) => Some(SuspectCause::Undercounted),
-                _ => None,
-            }
+        let wrong_clients = clients.iter().filter(|(_, n, bad)| 2 * bad >= *n).count();
+        if !w.window.bad && w.window.full() && wrong >= RAISE && 2 * wrong_clients > clients.len() {
+            w.window.bad = true;
+        } else if w.window.bad && wrong <= CLEAR {
+            w.window.bad = false;
+        }
+        let cause = match (w.window.bad && !kind.history_lost, w.window.direction()) {
+            (false, _) => None,
+            (true, Outcome::Over) => Some(SuspectCause::EventsLagging),
+            (true, Outcome::Missed) if kind.event_fed => Some(SuspectCause::EventsMissing),
+            (true, Outcome::Under) if kind.event_fed => Some(SuspectCause::Undercounted),
+            (true, _) => None,
         };
         self.set_worker(worker, cause);
     }
 
     fn set_worker(&mut self, worker: WorkerId, cause: Option<SuspectCause>) {
-        let was = self.workers.get(&worker).copied();
+        let was = self.workers.get(&worker).and_then(|w| w.cause);
         if was == cause {
             return;
         }
         if let Some(c) = was {
             METRICS.suspect[cause_index(c)].fetch_sub(1, Relaxed);
         }
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.cause = cause;
+        }
         match cause {
             Some(c) => {
                 METRICS.suspect[cause_index(c)].fetch_add(1, Relaxed);
-                self.workers.insert(worker, c);
                 tracing::warn!(
                     worker,
                     cause = CAUSE_LABELS[cause_index(c)],
@@ -473,15 +528,10 @@ impl State {
                     remedy(c)
                 );
             }
-            None => {
-                self.workers.remove(&worker);
-                if was.is_some() {
-                    tracing::info!(
-                        worker,
-                        "reuse reports: worker {worker} agrees with kvix again"
-                    );
-                }
-            }
+            None => tracing::info!(
+                worker,
+                "reuse reports: worker {worker} agrees with kvix again"
+            ),
         }
         SUSPECT.set(worker, cause);
     }
@@ -499,35 +549,24 @@ pub fn render(out: &mut Exposition) {
 }
 
 /// The verdicts and what they stand on, as JSON (`GET /reuse` on the metrics port): per
-/// worker and per client, each pair's last reports (`=` exact, `+` over, `-` under,
-/// `0` missed).
+/// worker and per client, the last reports (`=` exact, `+` over, `-` under, `0` missed)
+/// and whom they came from or were about.
 pub fn view(name_of: &dyn Fn(WorkerId) -> Option<String>) -> serde_json::Value {
     use serde_json::json;
     let st = lock();
-    let shown = |p: &Pair| -> String {
-        p.window
-            .iter()
-            .map(|o| match o {
-                Outcome::Exact => '=',
-                Outcome::Over => '+',
-                Outcome::Under => '-',
-                Outcome::Missed => '0',
-            })
-            .collect()
-    };
     let mut workers: Vec<_> = st
-        .reporters
+        .workers
         .iter()
-        .map(|(&w, clients)| {
-            let pairs: Vec<_> = clients
-                .iter()
-                .filter_map(|c| {
-                    let p = st.pairs.get(&(c.clone(), w))?;
-                    Some(json!({"client": &**c, "bad": p.bad, "last": shown(p)}))
-                })
+        .map(|(&id, w)| {
+            let from: Vec<_> = w
+                .window
+                .by_whom()
+                .into_iter()
+                .map(|(c, n, wrong)| json!({"client": &*c, "reports": n, "wrong": wrong}))
                 .collect();
-            let cause = st.workers.get(&w).map(|&c| CAUSE_LABELS[cause_index(c)]);
-            json!({"worker": w, "name": name_of(w), "suspect": cause, "pairs": pairs})
+            let cause = w.cause.map(|c| CAUSE_LABELS[cause_index(c)]);
+            json!({"worker": id, "name": name_of(id), "suspect": cause,
+                   "last": w.window.shown(), "from": from})
         })
         .collect();
     workers.sort_by_key(|v| v["worker"].as_u64());
@@ -535,8 +574,8 @@ pub fn view(name_of: &dyn Fn(WorkerId) -> Option<String>) -> serde_json::Value {
         .clients
         .iter()
         .map(|(c, s)| {
-            let cause = s.suspect.then_some(CAUSE_LABELS[0]);
-            json!({"client": &**c, "suspect": cause, "workers": s.workers.len()})
+            let cause = s.window.bad.then_some(CAUSE_LABELS[0]);
+            json!({"client": &**c, "suspect": cause, "last": s.window.shown()})
         })
         .collect();
     clients.sort_by(|a, b| a["client"].as_str().cmp(&b["client"].as_str()));
@@ -573,27 +612,41 @@ mod tests {
     }
 
     #[test]
-    fn a_pair_turns_bad_at_half_wrong_and_good_again_within_thirteen_right_reports() {
-        let mut p = Pair::default();
+    fn a_worker_is_named_at_half_wrong_and_cleared_within_thirteen_right_reports() {
+        let kind = WorkerKind {
+            event_fed: true,
+            history_lost: false,
+        };
+        let mut st = State::default();
+        let key: Arc<str> = "g".into();
+        let report = |st: &mut State, o| {
+            let w = st.workers.entry(7).or_insert_with(|| Worker {
+                window: Window::new(WINDOW),
+                cause: None,
+            });
+            w.window.push(key.clone(), o);
+            st.judge_worker(7, kind);
+            st.workers[&7].cause
+        };
         for _ in 0..WINDOW - RAISE {
-            p.push(Outcome::Exact);
+            report(&mut st, Outcome::Exact);
         }
-        for i in 0..RAISE {
-            assert!(!p.bad, "{i}");
-            p.push(Outcome::Missed);
+        for i in 0..RAISE - 1 {
+            assert_eq!(report(&mut st, Outcome::Missed), None, "{i}");
         }
-        assert!(p.bad);
-        assert_eq!(p.direction(), Outcome::Missed);
+        assert_eq!(
+            report(&mut st, Outcome::Missed),
+            Some(SuspectCause::EventsMissing)
+        );
         let mut right = 0;
-        while p.bad {
-            p.push(Outcome::Exact);
+        while report(&mut st, Outcome::Exact).is_some() {
             right += 1;
         }
-        assert!(right <= WINDOW - CLEAR, "{right}");
+        assert!(right < WINDOW - CLEAR, "{right}");
         // Hysteresis: a few wrong reports do not raise it again.
         for _ in 0..CLEAR + 1 {
-            p.push(Outcome::Over);
+            assert_eq!(report(&mut st, Outcome::Over), None);
         }
-        assert!(!p.bad);
+        st.set_worker(7, None);
     }
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use kvix_bench::fleet::{run, Chaos, FleetConfig, Leg, LegResult};
+use kvix_bench::fleet::{run, Chaos, FleetConfig, Leg, LegResult, Misconfig};
 use kvix_bench::workload::Workload;
 
 /// A fleet of seconds: 16 engines, 4 gateways, 100 sessions of 3 turns, caches small
@@ -25,6 +25,7 @@ fn config() -> FleetConfig {
         server_cores: 1,
         replicas: 1,
         chaos: None,
+        misconfig: None,
         workload: Workload {
             seed: 7,
             turns: 3,
@@ -178,4 +179,33 @@ fn with_a_cpu_tier_the_index_knows_each_tier_and_the_pick_weighs_them() {
         assert!(l.followup_cpu_share > 0.05, "the CPU tier is used: {l:?}");
         assert!(l.followup_hit >= oracle.followup_hit - 0.02, "{l:?}");
     }
+}
+
+/// Every kvix leg's gateways report each request's reuse, as the engines measured it.
+/// A healthy fleet (caches evicting, an engine restarting, placement-fed workers)
+/// raises no verdict; a gateway whose token ids are not the engines' is named within
+/// its first 200 reports, and no worker is.
+#[test]
+fn reuse_reports_name_a_mistokenizing_gateway_and_nothing_in_a_healthy_fleet() {
+    let healthy = FleetConfig {
+        chaos: Some(Chaos::EngineRestart),
+        ..config()
+    };
+    for l in legs(&healthy, &[Leg::Events, Leg::Placements]) {
+        let v = l.verdicts.as_ref().expect("kvix legs watch the verdicts");
+        assert!(v.values().all(|&n| n == 0), "{l:?}");
+        assert_eq!(l.flagged_after_reports, None);
+    }
+    let wrong = FleetConfig {
+        misconfig: Some(Misconfig::GatewayTokenization),
+        ..config()
+    };
+    let r = legs(&wrong, &[Leg::Events]);
+    let v = r[0].verdicts.as_ref().unwrap();
+    assert_eq!(v["gateway_tokenization"], 1, "{:?}", r[0]);
+    assert_eq!(
+        v["events_missing"] + v["events_lagging"] + v["undercounted"],
+        0
+    );
+    assert!(r[0].flagged_after_reports.unwrap() <= 200, "{:?}", r[0]);
 }

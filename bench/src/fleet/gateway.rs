@@ -48,6 +48,8 @@ pub struct Routed {
     /// has no expectation).
     pub predicted: Option<u32>,
     pub lookup: Duration,
+    /// Whether the answer scored the engine chosen (its reuse was predicted).
+    pub in_answer: bool,
     /// Why the index did not help (`QueryOutcome::kind`: timeout, disconnected,
     /// rejected): routed by load alone.
     pub degraded: Option<&'static str>,
@@ -56,6 +58,10 @@ pub struct Routed {
 pub struct Gateway {
     knowledge: Knowledge,
     keyspace: Keyspace,
+    /// The keyspace its queries and placements hash in: another than the engines' for
+    /// a gateway whose token ids are not theirs (`Misconfig::GatewayTokenization`).
+    asks_in: Keyspace,
+    block_tokens: u32,
     engines: Arc<Vec<Engine>>,
     engine_of_name: Arc<HashMap<Arc<str>, usize>>,
     inflight: Vec<AtomicU32>,
@@ -68,6 +74,8 @@ impl Gateway {
     /// ask kvix. Its own index (`local`) starts knowing the system prefix on every
     /// engine, as from its past placements.
     pub(super) fn new(g: usize, fleet: &Fleet, client: Option<Client>) -> anyhow::Result<Gateway> {
+        let mistokenizes =
+            g == 0 && fleet.cfg.misconfig == Some(super::Misconfig::GatewayTokenization);
         let (leg, keyspace, engines) = (fleet.leg, fleet.keyspace.clone(), fleet.engines.clone());
         let block_tokens = fleet.cfg.workload.block_tokens;
         let capacity_blocks = u64::from(fleet.cfg.workload.capacity_blocks);
@@ -108,9 +116,19 @@ impl Gateway {
             Leg::Oracle => Knowledge::Oracle(fleet.tier_weights()),
             Leg::RoundRobin => Knowledge::RoundRobin(AtomicUsize::new(g)),
         };
+        let asks_in = match mistokenizes {
+            // Another chat template: other token ids, so chains no engine's events make.
+            true => Keyspace {
+                salt: "another-chat-template".into(),
+                ..keyspace.clone()
+            },
+            false => keyspace.clone(),
+        };
         Ok(Gateway {
             knowledge,
             keyspace,
+            asks_in,
+            block_tokens,
             inflight: (0..n).map(|_| AtomicU32::new(0)).collect(),
             picker: Mutex::new(Picker::new(n)),
             engines,
@@ -133,7 +151,7 @@ impl Gateway {
                         weights: Some(*weights),
                         ..QueryOptions::default()
                     };
-                    let outcome = client.query_chain(&self.keyspace, chain, &opts).await;
+                    let outcome = client.query_chain(&self.asks_in, chain, &opts).await;
                     let degraded = match outcome {
                         QueryOutcome::Scores(_) | QueryOutcome::Empty => None,
                         ref other => Some(other.kind()),
@@ -187,6 +205,7 @@ impl Gateway {
                         engine,
                         predicted: None,
                         lookup: started.elapsed(),
+                        in_answer: false,
                         degraded: None,
                     };
                 }
@@ -203,10 +222,8 @@ impl Gateway {
             self.alpha,
             tie,
         );
-        let joint = scores
-            .iter()
-            .find(|&&(w, _, _)| w as usize == picked.index)
-            .map_or(0, |&(_, _, b)| b);
+        let chosen = scores.iter().find(|&&(w, _, _)| w as usize == picked.index);
+        let joint = chosen.map_or(0, |&(_, _, b)| b);
         match &self.knowledge {
             Knowledge::Kvix {
                 client,
@@ -214,7 +231,7 @@ impl Gateway {
                 ..
             } => {
                 let name = self.engines[picked.index].name.as_str();
-                client.publish_placement(name, &self.keyspace, chain.to_vec());
+                client.publish_placement(name, &self.asks_in, chain.to_vec());
             }
             Knowledge::Local(local) => {
                 let mut l = local.lock().unwrap_or_else(|e| e.into_inner());
@@ -228,7 +245,33 @@ impl Gateway {
             engine: picked.index,
             predicted: Some(joint),
             lookup,
+            in_answer: chosen.is_some(),
             degraded,
+        }
+    }
+
+    /// A routed request completed: what its engine reused (`reused_blocks` of a prompt
+    /// of `prompt_tokens`), reported to kvix against what the answer predicted, as a
+    /// gateway reports an engine's `cached_tokens`. kvix legs only.
+    pub fn report(&self, routed: &Routed, reused_blocks: u32, prompt_tokens: u32) {
+        let Knowledge::Kvix { client, .. } = &self.knowledge else {
+            return;
+        };
+        let bt = self.block_tokens;
+        client.report_reuse(kvix_client::ReuseSample {
+            worker: kvix_client::WorkerRef::Name(self.engines[routed.engine].name.as_str().into()),
+            model: self.keyspace.model.clone(),
+            predicted_tokens: routed.in_answer.then(|| routed.predicted.unwrap_or(0) * bt),
+            cached_tokens: Some(reused_blocks * bt),
+            prompt_tokens,
+        });
+    }
+
+    /// Reuse reports this gateway sent.
+    pub fn reports_sent(&self) -> u64 {
+        match &self.knowledge {
+            Knowledge::Kvix { client, .. } => client.counters().reuse_reports_sent,
+            _ => 0,
         }
     }
 

@@ -78,6 +78,16 @@ pub enum Chaos {
     RedisPause,
 }
 
+/// A part of the fleet set up wrong for the whole leg, for kvix's reuse verdicts to
+/// find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Misconfig {
+    /// Gateway 0's token ids are not the engines' (another chat template): its queries
+    /// and placements hash in another keyspace.
+    GatewayTokenization,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FleetConfig {
     pub engines: u32,
@@ -97,6 +107,7 @@ pub struct FleetConfig {
     /// `redis-server` the leg starts), and every gateway knows them all.
     pub replicas: u32,
     pub chaos: Option<Chaos>,
+    pub misconfig: Option<Misconfig>,
     #[serde(flatten)]
     pub workload: Workload,
 }
@@ -150,6 +161,13 @@ pub struct LegResult {
     /// With `gateway-restart`: the follow-up hit of the restarted gateway's requests
     /// after its restart.
     pub cold_gateway_followup_hit: Option<f64>,
+    /// kvix legs: the most verdicts the server held at once during the leg, by cause
+    /// (every gateway reports each request's reuse).
+    pub verdicts: Option<BTreeMap<String, u64>>,
+    /// With a misconfiguration: seconds from the leg's start, and reports gateway 0 had
+    /// sent, until the server named it.
+    pub flagged_after_s: Option<f64>,
+    pub flagged_after_reports: Option<u64>,
     /// Of the follow-ups' prompt blocks, the share loaded from the CPU tier.
     pub followup_cpu_share: f64,
     /// Follow-ups' time to first token (slot wait, loading, prefill), measured.
@@ -240,6 +258,8 @@ struct Fleet {
     conversations: Mutex<Vec<Vec<u64>>>,
     /// Set when gateway 0 restarted.
     restarted_at: Mutex<Option<Instant>>,
+    /// Set once the leg's sessions and audits are over (the verdict watch stops).
+    done: std::sync::atomic::AtomicBool,
     acc: Mutex<Acc>,
 }
 
@@ -361,10 +381,12 @@ impl Fleet {
             let n = out_rng.around(cfg.workload.output_tokens);
             tokens(&mut out_rng, n, &mut output);
             gateway.started(routed.engine);
+            let prompt_tokens = conversation.tokens.len() as u32;
             let served = self.engines[routed.engine]
                 .serve(&mut conversation, &output, arrival)
                 .await;
             gateway.finished(routed.engine);
+            gateway.report(&routed, served.reused_blocks, prompt_tokens);
             let cold = g == 0
                 && self
                     .restarted_at
@@ -521,6 +543,47 @@ impl Fleet {
     }
 }
 
+/// What the verdict watch saw.
+struct Verdicts {
+    most: BTreeMap<String, u64>,
+    flagged: Option<(f64, u64)>,
+}
+
+/// Reads the primary server's verdicts every 250 ms until the leg is done: the most
+/// held at once by cause, and when (and after how many of its reports) a misconfigured
+/// gateway was named.
+async fn watch_verdicts(fleet: Arc<Fleet>, started: Instant) -> Verdicts {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut v = Verdicts {
+        most: server::SUSPECT_CAUSES
+            .iter()
+            .map(|c| (c.to_string(), 0))
+            .collect(),
+        flagged: None,
+    };
+    while !fleet.done.load(Relaxed) {
+        let now = {
+            let servers = fleet.servers.lock().unwrap_or_else(|e| e.into_inner());
+            servers.first().and_then(Server::suspects)
+        };
+        if let Some(now) = now {
+            for (cause, n) in server::SUSPECT_CAUSES.iter().zip(now) {
+                let most = v.most.entry(cause.to_string()).or_default();
+                *most = (*most).max(n);
+            }
+            if now[0] > 0 && v.flagged.is_none() && fleet.cfg.misconfig.is_some() {
+                let reports = fleet.gateways[0]
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .reports_sent();
+                v.flagged = Some((started.elapsed().as_secs_f64(), reports));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    v
+}
+
 /// Runs one leg.
 pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     anyhow::ensure!(
@@ -623,6 +686,7 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         ctx,
         conversations: Mutex::new(Vec::new()),
         restarted_at: Mutex::new(None),
+        done: std::sync::atomic::AtomicBool::new(false),
         acc: Mutex::new(Acc {
             served: vec![0; cfg.engines as usize],
             ..Default::default()
@@ -671,6 +735,7 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
             }
         })
     });
+    let watch = kvix.then(|| tokio::spawn(watch_verdicts(fleet.clone(), Instant::now())));
     let mut arrivals = Rng::derive(cfg.workload.seed, u64::MAX, 1);
     let mut at = 0.0;
     let mut s = 0u32;
@@ -710,6 +775,13 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     if let Some(r) = replay {
         r.abort();
     }
+    let verdicts = match watch {
+        Some(w) => {
+            fleet.done.store(true, std::sync::atomic::Ordering::Relaxed);
+            Some(w.await?)
+        }
+        None => None,
+    };
     let usage: Vec<_> = {
         let servers = fleet.servers.lock().unwrap_or_else(|e| e.into_inner());
         servers.iter().map(Server::usage).collect()
@@ -748,6 +820,9 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         replicas_differ,
         cold_gateway_followup_hit: (cfg.chaos == Some(Chaos::GatewayRestart))
             .then(|| acc.cold.value()),
+        verdicts: verdicts.as_ref().map(|v| v.most.clone()),
+        flagged_after_s: verdicts.as_ref().and_then(|v| v.flagged.map(|f| f.0)),
+        flagged_after_reports: verdicts.as_ref().and_then(|v| v.flagged.map(|f| f.1)),
         followup_cpu_share: acc.fu_cpu.value(),
         followup_ttft_mean_ms: mean(&acc.fu_ttft_us) / 1e3,
         followup_ttft_p90_ms: percentile(&mut acc.fu_ttft_us, 0.9) as f64 / 1e3,

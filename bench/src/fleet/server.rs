@@ -40,6 +40,14 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// The causes a reuse verdict names (`kvix_workers_suspect{cause}`).
+pub const SUSPECT_CAUSES: [&str; 4] = [
+    "gateway_tokenization",
+    "events_missing",
+    "events_lagging",
+    "undercounted",
+];
+
 pub struct Server {
     child: Child,
     pub addr: String,
@@ -142,6 +150,18 @@ impl Server {
     }
 
     /// The server's use since it started listening.
+    /// The server's reuse verdicts now: `kvix_workers_suspect` by cause, in
+    /// `kvix_server`'s cause order (None when the metrics do not read).
+    pub fn suspects(&self) -> Option<[u64; 4]> {
+        let page = crate::metrics::page(self.metrics.parse().ok()?).ok()?;
+        let mut out = [0; 4];
+        for (slot, cause) in out.iter_mut().zip(SUSPECT_CAUSES) {
+            let name = format!("kvix_workers_suspect{{cause=\"{cause}\"}}");
+            *slot = crate::metrics::value(&page, &name)?;
+        }
+        Some(out)
+    }
+
     pub fn usage(&self) -> Usage {
         let busy = self.cpu_seconds().unwrap_or(0.0) - self.cpu_at_start;
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
