@@ -8,9 +8,9 @@
 //! (kvix predicted nothing where the engine reused).
 //!
 //! - A client's last [`CLIENT_WINDOW`] reports name it (`GatewayTokenization`: its token
-//!   ids are not the engines') when half are wrong, about two workers or more, while
-//!   the other clients' reports are at least three quarters right; a fifth wrong or
-//!   fewer clears it. Its reports then count for no worker.
+//!   ids are not the engines') when half or more are wrong, about two workers or more,
+//!   and at least twice the share of the other clients'; a fifth wrong or fewer clears
+//!   it. Its reports then count for no worker.
 //! - A worker's last [`WINDOW`] reports (from clients under no verdict) name it at
 //!   [`RAISE`] wrong when most of the clients in them are mostly wrong, and clear it at
 //!   [`CLEAR`] or fewer: within `WINDOW - CLEAR` = 13 right reports after its cause is
@@ -317,57 +317,69 @@ pub fn take(
     kind: &dyn Fn(WorkerId) -> Option<WorkerKind>,
 ) {
     METRICS.reports.fetch_add(reports.len() as u64, Relaxed);
-    let mut st = lock();
-    let Some(key) = st.client_key(client) else {
-        return drop_all(Dropped::Clients, reports.len());
-    };
-    let allowed = st
-        .clients
-        .get_mut(&key)
-        .map_or(0, |c| c.allow(reports.len()));
-    drop_all(Dropped::Rate, reports.len() - allowed);
-    let suspect = st.clients.get(&key).is_some_and(|c| c.window.bad);
-    let mut touched = Vec::new();
-    for r in &reports[..allowed] {
-        let Some(k) = kind(r.worker) else {
-            METRICS.dropped[Dropped::UnknownWorker as usize].fetch_add(1, Relaxed);
-            continue;
+    lock().take(client, reports, block, kind);
+}
+
+impl State {
+    fn take(
+        &mut self,
+        client: &str,
+        reports: &[Report],
+        block: u32,
+        kind: &dyn Fn(WorkerId) -> Option<WorkerKind>,
+    ) {
+        let st = self;
+        let Some(key) = st.client_key(client) else {
+            return drop_all(Dropped::Clients, reports.len());
         };
-        let o = classify(r.predicted, r.cached, r.prompt, block);
-        METRICS.outcomes[o as usize].fetch_add(1, Relaxed);
-        let off = u64::from(r.predicted.unwrap_or(0).abs_diff(r.cached) / block.max(1));
-        match o {
-            Outcome::Over => ERROR_OVER.observe(off),
-            Outcome::Under | Outcome::Missed => ERROR_UNDER.observe(off),
-            Outcome::Exact => {}
+        let allowed = st
+            .clients
+            .get_mut(&key)
+            .map_or(0, |c| c.allow(reports.len()));
+        drop_all(Dropped::Rate, reports.len() - allowed);
+        let suspect = st.clients.get(&key).is_some_and(|c| c.window.bad);
+        let mut touched = Vec::new();
+        for r in &reports[..allowed] {
+            let Some(k) = kind(r.worker) else {
+                METRICS.dropped[Dropped::UnknownWorker as usize].fetch_add(1, Relaxed);
+                continue;
+            };
+            let o = classify(r.predicted, r.cached, r.prompt, block);
+            METRICS.outcomes[o as usize].fetch_add(1, Relaxed);
+            let off = u64::from(r.predicted.unwrap_or(0).abs_diff(r.cached) / block.max(1));
+            match o {
+                Outcome::Over => ERROR_OVER.observe(off),
+                Outcome::Under | Outcome::Missed => ERROR_UNDER.observe(off),
+                Outcome::Exact => {}
+            }
+            if let Some(c) = st.clients.get_mut(&key) {
+                c.window.push(r.worker, o);
+            }
+            if !suspect {
+                let w = st.workers.entry(r.worker).or_insert_with(|| Worker {
+                    window: Window::new(WINDOW),
+                    cause: None,
+                });
+                w.window.push(key.clone(), o);
+            }
+            touched.push((r.worker, k));
         }
-        if let Some(c) = st.clients.get_mut(&key) {
-            c.window.push(r.worker, o);
-        }
-        if !suspect {
-            let w = st.workers.entry(r.worker).or_insert_with(|| Worker {
-                window: Window::new(WINDOW),
-                cause: None,
+        if st.judge_client(&key) {
+            // Named: its reports count for no worker; every worker it spoke of is judged
+            // again without them.
+            let about: Vec<WorkerId> = st.clients.get(&key).map_or(Vec::new(), |c| {
+                c.window.last.iter().map(|(w, _)| *w).collect()
             });
-            w.window.push(key.clone(), o);
+            for w in &mut st.workers.values_mut() {
+                w.window.last.retain(|(c, _)| *c != key);
+            }
+            touched.extend(about.into_iter().filter_map(|w| Some((w, kind(w)?))));
         }
-        touched.push((r.worker, k));
-    }
-    if st.judge_client(&key) {
-        // Named: its reports count for no worker; every worker it spoke of is judged
-        // again without them.
-        let about: Vec<WorkerId> = st.clients.get(&key).map_or(Vec::new(), |c| {
-            c.window.last.iter().map(|(w, _)| *w).collect()
-        });
-        for w in &mut st.workers.values_mut() {
-            w.window.last.retain(|(c, _)| *c != key);
+        touched.sort_unstable_by_key(|&(w, _)| w);
+        touched.dedup_by_key(|&mut (w, _)| w);
+        for (w, k) in touched {
+            st.judge_worker(w, k);
         }
-        touched.extend(about.into_iter().filter_map(|w| Some((w, kind(w)?))));
-    }
-    touched.sort_unstable_by_key(|&(w, _)| w);
-    touched.dedup_by_key(|&mut (w, _)| w);
-    for (w, k) in touched {
-        st.judge_worker(w, k);
     }
 }
 
@@ -420,9 +432,10 @@ impl State {
     }
 
     /// Judges `client` on its last [`CLIENT_WINDOW`] reports: named when half of them
-    /// are wrong, about two workers or more, while the other clients' reports (on any
-    /// worker) are at least three quarters right; cleared at a fifth wrong or fewer.
-    /// True when it was named just now.
+    /// or more are wrong, about two workers or more, and at least twice the share of
+    /// the other clients' last reports (a feed that under-predicts for everyone, as
+    /// placements do, names no one); cleared at a fifth wrong or fewer, or under 1.25
+    /// times the others' share. True when it was named just now.
     fn judge_client(&mut self, client: &Arc<str>) -> bool {
         let others = self.others_wrong_share(client);
         let Some(c) = self.clients.get_mut(client) else {
@@ -431,9 +444,10 @@ impl State {
         let wrong = c.window.wrong();
         let about = c.window.by_whom().iter().filter(|(_, _, w)| *w > 0).count();
         let was = c.window.bad;
-        if !was && c.window.full() && 2 * wrong >= CLIENT_WINDOW && about >= 2 && others <= 0.25 {
+        let share = wrong as f64 / CLIENT_WINDOW as f64;
+        if !was && c.window.full() && share >= 0.5 && about >= 2 && share >= 2.0 * others {
             c.window.bad = true;
-        } else if was && 5 * wrong <= CLIENT_WINDOW {
+        } else if was && (share <= 0.2 || share < 1.25 * others) {
             c.window.bad = false;
         }
         let now = c.window.bad;
@@ -458,16 +472,14 @@ impl State {
         now
     }
 
-    /// The share of wrong reports from clients other than `client` in the workers'
-    /// windows (0 when there are none).
+    /// The share of wrong reports in the last reports of the clients other than
+    /// `client` and under no verdict (0 when there are none).
     fn others_wrong_share(&self, client: &Arc<str>) -> f64 {
         let (mut n, mut wrong) = (0usize, 0usize);
-        for w in self.workers.values() {
-            for (c, o) in &w.window.last {
-                if c != client {
-                    n += 1;
-                    wrong += usize::from(*o != Outcome::Exact);
-                }
+        for (c, s) in &self.clients {
+            if c != client && !s.window.bad {
+                n += s.window.last.len();
+                wrong += s.window.wrong();
             }
         }
         if n == 0 {
@@ -648,5 +660,50 @@ mod tests {
             assert_eq!(report(&mut st, Outcome::Over), None);
         }
         st.set_worker(7, None);
+    }
+
+    /// A feed that under-predicts every gateway's follow-ups alike (placements never
+    /// learn outputs) names no gateway, even while the workers' windows still hold the
+    /// exact first turns; one gateway wrong on everything among them is named.
+    #[test]
+    fn a_gateway_is_named_only_for_being_wrong_where_the_others_are_right() {
+        let kind = |_| {
+            Some(WorkerKind {
+                event_fed: false,
+                history_lost: false,
+            })
+        };
+        let mut st = State::default();
+        let report = |worker, cached| Report {
+            worker,
+            predicted: Some(160),
+            cached,
+            prompt: 400,
+        };
+        for g in ["a", "b", "c"] {
+            let first: Vec<_> = (0..40).map(|w| report(w, 160)).collect();
+            st.take(g, &first, 16, &kind);
+        }
+        for round in 0..32 {
+            for g in ["a", "b", "c"] {
+                let cached = if round % 2 == 0 { 160 } else { 320 };
+                st.take(g, &[report(round % 40, cached)], 16, &kind);
+            }
+        }
+        assert!(
+            st.clients.values().all(|c| !c.window.bad),
+            "{:?}",
+            st.clients
+        );
+        for round in 0..32 {
+            st.take("d", &[report(round % 40, 0)], 16, &kind);
+        }
+        let named: Vec<&str> = (st.clients.iter())
+            .filter(|(_, c)| c.window.bad)
+            .map(|(k, _)| &**k)
+            .collect();
+        assert_eq!(named, ["d"]);
+        let gauge = &METRICS.suspect[cause_index(SuspectCause::GatewayTokenization)];
+        gauge.fetch_sub(1, Relaxed);
     }
 }
