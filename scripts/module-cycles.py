@@ -101,7 +101,7 @@ LAYERS = [
     ("formats", ["write::record", "durable::wal::format", "exposition", "clock", "latch",
                  "loud", "rlimit", "auth", "tls"]),
     ("state and ingest", ["ingest", "durable", "failure", "config", "error", "listener",
-                          "steering", "mesh", "metrics", "query"]),
+                          "steering", "mesh", "metrics", "query", "reuse"]),
     ("one executor", ["executor", "write::job"]),
     ("on an executor", ["write", "handler", "conn", "admit", "http", "http_api",
                         "checkpoint"]),
