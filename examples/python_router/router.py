@@ -12,8 +12,11 @@ template as the engine will (`query_chat`), and the worker's answer is passed th
 as it comes. Per request it asks kvix which worker can reuse the most
 of the prompt (--deadline-ms, 2 by default, then fail open) and picks with `kvix.pick`:
 the most reusable prefix less --alpha blocks per block of prompts in flight on the
-worker (Dynamo's default cost), forwards the request, and (with --feed placements)
-publishes the placement.
+worker (Dynamo's default cost), forwards the request, (with --feed placements)
+publishes the placement, and reports to kvix what the worker says it reused (its
+answer's usage.prompt_tokens_details.cached_tokens; token and chat prompts answered
+whole, not streamed) against the reuse kvix predicted: kvix names a worker, or this
+router, whose figures disagree (docs/operations.md, "Reuse verdicts").
 
 At start it announces every worker to kvix with the worker's KV event endpoint (and its
 replay endpoint, which kvix asks for batches it missed) as its source, so kvix
@@ -31,6 +34,9 @@ import aiohttp
 from aiohttp import web
 
 import kvix
+
+# The token block kvix's client hashes with (its default): a score's blocks x BLOCK tokens.
+BLOCK = 16
 
 
 def parse_worker(text):
@@ -81,9 +87,10 @@ class Router:
             self.kvix.close()
 
     async def pick(self, prompt=None, messages=None):
-        """The worker for this prompt (or chat), and whether reuse (not load alone) chose it."""
+        """The worker for this prompt (or chat), whether reuse (not load alone) chose it, and
+        the reuse kvix predicted for it in tokens (None: not in the answer)."""
         if self.kvix is None:
-            return next(self.turn), False
+            return next(self.turn), False, None
         if messages is not None:
             r = await self.kvix.query_chat(self.a.model, messages, self.tok, candidates=self.names)
         elif isinstance(prompt, str):
@@ -93,14 +100,25 @@ class Router:
         if r.failed_open:
             self.routed["kvix_failed_open"] += 1
         chosen = kvix.pick(r, self.inflight, alpha=self.a.alpha)
-        return chosen.worker, chosen.blocks > 0
+        scored = any(s.worker == chosen.worker for s in r.scores)
+        return chosen.worker, chosen.blocks > 0, chosen.blocks * BLOCK if scored else None
+
+    def report(self, worker, predicted, answer):
+        """Tells kvix what the engine says it reused (its usage's cached_tokens) against
+        what kvix predicted; a response without the figure is no report."""
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        if self.kvix is None or not usage:
+            return
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        self.kvix.report_reuse(worker, self.a.model, predicted_tokens=predicted,
+                               cached_tokens=cached, prompt_tokens=usage.get("prompt_tokens", 0))
 
     async def completions(self, request):
         body = await request.json()
         prompt = body.get("prompt")
         if not isinstance(prompt, (list, str)):
             return web.json_response({"error": {"message": "prompt must be token ids or text"}}, status=400)
-        worker, by_kvix = await self.pick(prompt)
+        worker, by_kvix, predicted = await self.pick(prompt)
         self.routed["by_kvix" if by_kvix else "by_load"] += 1
         blocks = max(1, len(prompt.encode()) // 256 if isinstance(prompt, str) else len(prompt) // 16)
         self.inflight[worker] += blocks
@@ -110,6 +128,8 @@ class Router:
                 status = resp.status
         finally:
             self.inflight[worker] -= blocks
+        if status == 200 and not isinstance(prompt, str):
+            self.report(worker, predicted, answer)
         if self.kvix is not None and self.a.feed == "placements" and status == 200:
             if isinstance(prompt, str):
                 self.kvix.publish_placement(worker, self.a.model, text=prompt)
@@ -125,7 +145,7 @@ class Router:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return web.json_response({"error": {"message": "messages must be a non-empty list"}}, status=400)
-        worker, by_kvix = await self.pick(messages=messages)
+        worker, by_kvix, predicted = await self.pick(messages=messages)
         self.routed["by_kvix" if by_kvix else "by_load"] += 1
         blocks = max(1, len(self.kvix.chain(self.a.model, messages=messages, tokenizer=self.tok))
                      if self.kvix else 1)
@@ -142,7 +162,10 @@ class Router:
                         await resp.write(chunk)
                     await resp.write_eof()
                 else:
-                    resp = web.json_response(await up.json(), status=up.status, headers=headers)
+                    answer = await up.json()
+                    if up.status == 200:
+                        self.report(worker, predicted, answer)
+                    resp = web.json_response(answer, status=up.status, headers=headers)
                 status = up.status
         finally:
             self.inflight[worker] -= blocks

@@ -51,6 +51,8 @@ def test_the_router_example_beats_round_robin_on_follow_up_hits():
     results, report = _run_example()
     _assert_kvix_routed_better(results, report)
     assert all(r["kvix"]["scores"] > 0 for r in results["kvix"]["routers"]), report
+    # Each router reported what the workers said they reused.
+    assert all(r["kvix"]["reuse_reports_sent"] > 0 for r in results["kvix"]["routers"]), report
 
 
 def test_the_router_example_routes_streamed_chat_requests_by_kvix():
