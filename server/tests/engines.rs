@@ -381,6 +381,79 @@ fn engines_that_connect_are_announced_by_their_topic_and_scored_exactly() {
     assert_eq!(server.metric("kvix_ingest_engines_refused_total"), 0);
 }
 
+/// Only an engine speaks for itself on --events-bind: with vLLM 0.34's real publisher
+/// connected under `kv@127.0.0.2@m` and holding 8 blocks, another process connecting
+/// from another address sends `AllBlocksCleared` under the same topic with the next
+/// sequence numbers. Refused, counted and never applied: the worker still holds its 8
+/// blocks, and the engine's own next store is applied. kvix applied the impostor's
+/// clear before (8 blocks -> 0, silently).
+#[test]
+fn a_topic_another_address_speaks_for_is_refused_while_its_engine_is_connected() {
+    if available("impostor_topic").is_none() {
+        return;
+    }
+    let events = free_ports(2);
+    let bind = format!("tcp://127.0.0.1:{events}");
+    let replay = events + 1;
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--events-bind",
+        &bind,
+        "--events-replay-port",
+        &replay.to_string(),
+    ]);
+    let mut c = server.session();
+    let rel = Rel("vllm-0.34.0");
+    let topic = "kv@127.0.0.2@m";
+    let mut engine = Publisher::try_start_topic(
+        rel.0,
+        &bind,
+        Some(&format!("tcp://127.0.0.2:{replay}")),
+        0,
+        topic,
+    )
+    .expect("the replay port is free");
+    let w = heartbeat_until_announced(&mut c, &mut engine, "127.0.0.2");
+    let base = ks("", "");
+    let p = chain(&base, 7, 9);
+    let sent = engine.publish(vec![rel.blocks(7, 0, 8, 700)]);
+    expect(&mut c, &base, &p, &[(w, 8)], "the engine's stores");
+
+    // The impostor: a plain ZMQ PUB from 127.0.0.9, the engine's topic, its next seqs.
+    let ctx = zmq::Context::new();
+    let impostor = ctx.socket(zmq::PUB).unwrap();
+    impostor
+        .connect(&format!("tcp://127.0.0.9:0;127.0.0.1:{events}"))
+        .unwrap();
+    let refused = || server.metric("kvix_ingest_impostor_messages_total");
+    let mut seq = sent + 1;
+    while refused() < 3 {
+        let frames = [
+            topic.as_bytes(),
+            &seq.to_be_bytes()[..],
+            &cleared_batch(seq),
+        ];
+        impostor.send_multipart(frames, 0).unwrap();
+        seq += 1;
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            seq < sent + 1_000,
+            "the impostor's messages were never refused"
+        );
+    }
+    expect(
+        &mut c,
+        &base,
+        &p,
+        &[(w, 8)],
+        "the impostor's clears refused",
+    );
+    engine.publish(vec![rel.blocks(7, 8, 9, 700)]);
+    expect(&mut c, &base, &p, &[(w, 9)], "the engine's next store");
+    assert_eq!(server.metric("kvix_ingest_engines_announced_total"), 1);
+}
+
 /// A server killed and restarted from its snapshot serves its bound engines again: the
 /// worker keeps its id, the engine's PUB connects again by itself, and what it published
 /// while the server was down comes back from its replay.

@@ -49,6 +49,8 @@ crate::metric_set! {
         dropped_full: Counter Sum "kvix_ingest_stores_dropped_full_total",
         /// Messages on --events-bind whose topic has not the --events-topic form.
         unknown_topics: Counter Sum "kvix_ingest_unknown_topics_total",
+        /// Messages on --events-bind under a topic another connected address speaks for.
+        impostors: Counter Sum "kvix_ingest_impostor_messages_total",
         /// Messages on --events-bind dropped past what their stream may hold unread.
         inbox_dropped: Counter Sum "kvix_ingest_inbox_dropped_total",
         /// Engine-fed workers whose history is lost (batches went by unapplied).

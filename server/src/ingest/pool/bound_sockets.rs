@@ -44,9 +44,21 @@ impl IngestThread {
                         let Input::Bound(b) = &mut self.streams[i].input else {
                             continue;
                         };
-                        // Where its messages come from says more than its topic's host.
-                        if m.peer.is_some() {
-                            b.peer = m.peer;
+                        // A topic speaks for one engine: while the address it was
+                        // pinned to is connected, the same topic from another address
+                        // is an impostor, refused (a new address once the old one is
+                        // gone is the engine restarted elsewhere).
+                        match (b.peer, m.peer) {
+                            (Some(pinned), Some(from))
+                                if pinned != from && bound.connected(rank, pinned) =>
+                            {
+                                METRICS.impostors.fetch_add(1, Relaxed);
+                                tracing::warn!(topic = %key.1, %pinned, %from, "ingest: a message on --events-bind under a topic another address speaks for (its engine is connected from {pinned}) came from {from}: refused, not applied");
+                                continue;
+                            }
+                            // Where its messages come from says more than its topic's host.
+                            (_, Some(from)) => b.peer = Some(from),
+                            _ => {}
                         }
                         // A message comes over a connection: the engine is there.
                         set_link(b, true, now);
