@@ -454,6 +454,58 @@ fn a_topic_another_address_speaks_for_is_refused_while_its_engine_is_connected()
     assert_eq!(server.metric("kvix_ingest_engines_announced_total"), 1);
 }
 
+/// --source-allow fences --events-bind too: a process publishing from an address outside
+/// it is never announced nor applied, and is counted; the engine inside it is served.
+#[test]
+fn an_engine_outside_source_allow_is_not_heard_on_events_bind() {
+    if available("events_bind_allow").is_none() {
+        return;
+    }
+    let events = free_ports(2);
+    let bind = format!("tcp://127.0.0.1:{events}");
+    let replay = events + 1;
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--events-bind",
+        &bind,
+        "--events-replay-port",
+        &replay.to_string(),
+        "--source-allow",
+        "127.0.0.1/32",
+    ]);
+    let mut c = server.session();
+    let rel = Rel("vllm-0.34.0");
+    let mut engine = Publisher::try_start_topic(
+        rel.0,
+        &bind,
+        Some(&format!("tcp://127.0.0.1:{replay}")),
+        0,
+        "kv@127.0.0.1@m",
+    )
+    .expect("the replay port is free");
+    heartbeat_until_announced(&mut c, &mut engine, "127.0.0.1");
+    let ctx = zmq::Context::new();
+    let outsider = ctx.socket(zmq::PUB).unwrap();
+    outsider
+        .connect(&format!("tcp://127.0.0.9:0;127.0.0.1:{events}"))
+        .unwrap();
+    let mut seq = 0u64;
+    while server.metric("kvix_ingest_peers_refused_total") < 3 {
+        let frames = [
+            b"kv@127.0.0.9@m".as_slice(),
+            &seq.to_be_bytes()[..],
+            &cleared_batch(seq),
+        ];
+        outsider.send_multipart(frames, 0).unwrap();
+        seq += 1;
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(seq < 1_000, "the outsider's messages were never refused");
+    }
+    assert_eq!(c.worker_id("127.0.0.9"), None);
+    assert_eq!(server.metric("kvix_ingest_engines_announced_total"), 1);
+}
+
 /// A server killed and restarted from its snapshot serves its bound engines again: the
 /// worker keeps its id, the engine's PUB connects again by itself, and what it published
 /// while the server was down comes back from its replay.

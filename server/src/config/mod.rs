@@ -215,6 +215,7 @@ impl Config {
             replay_port: i.events_replay_port,
             lanes,
             grace: std::time::Duration::from_secs(i.events_grace),
+            allow: i.source_networks()?,
         }))
     }
 }

@@ -190,7 +190,8 @@ pub struct Ingest {
 
     /// Networks event sources may be in (comma-separated CIDRs, or "any"): the server
     /// connects to whatever endpoint an announce names, so by default only to loopback
-    /// and private addresses. ipc:// sources are always local.
+    /// and private addresses. ipc:// sources are always local. Engines on --events-bind
+    /// must publish from them too.
     #[arg(
         long,
         default_value = "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7",

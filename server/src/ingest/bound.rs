@@ -105,6 +105,8 @@ pub struct BindSpec {
     /// The lanes a discovered engine is announced with.
     pub lanes: Vec<kvix_wire::Lane>,
     pub grace: Duration,
+    /// The networks engines may publish from (`--source-allow`); None: any.
+    pub allow: Option<Vec<ipnet::IpNet>>,
 }
 
 /// The announce of an engine first heard of.
@@ -115,6 +117,14 @@ pub struct Discovered {
 }
 
 impl BindSpec {
+    /// Whether a message from `peer` may be read (an ipc peer has no address: local).
+    pub fn allows(&self, peer: Option<IpAddr>) -> bool {
+        match (&self.allow, peer) {
+            (Some(nets), Some(ip)) => nets.iter().any(|n| n.contains(&ip)),
+            _ => true,
+        }
+    }
+
     /// What rank `rank`'s stream of `topic` is announced as; None when the topic does
     /// not have the template's form.
     pub fn discover(&self, rank: usize, topic: &str) -> Option<Discovered> {

@@ -46,6 +46,7 @@ fn a_discovered_engine_is_named_by_its_host_and_rank() {
         replay_port: Some(5600),
         lanes: vec![kvix_wire::Lane::full(16)],
         grace: Duration::from_secs(60),
+        allow: None,
     };
     let d = spec.discover(1, "kv@10.0.0.5@m").unwrap();
     assert_eq!(d.name, "10.0.0.5/dp1");

@@ -38,6 +38,13 @@ impl IngestThread {
             for _ in 0..BURST {
                 let Some(m) = bound.next(rank) else { break };
                 METRICS.messages.fetch_add(1, Relaxed);
+                if !bound.spec.allows(m.peer) {
+                    if let Some(n) = count_loudly(&METRICS.peers_refused) {
+                        let from = m.peer.map_or("?".into(), |p| p.to_string());
+                        tracing::warn!(topic = %m.topic, %from, "ingest: a message on --events-bind from {from}, outside --source-allow: refused, not applied ({n} so far)");
+                    }
+                    continue;
+                }
                 let key = (m.rank, m.topic);
                 match self.bound_index.get(&key) {
                     Some(&i) => {
