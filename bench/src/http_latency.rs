@@ -12,14 +12,14 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use kvix_events::encode::vllm_batch;
-use kvix_events::payload::{Batch, EngineEvent, Stored};
+use kvix_events::payload::{EngineEvent, Stored};
 use kvix_testkit::http::{Http, Reply};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::fleet::engine::payload_now;
 use crate::net::Dataset;
 use crate::rng::Rng;
 use crate::stats::{histogram, record, Ratios, Summary};
@@ -92,14 +92,7 @@ impl Engine {
             let topic = b"kv".to_vec();
             let mut sent: Vec<Vec<u8>> = Vec::new();
             let send = |events: Vec<EngineEvent>, sent: &mut Vec<Vec<u8>>| {
-                let ts = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64());
-                let payload = vllm_batch(&Batch {
-                    ts,
-                    events,
-                    dp_rank: 0,
-                });
+                let payload = payload_now(events);
                 let seq = sent.len() as u64;
                 let frames = [&topic[..], &seq.to_be_bytes()[..], &payload[..]];
                 let _ = publisher.send_multipart(frames, 0);

@@ -67,12 +67,8 @@ pub async fn serve_metrics(
                     let name_of = |w| core.roster().get(w).map(|e| e.name.clone());
                     crate::reuse::view(&name_of).to_string()
                 };
-                let (status, body) =
+                let (status, body, kind) =
                     respond(&req, &shards, replica.as_deref(), health_only, &reuse);
-                let kind = match body.starts_with('{') {
-                    true => "application/json",
-                    false => "text/plain; version=0.0.4",
-                };
                 let head = format!(
                     "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
@@ -95,22 +91,28 @@ fn respond(
     replica: Option<&crate::durable::replica::Replica>,
     health_only: bool,
     reuse: &dyn Fn() -> String,
-) -> (&'static str, String) {
+) -> (&'static str, String, &'static str) {
+    const TEXT: &str = "text/plain; version=0.0.4";
     let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
     match (parts.next(), parts.next()) {
         (Some(b"GET"), Some(b"/healthz")) => match replica.and_then(|r| r.broken()) {
-            Some(why) => ("503 Service Unavailable", format!("{why}\n")),
-            None => ("200 OK", "ok\n".into()),
+            Some(why) => ("503 Service Unavailable", format!("{why}\n"), TEXT),
+            None => ("200 OK", "ok\n".into(), TEXT),
         },
         _ if health_only => (
             "503 Service Unavailable",
             "too many scrapes at once; /healthz only\n".into(),
+            TEXT,
         ),
-        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", metrics::render(shards, replica)),
-        (Some(b"GET"), Some(b"/reuse")) => ("200 OK", reuse()),
-        (Some(b"GET"), _) => ("404 Not Found", "try /metrics, /healthz or /reuse\n".into()),
-        _ => ("405 Method Not Allowed", "GET only\n".into()),
+        (Some(b"GET"), Some(b"/metrics")) => ("200 OK", metrics::render(shards, replica), TEXT),
+        (Some(b"GET"), Some(b"/reuse")) => ("200 OK", reuse(), "application/json"),
+        (Some(b"GET"), _) => (
+            "404 Not Found",
+            "try /metrics, /healthz or /reuse\n".into(),
+            TEXT,
+        ),
+        _ => ("405 Method Not Allowed", "GET only\n".into(), TEXT),
     }
 }
 

@@ -328,16 +328,15 @@ impl State {
         block: u32,
         kind: &dyn Fn(WorkerId) -> Option<WorkerKind>,
     ) {
-        let st = self;
-        let Some(key) = st.client_key(client) else {
+        let Some(key) = self.client_key(client) else {
             return drop_all(Dropped::Clients, reports.len());
         };
-        let allowed = st
+        let allowed = self
             .clients
             .get_mut(&key)
             .map_or(0, |c| c.allow(reports.len()));
         drop_all(Dropped::Rate, reports.len() - allowed);
-        let suspect = st.clients.get(&key).is_some_and(|c| c.window.bad);
+        let suspect = self.clients.get(&key).is_some_and(|c| c.window.bad);
         let mut touched = Vec::new();
         for r in &reports[..allowed] {
             let Some(k) = kind(r.worker) else {
@@ -352,11 +351,11 @@ impl State {
                 Outcome::Under | Outcome::Missed => ERROR_UNDER.observe(off),
                 Outcome::Exact => {}
             }
-            if let Some(c) = st.clients.get_mut(&key) {
+            if let Some(c) = self.clients.get_mut(&key) {
                 c.window.push(r.worker, o);
             }
             if !suspect {
-                let w = st.workers.entry(r.worker).or_insert_with(|| Worker {
+                let w = self.workers.entry(r.worker).or_insert_with(|| Worker {
                     window: Window::new(WINDOW),
                     cause: None,
                 });
@@ -364,13 +363,13 @@ impl State {
             }
             touched.push((r.worker, k));
         }
-        if st.judge_client(&key) {
+        if self.judge_client(&key) {
             // Named: its reports count for no worker; every worker it spoke of is judged
             // again without them.
-            let about: Vec<WorkerId> = st.clients.get(&key).map_or(Vec::new(), |c| {
+            let about: Vec<WorkerId> = self.clients.get(&key).map_or(Vec::new(), |c| {
                 c.window.last.iter().map(|(w, _)| *w).collect()
             });
-            for w in &mut st.workers.values_mut() {
+            for w in self.workers.values_mut() {
                 w.window.last.retain(|(c, _)| *c != key);
             }
             touched.extend(about.into_iter().filter_map(|w| Some((w, kind(w)?))));
@@ -378,7 +377,7 @@ impl State {
         touched.sort_unstable_by_key(|&(w, _)| w);
         touched.dedup_by_key(|&mut (w, _)| w);
         for (w, k) in touched {
-            st.judge_worker(w, k);
+            self.judge_worker(w, k);
         }
     }
 }

@@ -114,14 +114,7 @@ impl Publisher {
     }
 
     fn publish(&mut self, events: Vec<EngineEvent>) {
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        let payload = vllm_batch(&Batch {
-            ts,
-            events,
-            dp_rank: 0,
-        });
+        let payload = payload_now(events);
         let seq = self.next_seq;
         self.next_seq += 1;
         // A PUB never blocks: past its high-water mark it drops, as the engine's does;
@@ -418,6 +411,18 @@ impl State {
 
 fn cpu_tier(spec: &EngineSpec) -> Option<LruCache> {
     (spec.cpu_capacity_blocks > 0).then(|| LruCache::new(spec.cpu_capacity_blocks))
+}
+
+/// A vLLM 0.34 batch of `events` from DP rank 0, stamped now, as an engine publishes it.
+pub fn payload_now(events: Vec<EngineEvent>) -> Vec<u8> {
+    let ts = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    vllm_batch(&Batch {
+        ts,
+        events,
+        dp_rank: 0,
+    })
 }
 
 /// The engine's own hash of a block: unrelated to kvix's keys, as a real engine's are;

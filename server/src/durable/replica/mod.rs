@@ -254,13 +254,20 @@ impl Replica {
         tracing::error!("{why}");
         self.caught_up.store(false, Relaxed);
         *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some((reason, why.clone()));
+        self.answer_waiting(&why);
+    }
+
+    /// Answers every write still waiting to be read back `LogUnavailable(why)`; how many.
+    fn answer_waiting(&self, why: &str) -> usize {
         let waiting: Vec<Waiter> = {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             pending.drain().map(|(_, w)| w).collect()
         };
+        let answered = waiting.len();
         for w in waiting {
-            let _ = w.send(Err(Failure::LogUnavailable(why.clone())));
+            let _ = w.send(Err(Failure::LogUnavailable(why.to_string())));
         }
+        answered
     }
 
     /// The follower cannot read the log back (`why`): every write of this replica's
@@ -270,20 +277,11 @@ impl Replica {
     /// their sequence; an announce or placement again changes nothing; a retire's retry
     /// finds the worker gone, `UnknownWorker`).
     pub fn fail_pending(&self, why: &str) {
-        let waiting: Vec<Waiter> = {
-            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            pending.drain().map(|(_, w)| w).collect()
-        };
-        if waiting.is_empty() {
-            return;
-        }
+        let why = format!("{why}: the write may still apply once the log is read again (a retry is answered Duplicate)");
+        let answered = self.answer_waiting(&why);
         self.metrics
             .append_failures
-            .fetch_add(waiting.len() as u64, Relaxed);
-        let why = format!("{why}: the write may still apply once the log is read again (a retry is answered Duplicate)");
-        for w in waiting {
-            let _ = w.send(Err(Failure::LogUnavailable(why.clone())));
-        }
+            .fetch_add(answered as u64, Relaxed);
     }
 
     pub fn stopped(&self) -> bool {
