@@ -2,9 +2,16 @@ package wire
 
 import (
 	"encoding/binary"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 )
+
+// littleEndian: this machine stores a uint32 as its little-endian bytes.
+var littleEndian = func() bool {
+	x := uint32(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // ChainHashVersion is the chain hash's own version (docs/protocol.md §5.2).
 const ChainHashVersion = 1
@@ -40,6 +47,22 @@ func AppendTokenChain(out []uint64, seed uint64, block uint32, tokens []uint32) 
 	if block == 0 {
 		return out
 	}
+	n := int(block)
+	if littleEndian {
+		// The token ids' own bytes are their little-endian encoding: hash them in place.
+		raw := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(tokens))), 4*len(tokens))
+		prev := seed
+		for i := 0; i+4*n <= len(raw); i += 4 * n {
+			prev = xxh3.HashSeed(raw[i:i+4*n], prev)
+			out = append(out, prev)
+		}
+		return out
+	}
+	return appendTokenChainPortable(out, seed, block, tokens)
+}
+
+// appendTokenChainPortable encodes each block's token ids before hashing them.
+func appendTokenChainPortable(out []uint64, seed uint64, block uint32, tokens []uint32) []uint64 {
 	n := int(block)
 	scratch := make([]byte, 4*n)
 	prev := seed

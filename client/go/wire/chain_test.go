@@ -100,3 +100,22 @@ func TestPartialBlocksAreNotHashedAndChainsExtend(t *testing.T) {
 		t.Fatal("a chain does not continue from its last hash")
 	}
 }
+
+func TestTheInPlaceChainIsThePortableOne(t *testing.T) {
+	tokens := make([]uint32, 1000)
+	for i := range tokens {
+		tokens[i] = uint32(i) * 2_654_435_761
+	}
+	for _, block := range []uint32{1, 16, 32, 999} {
+		a := AppendTokenChain(nil, 42, block, tokens)
+		b := appendTokenChainPortable(nil, 42, block, tokens)
+		if len(a) != len(b) || len(a) != len(tokens)/int(block) {
+			t.Fatalf("block %d: %d and %d hashes", block, len(a), len(b))
+		}
+		for i := range a {
+			if a[i] != b[i] {
+				t.Fatalf("block %d: hash %d differs", block, i)
+			}
+		}
+	}
+}
