@@ -10,10 +10,12 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -295,6 +297,11 @@ func TestAStalledServerIsHedgedToTheNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.cmd.Process.Signal(syscall.SIGCONT)
+	eventually(t, "the first server is stopped", func() bool {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", a.cmd.Process.Pid))
+		_, rest, _ := strings.Cut(string(stat), ") ")
+		return err == nil && strings.HasPrefix(rest, "T")
+	})
 	o := c.QueryTokens(bg, ks, tokens(32, 0), QueryOptions{})
 	if best, ok := o.Best(); !ok || best.Name != "w" || best.Blocks != 2 {
 		t.Fatalf("hedged: %s", describe(o))

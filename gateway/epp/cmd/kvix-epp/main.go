@@ -1,0 +1,20 @@
+// Command kvix-epp is the Gateway API Inference Extension's endpoint picker (v1.5.0)
+// with the kvix-scorer plugin registered: every in-tree plugin, plus "kvix-scorer".
+// It takes GAIE's own flags (--pool-name, --config-file, ...).
+package main
+
+import (
+	"os"
+
+	"github.com/kvix/kvix/gateway/epp/scorer"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/gateway-api-inference-extension/cmd/epp/runner"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+)
+
+func main() {
+	fwkplugin.Register(scorer.Type, scorer.Factory)
+	if err := runner.NewRunner().WithExecutableName("kvix-epp").Run(ctrl.SetupSignalHandler()); err != nil {
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,378 @@
+package scorer
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	kvix "github.com/kvix/kvix/client/go"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+	extractormetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/extractor/metrics"
+	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/fairness"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/ordering"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/saturationdetector/utilization"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/usagelimits"
+	approxprefix "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/requesthandling/parsers/openai"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/picker"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/profile"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/prefix"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/queuedepth"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
+)
+
+// The plugins the configurations name, registered as GAIE's runner registers them
+// (its registerInTreePlugins is unexported), and kvix-scorer as cmd/kvix-epp does.
+var register sync.Once
+
+func registerPlugins() {
+	register.Do(func() {
+		ctrllog.SetLogger(logr.Discard())
+		fwkplugin.Register(Type, Factory)
+		fwkplugin.Register(prefix.PrefixCacheScorerPluginType, prefix.PrefixCachePluginFactory)
+		fwkplugin.Register(approxprefix.ApproxPrefixCachePluginType, approxprefix.ApproxPrefixCacheFactory)
+		fwkplugin.Register(queuedepth.QueueScorerType, queuedepth.QueueScorerFactory)
+		fwkplugin.Register(kvcacheutilization.KvCacheUtilizationScorerType, kvcacheutilization.KvCacheUtilizationScorerFactory)
+		fwkplugin.Register(picker.MaxScorePickerType, picker.MaxScorePickerFactory)
+		fwkplugin.Register(profile.SingleProfileHandlerType, profile.SingleProfileHandlerFactory)
+		fwkplugin.Register(fairness.GlobalStrictFairnessPolicyType, fairness.GlobalStrictFairnessPolicyFactory)
+		fwkplugin.Register(ordering.FCFSOrderingPolicyType, ordering.FCFSOrderingPolicyFactory)
+		fwkplugin.Register(usagelimits.StaticUsageLimitPolicyType, usagelimits.StaticPolicyFactory)
+		fwkplugin.Register(openai.OpenAIParserType, openai.OpenAIParserPluginFactory)
+		fwkplugin.Register(utilization.UtilizationDetectorType, utilization.UtilizationDetectorFactory)
+		fwkplugin.Register(sourcemetrics.MetricsDataSourceType, sourcemetrics.MetricsDataSourceFactory)
+		fwkplugin.Register(extractormetrics.MetricsExtractorType, extractormetrics.CoreMetricsExtractorFactory)
+	})
+}
+
+// epp is one endpoint picker: GAIE's loader, plugins and scheduler, driven the way
+// its director drives them (PrepareRequestData, Schedule, PreRequest).
+type epp struct {
+	sched    *scheduling.Scheduler
+	prepare  []fwkrc.PrepareDataPlugin
+	pre      []fwkrc.PreRequest
+	affinity fwksched.Scorer
+	kvix     *Scorer
+}
+
+func newEPP(t *testing.T, ctx context.Context, config, affinity string) *epp {
+	t.Helper()
+	registerPlugins()
+	raw, _, err := loader.LoadRawConfig([]byte(config), logr.Discard())
+	if err != nil {
+		t.Fatalf("GAIE's loader refused the configuration: %v", err)
+	}
+	h := fwkplugin.NewEppHandle(ctx, func() []k8stypes.NamespacedName { return nil })
+	cfg, err := loader.InstantiateAndConfigure(raw, h, logr.Discard())
+	if err != nil {
+		t.Fatalf("GAIE could not instantiate the configuration: %v", err)
+	}
+	e := &epp{sched: scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig)}
+	for _, p := range h.GetAllPlugins() {
+		if pd, ok := p.(fwkrc.PrepareDataPlugin); ok {
+			e.prepare = append(e.prepare, pd)
+		}
+		if pr, ok := p.(fwkrc.PreRequest); ok {
+			e.pre = append(e.pre, pr)
+		}
+		if s, ok := p.(*Scorer); ok {
+			e.kvix = s
+		}
+	}
+	if e.kvix != nil {
+		eventually(t, "the scorer connects to kvix", e.kvix.Client().Connected)
+	}
+	e.affinity, _ = h.Plugin(affinity).(fwksched.Scorer)
+	if e.affinity == nil {
+		t.Fatalf("no scorer %q in the configuration", affinity)
+	}
+	return e
+}
+
+// route schedules req and tells the plugins where it went: the chosen endpoint's name.
+func (e *epp) route(t *testing.T, ctx context.Context, req *fwksched.LLMRequest, eps []fwksched.Endpoint) string {
+	t.Helper()
+	for _, pd := range e.prepare {
+		if err := pd.PrepareRequestData(ctx, req, eps); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := e.sched.Schedule(ctx, req, eps)
+	if err != nil {
+		t.Fatalf("Schedule: %v", err)
+	}
+	for _, pr := range e.pre {
+		pr.PreRequest(ctx, req, res)
+	}
+	return res.ProfileResults[res.PrimaryProfileName].TargetEndpoints[0].GetMetadata().NamespacedName.Name
+}
+
+// affinityOf is the affinity scorer's score of each endpoint for a repeat of req.
+func (e *epp) affinityOf(t *testing.T, ctx context.Context, req *fwksched.LLMRequest, eps []fwksched.Endpoint) map[string]float64 {
+	probe := *req
+	probe.RequestId = req.RequestId + "-probe"
+	for _, pd := range e.prepare {
+		_ = pd.PrepareRequestData(ctx, &probe, eps)
+	}
+	out := map[string]float64{}
+	for ep, s := range e.affinity.Score(ctx, fwksched.NewCycleState(), &probe, eps) {
+		out[ep.GetMetadata().NamespacedName.Name] = s
+	}
+	return out
+}
+
+// endpoints are four vLLM endpoints as GAIE's datastore makes them: three pods, the
+// last with a second data-parallel rank on port 8001; queue is each one's waiting queue.
+func endpoints(queue map[string]int) []fwksched.Endpoint {
+	var out []fwksched.Endpoint
+	for i, ep := range []struct{ pod, port, rank string }{
+		{"vllm-0", "8000", "0"}, {"vllm-1", "8000", "0"}, {"vllm-2", "8000", "0"}, {"vllm-2", "8001", "1"},
+	} {
+		name := ep.pod + "-rank-" + ep.rank
+		meta := &fwkdl.EndpointMetadata{NamespacedName: k8stypes.NamespacedName{Namespace: "serving", Name: name},
+			PodName: ep.pod, Address: fmt.Sprintf("10.0.0.%d", i/3*0+i+1), Port: ep.port}
+		out = append(out, fwksched.NewEndpoint(meta, &fwkdl.Metrics{WaitingQueueSize: queue[name]}, nil))
+	}
+	return out
+}
+
+// chat is turn k of conversation c: a system prompt of 2,400 characters (instructions
+// and retrieved context), k earlier exchanges, a question. Each turn adds about 400
+// characters, so a follow-up shares at least 3/4 of its prompt with the turn before:
+// with less, the shipped weights let an idle endpoint outbid the holder (3 x share
+// against 2 x a queue score of 1) under either affinity scorer.
+func chat(t *testing.T, ctx context.Context, c, k int) *fwksched.LLMRequest {
+	type msg struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	msgs := []msg{{"system", fmt.Sprintf("Conversation %d. ", c) + strings.Repeat("You are a careful assistant for the kvix routing test. ", 44)}}
+	for i := 0; i <= k; i++ {
+		msgs = append(msgs, msg{"user", fmt.Sprintf("Question %d of conversation %d: %s", i, c, strings.Repeat("explain prefix caching once more. ", 4))})
+		if i < k {
+			msgs = append(msgs, msg{"assistant", fmt.Sprintf("Answer %d: %s", i, strings.Repeat("blocks are reused when the prefix matches. ", 5))})
+		}
+	}
+	body, _ := json.Marshal(map[string]any{"model": "llama", "messages": msgs})
+	parsed, err := openai.NewOpenAIParser().ParseRequest(ctx, body, map[string]string{":path": "/v1/chat/completions"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fwksched.LLMRequest{RequestId: fmt.Sprintf("c%d-t%d", c, k), TargetModel: "llama", Body: parsed}
+}
+
+const conversations, turns = 50, 4
+
+// followUpHit routes every turn of every conversation, turn by turn, through the
+// pickers in turn ((conversation + turn) mod pickers: consecutive turns of one
+// conversation go to different replicas when there are two), and returns the share of
+// follow-up turns routed to the endpoint that served the conversation's turn before.
+func followUpHit(t *testing.T, ctx context.Context, pickers []*epp) float64 {
+	served := map[int]string{}
+	queue := map[string]int{}
+	var recent []string
+	hits, followUps := 0, 0
+	for k := 0; k < turns; k++ {
+		for c := 0; c < conversations; c++ {
+			e := pickers[(c+k)%len(pickers)]
+			req := chat(t, ctx, c, k)
+			eps := endpoints(queue)
+			target := e.route(t, ctx, req, eps)
+			if k > 0 {
+				followUps++
+				if served[c] == target {
+					hits++
+				}
+			}
+			served[c] = target
+			// The last 8 requests are in flight: each endpoint's queue is its share.
+			recent = append(recent, target)
+			queue[target]++
+			if len(recent) > 8 {
+				queue[recent[0]]--
+				recent = recent[1:]
+			}
+			// The picker's record of this request is applied before the next one.
+			eventually(t, "the placement of "+req.RequestId+" is seen", func() bool {
+				return e.affinityOf(t, ctx, req, endpoints(queue))[target] > 0.99
+			})
+		}
+	}
+	return float64(hits) / float64(followUps)
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("never: %s", what)
+		}
+	}
+}
+
+func shippedConfig(t *testing.T, kvixAddr string) string {
+	b, err := os.ReadFile("../config/epp-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.ReplaceAll(string(b), "kvix.kvix.svc.cluster.local:7420", kvixAddr)
+}
+
+// GAIE's own prefix-cache scorer in the same place as kvix-scorer in the shipped
+// configuration.
+const gaiePrefixConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters: {autoTune: false, blockSizeTokens: 16, maxPrefixBlocksToMatch: 256, lruCapacityPerServer: 31250}
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: max-score-picker
+`
+
+func TestKvixScorerInGAIEsSchedulerSharesOneViewAcrossReplicas(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := startServer(t)
+	kvixOne := followUpHit(t, ctx, []*epp{newEPP(t, ctx, shippedConfig(t, srv.addr), Type)})
+	srv2 := startServer(t)
+	kvixTwo := followUpHit(t, ctx, []*epp{
+		newEPP(t, ctx, shippedConfig(t, srv2.addr), Type), newEPP(t, ctx, shippedConfig(t, srv2.addr), Type)})
+	gaieOne := followUpHit(t, ctx, []*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
+	gaieTwo := followUpHit(t, ctx, []*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType),
+		newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
+	t.Logf("follow-up hit over %d follow-ups: kvix one EPP %.3f, two EPPs %.3f; GAIE prefix-cache-scorer one EPP %.3f, two EPPs %.3f",
+		conversations*(turns-1), kvixOne, kvixTwo, gaieOne, gaieTwo)
+	if kvixOne < gaieOne {
+		t.Errorf("kvix (%.3f) below GAIE's prefix scorer (%.3f) with one EPP", kvixOne, gaieOne)
+	}
+	if kvixTwo < kvixOne-0.01 {
+		t.Errorf("two EPPs sharing kvix hit %.3f, one EPP %.3f: more than 0.01 apart", kvixTwo, kvixOne)
+	}
+	if kvixTwo < gaieTwo+0.2 {
+		t.Errorf("two EPPs: kvix %.3f does not beat GAIE's per-replica prefix scorer %.3f", kvixTwo, gaieTwo)
+	}
+}
+
+func TestWithKvixStoppedSchedulingGoesOnWithoutIt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := startServer(t)
+	e := newEPP(t, ctx, shippedConfig(t, srv.addr), Type)
+	eventually(t, "the scorer connects", e.kvix.Client().Connected)
+	srv.stop()
+	eventually(t, "the scorer sees kvix gone", func() bool { return !e.kvix.Client().Connected() })
+	for c := 0; c < 10; c++ {
+		if target := e.route(t, ctx, chat(t, ctx, c, 1), endpoints(nil)); target == "" {
+			t.Fatal("no endpoint picked")
+		}
+	}
+	n := e.kvix.Client().Counters()
+	if n.Outcomes[kvix.ReasonDisconnected] != 10 {
+		t.Fatalf("queries while kvix is down: %+v", n.Outcomes)
+	}
+}
+
+func TestEndpointsMapToKvixWorkerNames(t *testing.T) {
+	s := &Scorer{params: Params{WorkerName: "{pod}{dp}"}}
+	for _, tc := range []struct {
+		meta EndpointMeta
+		want string
+	}{
+		{EndpointMeta{Name: "vllm-0-rank-0", Pod: "vllm-0"}, "vllm-0"},
+		{EndpointMeta{Name: "vllm-2-rank-1", Pod: "vllm-2"}, "vllm-2/dp1"},
+		{EndpointMeta{Name: "plain", Pod: "plain"}, "plain"},
+	} {
+		if got := s.WorkerName(&tc.meta); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.meta, got, tc.want)
+		}
+	}
+	s.params.WorkerName = "{namespace}/{address}:{port}#{rank}"
+	if got := s.WorkerName(&EndpointMeta{Name: "p-rank-3", Namespace: "ns", Address: "10.0.0.9", Port: "8003"}); got != "ns/10.0.0.9:8003#3" {
+		t.Errorf("template: %q", got)
+	}
+}
+
+func TestBadParametersAreRefusedNamingTheField(t *testing.T) {
+	for _, tc := range []struct{ params, want string }{
+		{`{}`, "servers"},
+		{`{"servers": ["x:1"], "nope": 1}`, "nope"},
+		{`{"servers": ["x:1"], "announce": {"capacityBlocks": 0}}`, "capacityBlocks"},
+		{`{"servers": ["x:1"], "authTokenFile": "/nonexistent"}`, "authTokenFile"},
+	} {
+		_, err := Factory("k", json.RawMessage(tc.params), nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v", tc.params, err)
+		}
+	}
+}
+
+type testServer struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+func (s *testServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
+
+// startServer starts a real kvix-server: KVIX_SERVER_BIN, or the workspace's debug build.
+func startServer(t *testing.T) *testServer {
+	t.Helper()
+	bin := os.Getenv("KVIX_SERVER_BIN")
+	if bin == "" {
+		bin, _ = filepath.Abs("../../../target/debug/kvix-server")
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatalf("no kvix-server at %s: build it with `cargo build -p kvix-server` at the repository root, or set KVIX_SERVER_BIN", bin)
+		}
+	}
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--unix", "", "--metrics", "", "--cores", "1")
+	cmd.Env = append(os.Environ(), "KVIX_LOG=warn")
+	cmd.Stderr = os.Stderr
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &testServer{cmd: cmd}
+	t.Cleanup(s.stop)
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if _, rest, ok := strings.Cut(sc.Text(), "listening on tcp://"); ok {
+			s.addr = strings.Fields(rest)[0]
+			break
+		}
+	}
+	if s.addr == "" {
+		t.Fatal("kvix-server exited before listening")
+	}
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+	return s
+}

@@ -1,0 +1,300 @@
+// Package scorer is kvix as a scorer of the Gateway API Inference Extension's endpoint
+// picker (GAIE v1.5.0): it scores each candidate endpoint by the prefix of the
+// request's prompt the worker behind it can reuse, as one kvix index shared by every
+// EPP replica says, and tells kvix where each request went.
+//
+// Plugin type "kvix-scorer". It is a Scorer (category Affinity) and a PreRequest
+// plugin: list it under plugins: and reference it from a scheduling profile with a
+// weight. Its parameters are Params.
+package scorer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	kvix "github.com/kvix/kvix/client/go"
+	"github.com/kvix/kvix/client/go/wire"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+)
+
+// Type is the plugin type to name in an EndpointPickerConfig.
+const Type = "kvix-scorer"
+
+// Params are the plugin's parameters in the EndpointPickerConfig.
+type Params struct {
+	// Servers are kvix-server addresses ("host:port" or "unix:/path"), in order of preference.
+	Servers []string `json:"servers"`
+	// Replicas: the servers share one write log (kvix-server --log).
+	Replicas bool `json:"replicas,omitempty"`
+	// AuthTokenFile holds the servers' --auth-token, when they require one.
+	AuthTokenFile string `json:"authTokenFile,omitempty"`
+	// TokenBlock must equal the servers' --block-size. Default 16.
+	TokenBlock uint32 `json:"tokenBlock,omitempty"`
+	// DeadlineMs bounds a query; past it the scorer fails open (every endpoint 0) and
+	// the other scorers decide. Default 2.
+	DeadlineMs float64 `json:"deadlineMs,omitempty"`
+	// CPUWeight and StorageWeight: what reuse from CPU memory and from storage is worth
+	// against GPU. Default Dynamo's 0.75 and 0.25.
+	CPUWeight     *float32 `json:"cpuWeight,omitempty"`
+	StorageWeight *float32 `json:"storageWeight,omitempty"`
+	// WorkerName maps an endpoint to the kvix worker name its engine is known by:
+	// {pod}, {namespace}, {address}, {port}, {rank} (the data-parallel rank of GAIE's
+	// "<pod>-rank-<n>" endpoints) and {dp} ("" for rank 0, "/dp<rank>" otherwise:
+	// kvix's own name for engine ranks). Default "{pod}{dp}".
+	WorkerName string `json:"workerName,omitempty"`
+	// Announce, when set, has the scorer announce every endpoint it sees as a worker
+	// fed by placements (the shared approximate mode: no engine events needed). Leave
+	// it unset when the engines feed kvix their KV events.
+	Announce *Announce `json:"announce,omitempty"`
+}
+
+// Announce says how endpoints announced by the scorer keep their placements.
+type Announce struct {
+	CapacityBlocks uint64 `json:"capacityBlocks"`
+	TTLMs          uint64 `json:"ttlMs,omitempty"`
+}
+
+// Scorer is the kvix-scorer plugin.
+type Scorer struct {
+	typedName fwkplugin.TypedName
+	params    Params
+	client    *kvix.Client
+	weights   wire.TierWeights
+
+	mu        sync.Mutex
+	announced map[string]bool
+	// requests holds each scored request's prompt until its PreRequest (or a minute).
+	requests map[string]*scored
+}
+
+type scored struct {
+	ks    wire.Keyspace
+	chain []uint64
+	at    time.Time
+}
+
+var (
+	_ fwksched.Scorer  = (*Scorer)(nil)
+	_ fwkrc.PreRequest = (*Scorer)(nil)
+)
+
+// Factory builds the plugin from its EndpointPickerConfig entry.
+func Factory(name string, raw json.RawMessage, handle fwkplugin.Handle) (fwkplugin.Plugin, error) {
+	var p Params
+	if len(raw) > 0 {
+		dec := json.NewDecoder(strings.NewReader(string(raw)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&p); err != nil {
+			return nil, fmt.Errorf("%s %q: parameters: %w", Type, name, err)
+		}
+	}
+	s, err := New(p)
+	if err != nil {
+		return nil, fmt.Errorf("%s %q: %w", Type, name, err)
+	}
+	s.typedName.Name = name
+	if handle != nil {
+		go func() { <-handle.Context().Done(); s.Close() }()
+	}
+	return s, nil
+}
+
+// New connects a scorer to the kvix servers of p (in the background: scoring fails
+// open until one is up).
+func New(p Params) (*Scorer, error) {
+	cfg := kvix.DefaultConfig()
+	if len(p.Servers) == 0 {
+		return nil, errors.New("servers: at least one kvix-server address is needed")
+	}
+	cfg.Servers, cfg.Replicas, cfg.Name = p.Servers, p.Replicas, "kvix-epp"
+	if p.TokenBlock != 0 {
+		cfg.TokenBlock = p.TokenBlock
+	}
+	if p.DeadlineMs != 0 {
+		cfg.Deadline = time.Duration(p.DeadlineMs * float64(time.Millisecond))
+	}
+	if p.CPUWeight != nil {
+		cfg.Weights.CPU = *p.CPUWeight
+	}
+	if p.StorageWeight != nil {
+		cfg.Weights.Storage = *p.StorageWeight
+	}
+	if p.AuthTokenFile != "" {
+		b, err := os.ReadFile(p.AuthTokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("authTokenFile: %w", err)
+		}
+		cfg.Auth = strings.TrimSpace(string(b))
+	}
+	if p.WorkerName == "" {
+		p.WorkerName = "{pod}{dp}"
+	}
+	if p.Announce != nil && p.Announce.CapacityBlocks == 0 {
+		return nil, errors.New("announce.capacityBlocks: must be positive")
+	}
+	client, err := kvix.Connect(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Scorer{typedName: fwkplugin.TypedName{Type: Type, Name: Type}, params: p, client: client,
+		weights: cfg.Weights, announced: map[string]bool{}, requests: map[string]*scored{}}, nil
+}
+
+// Close disconnects from kvix.
+func (s *Scorer) Close() { s.client.Close() }
+
+// Client is the scorer's kvix client (its counters say how queries went).
+func (s *Scorer) Client() *kvix.Client { return s.client }
+
+// TypedName is the plugin's type and name.
+func (s *Scorer) TypedName() fwkplugin.TypedName { return s.typedName }
+
+// Category: kvix scores cache locality.
+func (s *Scorer) Category() fwksched.ScorerCategory { return fwksched.Affinity }
+
+// WorkerName is the kvix worker name of an endpoint.
+func (s *Scorer) WorkerName(m *EndpointMeta) string {
+	rank, dp := "0", ""
+	if i := strings.LastIndex(m.Name, "-rank-"); i >= 0 {
+		rank = m.Name[i+len("-rank-"):]
+		if rank != "0" {
+			dp = "/dp" + rank
+		}
+	}
+	return strings.NewReplacer("{pod}", m.Pod, "{namespace}", m.Namespace, "{address}", m.Address,
+		"{port}", m.Port, "{rank}", rank, "{dp}", dp).Replace(s.params.WorkerName)
+}
+
+// EndpointMeta is what of an endpoint's metadata names its worker.
+type EndpointMeta struct{ Name, Namespace, Pod, Address, Port string }
+
+func metaOf(e fwksched.Endpoint) *EndpointMeta {
+	m := e.GetMetadata()
+	pod := m.PodName
+	if pod == "" {
+		pod = m.NamespacedName.Name
+	}
+	return &EndpointMeta{Name: m.NamespacedName.Name, Namespace: m.NamespacedName.Namespace, Pod: pod,
+		Address: m.Address, Port: m.Port}
+}
+
+// prompt is the keyspace and chain of a request: the engine's token ids when a
+// tokenizer plugin set them (engine-fed workers match those), else the bytes of the
+// prompt as GAIE's parser holds it (matching the placements the scorer itself made).
+func (s *Scorer) prompt(req *fwksched.LLMRequest) (wire.Keyspace, []uint64, bool) {
+	salt := ""
+	if req.Body != nil {
+		salt = req.Body.CacheSalt()
+	}
+	if req.TokenizedPrompt != nil && len(req.TokenizedPrompt.TokenIDs) > 0 {
+		ks := wire.Keyspace{Model: req.TargetModel, Salt: salt}
+		return ks, s.client.TokenChain(ks, req.TokenizedPrompt.TokenIDs), true
+	}
+	if req.Body == nil {
+		return wire.Keyspace{}, nil, false
+	}
+	var text []byte
+	if c := req.Body.ChatCompletions; c != nil {
+		text, _ = json.Marshal(c.Messages)
+	} else {
+		text = []byte(req.Body.PromptText())
+	}
+	ks := wire.Keyspace{Model: req.TargetModel, Salt: salt, Kind: wire.ChunkBytes}
+	return ks, s.client.ByteChain(ks, text), true
+}
+
+// Score is each endpoint's reusable prefix as a share of the prompt, weighed by tier:
+// 0 for every endpoint when kvix does not answer in time (fail open).
+func (s *Scorer) Score(ctx context.Context, _ *fwksched.CycleState, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint) map[fwksched.Endpoint]float64 {
+	out := make(map[fwksched.Endpoint]float64, len(endpoints))
+	names := make([]string, len(endpoints))
+	for i, e := range endpoints {
+		out[e] = 0
+		names[i] = s.WorkerName(metaOf(e))
+	}
+	s.announce(ctx, names)
+	ks, chain, ok := s.prompt(req)
+	if !ok || len(chain) == 0 {
+		return out
+	}
+	s.remember(req.RequestId, &scored{ks: ks, chain: chain, at: time.Now()})
+	o := s.client.QueryChain(ctx, ks, chain, kvix.QueryOptions{Candidates: names})
+	for _, sc := range o.Scores {
+		for i, n := range names {
+			if n == sc.Name {
+				out[endpoints[i]] = min(sc.ExpectedReuse()/float64(len(chain)), 1)
+			}
+		}
+	}
+	return out
+}
+
+// PreRequest tells kvix where the request went: a worker fed by placements now holds
+// the prompt's blocks.
+func (s *Scorer) PreRequest(_ context.Context, req *fwksched.LLMRequest, res *fwksched.SchedulingResult) {
+	p := s.take(req.RequestId)
+	if p == nil || res == nil {
+		return
+	}
+	r := res.ProfileResults[res.PrimaryProfileName]
+	if r == nil || len(r.TargetEndpoints) == 0 {
+		return
+	}
+	s.client.PublishPlacement(s.WorkerName(metaOf(r.TargetEndpoints[0])), p.ks, p.chain)
+}
+
+// announce registers endpoints not seen before as placement-fed workers, when asked to.
+func (s *Scorer) announce(ctx context.Context, names []string) {
+	if s.params.Announce == nil {
+		return
+	}
+	feed := wire.Feed{Kind: wire.FeedPlacements, CapacityBlocks: s.params.Announce.CapacityBlocks,
+		TTLMs: s.params.Announce.TTLMs}
+	for _, n := range names {
+		s.mu.Lock()
+		done := s.announced[n]
+		s.announced[n] = true
+		s.mu.Unlock()
+		if done {
+			continue
+		}
+		// Owned from now on: announced again on every reconnect, even if this one fails.
+		_, _ = s.client.Announce(ctx, n, []wire.Lane{wire.FullLane(s.blockTokens())}, feed)
+	}
+}
+
+func (s *Scorer) blockTokens() uint32 {
+	if s.params.TokenBlock != 0 {
+		return s.params.TokenBlock
+	}
+	return 16
+}
+
+func (s *Scorer) remember(id string, p *scored) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.requests) > 4096 {
+		for k, v := range s.requests {
+			if time.Since(v.at) > time.Minute {
+				delete(s.requests, k)
+			}
+		}
+	}
+	s.requests[id] = p
+}
+
+func (s *Scorer) take(id string) *scored {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.requests[id]
+	delete(s.requests, id)
+	return p
+}
