@@ -232,7 +232,11 @@ func shippedConfig(t *testing.T, kvixAddr string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.ReplaceAll(string(b), "kvix.kvix.svc.cluster.local:7420", kvixAddr)
+	const servers = `["kvix-0.kvix:7420", "kvix-1.kvix:7420", "kvix-2.kvix:7420"]`
+	if !strings.Contains(string(b), servers) {
+		t.Fatalf("config/epp-config.yaml does not name %s", servers)
+	}
+	return strings.ReplaceAll(string(b), servers, `["`+kvixAddr+`"]`)
 }
 
 // GAIE's own prefix-cache scorer in the same place as kvix-scorer in the shipped
