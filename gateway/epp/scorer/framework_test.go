@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -46,6 +49,7 @@ func registerPlugins() {
 	register.Do(func() {
 		ctrllog.SetLogger(logr.Discard())
 		fwkplugin.Register(Type, Factory)
+		fwkplugin.Register(ParserType, ParserFactory)
 		fwkplugin.Register(prefix.PrefixCacheScorerPluginType, prefix.PrefixCachePluginFactory)
 		fwkplugin.Register(approxprefix.ApproxPrefixCachePluginType, approxprefix.ApproxPrefixCacheFactory)
 		fwkplugin.Register(queuedepth.QueueScorerType, queuedepth.QueueScorerFactory)
@@ -65,6 +69,7 @@ func registerPlugins() {
 // epp is one endpoint picker: GAIE's loader, plugins and scheduler, driven the way
 // its director drives them (PrepareRequestData, Schedule, PreRequest).
 type epp struct {
+	handle   fwkplugin.Handle
 	sched    *scheduling.Scheduler
 	prepare  []fwkrc.PrepareDataPlugin
 	pre      []fwkrc.PreRequest
@@ -84,7 +89,7 @@ func newEPP(t *testing.T, ctx context.Context, config, affinity string) *epp {
 	if err != nil {
 		t.Fatalf("GAIE could not instantiate the configuration: %v", err)
 	}
-	e := &epp{sched: scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig)}
+	e := &epp{handle: h, sched: scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig)}
 	for _, p := range h.GetAllPlugins() {
 		if pd, ok := p.(fwkrc.PrepareDataPlugin); ok {
 			e.prepare = append(e.prepare, pd)
@@ -236,7 +241,13 @@ func shippedConfig(t *testing.T, kvixAddr string) string {
 	if !strings.Contains(string(b), servers) {
 		t.Fatalf("config/epp-config.yaml does not name %s", servers)
 	}
-	return strings.ReplaceAll(string(b), servers, `["`+kvixAddr+`"]`)
+	// The tests count routing, not time: a query past the shipped 2 ms on a loaded
+	// test machine would fail open and route by load alone.
+	if !strings.Contains(string(b), "deadlineMs: 2\n") {
+		t.Fatal("config/epp-config.yaml has no deadlineMs: 2")
+	}
+	cfg := strings.ReplaceAll(string(b), servers, `["`+kvixAddr+`"]`)
+	return strings.ReplaceAll(cfg, "deadlineMs: 2\n", "deadlineMs: 5000\n")
 }
 
 // GAIE's own prefix-cache scorer in the same place as kvix-scorer in the shipped
@@ -339,8 +350,31 @@ func TestBadParametersAreRefusedNamingTheField(t *testing.T) {
 }
 
 type testServer struct {
-	cmd  *exec.Cmd
-	addr string
+	cmd     *exec.Cmd
+	addr    string
+	metrics string
+}
+
+// metric is the value of the sample named exactly name on the server's /metrics.
+func (s *testServer) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + s.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s on /metrics", name)
+	return 0
 }
 
 func (s *testServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
@@ -355,7 +389,7 @@ func startServer(t *testing.T) *testServer {
 			t.Fatalf("no kvix-server at %s: build it with `cargo build -p kvix-server` at the repository root, or set KVIX_SERVER_BIN", bin)
 		}
 	}
-	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--unix", "", "--metrics", "", "--cores", "1")
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--unix", "", "--metrics", "127.0.0.1:0", "--cores", "1")
 	cmd.Env = append(os.Environ(), "KVIX_LOG=warn")
 	cmd.Stderr = os.Stderr
 	out, _ := cmd.StdoutPipe()
@@ -365,10 +399,12 @@ func startServer(t *testing.T) *testServer {
 	s := &testServer{cmd: cmd}
 	t.Cleanup(s.stop)
 	sc := bufio.NewScanner(out)
-	for sc.Scan() {
+	for (s.addr == "" || s.metrics == "") && sc.Scan() {
 		if _, rest, ok := strings.Cut(sc.Text(), "listening on tcp://"); ok {
 			s.addr = strings.Fields(rest)[0]
-			break
+		}
+		if _, rest, ok := strings.Cut(sc.Text(), "metrics on http://"); ok {
+			s.metrics = strings.TrimSuffix(strings.Fields(rest)[0], "/metrics")
 		}
 	}
 	if s.addr == "" {
@@ -379,4 +415,81 @@ func startServer(t *testing.T) *testServer {
 		}
 	}()
 	return s
+}
+
+// vLLM's answer to a chat request, whole and streamed with include_usage: what it says
+// it reused is usage.prompt_tokens_details.cached_tokens.
+const (
+	vllmAnswer = `{"id":"chatcmpl-1","object":"chat.completion","model":"llama","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":256,"completion_tokens":1,"total_tokens":257,"prompt_tokens_details":{"cached_tokens":%d}}}`
+	vllmStream = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"}}]}\n\n" +
+		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":256,\"completion_tokens\":1,\"total_tokens\":257,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\ndata: [DONE]\n\n"
+)
+
+func TestTheEnginesReportedReuseGoesBackToKvix(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := startServer(t)
+	e := newEPP(t, ctx, shippedConfig(t, srv.addr), Type)
+	parser, _ := e.handle.Plugin(ParserType).(*Parser)
+	if parser == nil {
+		t.Fatal("the shipped configuration has no kvix-openai-parser")
+	}
+	// GAIE's own parser misses the figure vLLM writes.
+	own, err := openai.NewOpenAIParser().ParseResponse(ctx, []byte(fmt.Sprintf(vllmAnswer, 240)), nil, true)
+	if err != nil || own.Usage == nil || own.Usage.PromptTokenDetails != nil {
+		t.Fatalf("GAIE's parser: %+v %v", own, err)
+	}
+	tokens := make([]uint32, 256) // 16 blocks of a tokenizer's ids
+	for i := range tokens {
+		tokens[i] = uint32(1000 + i)
+	}
+	request := func(id string) *fwksched.LLMRequest {
+		r := chat(t, ctx, 0, 0)
+		r.RequestId, r.TokenizedPrompt = id, &fwksched.TokenizedPrompt{TokenIDs: tokens}
+		return r
+	}
+	respond := func(req *fwksched.LLMRequest, body string, headers map[string]string) {
+		parsed, err := parser.ParseResponse(ctx, []byte(body), headers, true)
+		if err != nil || parsed == nil || parsed.Usage == nil {
+			t.Fatalf("%+v %v", parsed, err)
+		}
+		e.kvix.ResponseBody(ctx, req, &fwkrc.Response{RequestId: req.RequestId, EndOfStream: true, Usage: *parsed.Usage}, nil)
+	}
+	first := request("first")
+	target := e.route(t, ctx, first, endpoints(nil))
+	respond(first, fmt.Sprintf(vllmAnswer, 0), nil)
+	eventually(t, "the first placement is seen", func() bool {
+		return e.affinityOf(t, ctx, request("probe"), endpoints(nil))[target] > 0.99
+	})
+	second := request("second")
+	if again := e.route(t, ctx, second, endpoints(nil)); again != target {
+		t.Fatalf("the repeat went to %s, not %s", again, target)
+	}
+	respond(second, fmt.Sprintf(vllmStream, 240), map[string]string{"content-type": "text/event-stream"})
+	eventually(t, "kvix counts both reports", func() bool {
+		return srv.metric(t, "kvix_reuse_reports_total") == 2
+	})
+	if n := e.kvix.Client().Counters(); n.ReuseDrops != 0 || n.ReuseUnreported != 0 {
+		t.Fatalf("%+v", n)
+	}
+}
+
+func TestCachedTokensAreReadFromWholeAndStreamedAnswersOnly(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want int
+		ok   bool
+	}{
+		{fmt.Sprintf(vllmAnswer, 48), 48, true},
+		{fmt.Sprintf(vllmStream, 7), 7, true},
+		{`{"usage":{"prompt_tokens":3}}`, 0, false},
+		{`{"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":null}}}`, 0, false},
+		{`{"usage":{"prompt_tokens":3,"prompt_tokens_details":null}}`, 0, false},
+		{"not json", 0, false},
+	} {
+		got, ok := cachedTokens([]byte(tc.body))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%.40s: %d %v", tc.body, got, ok)
+		}
+	}
 }

@@ -3,9 +3,11 @@
 // request's prompt the worker behind it can reuse, as one kvix index shared by every
 // EPP replica says, and tells kvix where each request went.
 //
-// Plugin type "kvix-scorer". It is a Scorer (category Affinity) and a PreRequest
-// plugin: list it under plugins: and reference it from a scheduling profile with a
-// weight. Its parameters are Params.
+// Plugin type "kvix-scorer". It is a Scorer (category Affinity), a PreRequest plugin
+// (the placement) and a ResponseBody plugin (the engine's reported reuse, back to
+// kvix): list it under plugins: and reference it from a scheduling profile with a
+// weight. Its parameters are Params. The reuse reports need the kvix-openai-parser
+// (ParserType) as the configuration's parser.
 package scorer
 
 import (
@@ -20,6 +22,7 @@ import (
 
 	kvix "github.com/kvix/kvix/client/go"
 	"github.com/kvix/kvix/client/go/wire"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
@@ -71,19 +74,23 @@ type Scorer struct {
 
 	mu        sync.Mutex
 	announced map[string]bool
-	// requests holds each scored request's prompt until its PreRequest (or a minute).
+	// requests holds each scored request until its response ends (or a minute).
 	requests map[string]*scored
 }
 
 type scored struct {
-	ks    wire.Keyspace
-	chain []uint64
-	at    time.Time
+	ks        wire.Keyspace
+	chain     []uint64
+	tokens    bool               // the chain is of the engine's token ids
+	predicted map[string]float64 // blocks reusable, by worker; nil when kvix did not answer
+	worker    string             // where it went (PreRequest)
+	at        time.Time
 }
 
 var (
-	_ fwksched.Scorer  = (*Scorer)(nil)
-	_ fwkrc.PreRequest = (*Scorer)(nil)
+	_ fwksched.Scorer    = (*Scorer)(nil)
+	_ fwkrc.PreRequest   = (*Scorer)(nil)
+	_ fwkrc.ResponseBody = (*Scorer)(nil)
 )
 
 // Factory builds the plugin from its EndpointPickerConfig entry.
@@ -225,22 +232,27 @@ func (s *Scorer) Score(ctx context.Context, _ *fwksched.CycleState, req *fwksche
 	if !ok || len(chain) == 0 {
 		return out
 	}
-	s.remember(req.RequestId, &scored{ks: ks, chain: chain, at: time.Now()})
+	p := &scored{ks: ks, chain: chain, tokens: ks.Kind == wire.ChunkTokens, at: time.Now()}
 	o := s.client.QueryChain(ctx, ks, chain, kvix.QueryOptions{Candidates: names})
+	if o.Reason == kvix.ReasonScores || o.Reason == kvix.ReasonEmpty {
+		p.predicted = map[string]float64{}
+	}
 	for _, sc := range o.Scores {
+		p.predicted[sc.Name] = float64(sc.Blocks)
 		for i, n := range names {
 			if n == sc.Name {
 				out[endpoints[i]] = min(sc.ExpectedReuse()/float64(len(chain)), 1)
 			}
 		}
 	}
+	s.remember(req.RequestId, p)
 	return out
 }
 
 // PreRequest tells kvix where the request went: a worker fed by placements now holds
 // the prompt's blocks.
 func (s *Scorer) PreRequest(_ context.Context, req *fwksched.LLMRequest, res *fwksched.SchedulingResult) {
-	p := s.take(req.RequestId)
+	p := s.lookup(req.RequestId)
 	if p == nil || res == nil {
 		return
 	}
@@ -248,7 +260,32 @@ func (s *Scorer) PreRequest(_ context.Context, req *fwksched.LLMRequest, res *fw
 	if r == nil || len(r.TargetEndpoints) == 0 {
 		return
 	}
-	s.client.PublishPlacement(s.WorkerName(metaOf(r.TargetEndpoints[0])), p.ks, p.chain)
+	p.worker = s.WorkerName(metaOf(r.TargetEndpoints[0]))
+	s.client.PublishPlacement(p.worker, p.ks, p.chain)
+}
+
+// ResponseBody reports to kvix, once the response ended, the reuse the engine says it
+// had (usage.prompt_tokens_details.cached_tokens, read by the kvix-openai-parser)
+// against the reuse kvix predicted for the worker. Only requests scored by their token
+// ids are reported: a byte-keyspace prediction is not in the engine's tokens.
+func (s *Scorer) ResponseBody(_ context.Context, req *fwksched.LLMRequest, resp *fwkrc.Response, _ *fwkdl.EndpointMetadata) {
+	if resp == nil || !resp.EndOfStream {
+		return
+	}
+	p := s.take(req.RequestId)
+	if p == nil || !p.tokens || p.worker == "" || p.predicted == nil {
+		return
+	}
+	sample := kvix.ReuseSample{Worker: p.worker, Model: p.ks.Model, PromptTokens: uint32(resp.Usage.PromptTokens)}
+	if blocks, ok := p.predicted[p.worker]; ok {
+		tokens := uint32(blocks) * s.blockTokens()
+		sample.PredictedTokens = &tokens
+	}
+	if d := resp.Usage.PromptTokenDetails; d != nil {
+		cached := uint32(d.CachedTokens)
+		sample.CachedTokens = &cached
+	}
+	s.client.ReportReuse(sample) // no figure: counted by the client as unreported
 }
 
 // announce registers endpoints not seen before as placement-fed workers, when asked to.
@@ -289,6 +326,12 @@ func (s *Scorer) remember(id string, p *scored) {
 		}
 	}
 	s.requests[id] = p
+}
+
+func (s *Scorer) lookup(id string) *scored {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests[id]
 }
 
 func (s *Scorer) take(id string) *scored {
