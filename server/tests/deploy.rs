@@ -287,7 +287,7 @@ fn the_kubernetes_manifests_validate_and_their_config_checks() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "kubernetes-validate: {said}");
-    assert_eq!(said.matches("passed for resource").count(), 12, "{said}");
+    assert_eq!(said.matches("passed for resource").count(), 14, "{said}");
 
     let manifest = read("deploy/kubernetes/kvix.yaml");
     assert!(manifest
@@ -297,30 +297,43 @@ fn the_kubernetes_manifests_validate_and_their_config_checks() {
         return;
     }
     let log = Redis::start("manifest");
+    // Fenced: the log's URL (with the Redis password) comes from the environment, the
+    // clients' token from a mounted Secret.
+    assert!(manifest.contains(
+        "- name: KVIX_LOG_URL\n              value: \"redis://:$(REDIS_PASSWORD)@kvix-redis:6379/kvix\""
+    ));
+    assert!(manifest.contains("secret: {secretName: kvix-auth"));
+    let dir = std::env::temp_dir().join(format!("kvix-manifest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, "manifest-token\n").unwrap();
     let toml = configmap_toml(&manifest);
     assert!(
-        toml.contains("log = \"redis://kvix-redis:6379/kvix\""),
+        toml.contains("auth-token-file = \"/etc/kvix-auth/token\"") && !toml.contains("log ="),
         "{toml}"
     );
     let toml = toml
-        .replace("redis://kvix-redis:6379/kvix", &log.url("kvix"))
+        .replace("/etc/kvix-auth/token", token.to_str().unwrap())
         .replace("0.0.0.0:7420", &format!("127.0.0.1:{}", free_port()))
         .replace("0.0.0.0:7421", &format!("127.0.0.1:{}", free_port()));
-    let dir = std::env::temp_dir().join(format!("kvix-manifest-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("kvix.toml");
     std::fs::write(&conf, toml).unwrap();
     let check = Command::new(env!("CARGO_BIN_EXE_kvix-server"))
         .args(["check", "--config", conf.to_str().unwrap(), "--cores", "1"])
         .env_remove("KVIX_LISTEN")
         .env_remove("KVIX_METRICS")
+        .env("KVIX_LOG_URL", log.url("kvix"))
         .output()
         .unwrap();
-    assert!(
-        check.status.success(),
+    let said = format!(
         "{}{}",
         String::from_utf8_lossy(&check.stdout),
         String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(check.status.success(), "{said}");
+    assert!(
+        said.contains("log"),
+        "check says nothing of the log: {said}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 

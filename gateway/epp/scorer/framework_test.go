@@ -232,7 +232,8 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func shippedConfig(t *testing.T, kvixAddr string) string {
+// shippedConfig is config/epp-config.yaml pointed at srv and its token.
+func shippedConfig(t *testing.T, srv *testServer) string {
 	b, err := os.ReadFile("../config/epp-config.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +247,12 @@ func shippedConfig(t *testing.T, kvixAddr string) string {
 	if !strings.Contains(string(b), "deadlineMs: 2\n") {
 		t.Fatal("config/epp-config.yaml has no deadlineMs: 2")
 	}
-	cfg := strings.ReplaceAll(string(b), servers, `["`+kvixAddr+`"]`)
+	const token = "authTokenFile: /etc/kvix-auth/token\n"
+	if !strings.Contains(string(b), token) {
+		t.Fatal("config/epp-config.yaml reads no token from /etc/kvix-auth/token")
+	}
+	cfg := strings.ReplaceAll(string(b), servers, `["`+srv.addr+`"]`)
+	cfg = strings.ReplaceAll(cfg, token, "authTokenFile: "+srv.tokenFile+"\n")
 	return strings.ReplaceAll(cfg, "deadlineMs: 2\n", "deadlineMs: 5000\n")
 }
 
@@ -276,10 +282,10 @@ func TestKvixScorerInGAIEsSchedulerSharesOneViewAcrossReplicas(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv := startServer(t)
-	kvixOne := followUpHit(t, ctx, []*epp{newEPP(t, ctx, shippedConfig(t, srv.addr), Type)})
+	kvixOne := followUpHit(t, ctx, []*epp{newEPP(t, ctx, shippedConfig(t, srv), Type)})
 	srv2 := startServer(t)
 	kvixTwo := followUpHit(t, ctx, []*epp{
-		newEPP(t, ctx, shippedConfig(t, srv2.addr), Type), newEPP(t, ctx, shippedConfig(t, srv2.addr), Type)})
+		newEPP(t, ctx, shippedConfig(t, srv2), Type), newEPP(t, ctx, shippedConfig(t, srv2), Type)})
 	gaieOne := followUpHit(t, ctx, []*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
 	gaieTwo := followUpHit(t, ctx, []*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType),
 		newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
@@ -300,7 +306,7 @@ func TestWithKvixStoppedSchedulingGoesOnWithoutIt(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv := startServer(t)
-	e := newEPP(t, ctx, shippedConfig(t, srv.addr), Type)
+	e := newEPP(t, ctx, shippedConfig(t, srv), Type)
 	eventually(t, "the scorer connects", e.kvix.Client().Connected)
 	srv.stop()
 	eventually(t, "the scorer sees kvix gone", func() bool { return !e.kvix.Client().Connected() })
@@ -350,9 +356,10 @@ func TestBadParametersAreRefusedNamingTheField(t *testing.T) {
 }
 
 type testServer struct {
-	cmd     *exec.Cmd
-	addr    string
-	metrics string
+	cmd       *exec.Cmd
+	addr      string
+	metrics   string
+	tokenFile string // the token clients must present (--auth-token-file)
 }
 
 // metric is the value of the sample named exactly name on the server's /metrics.
@@ -389,14 +396,19 @@ func startServer(t *testing.T) *testServer {
 			t.Fatalf("no kvix-server at %s: build it with `cargo build -p kvix-server` at the repository root, or set KVIX_SERVER_BIN", bin)
 		}
 	}
-	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--unix", "", "--metrics", "127.0.0.1:0", "--cores", "1")
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("epp-test-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--unix", "", "--metrics", "127.0.0.1:0", "--cores", "1",
+		"--auth-token-file", tokenFile)
 	cmd.Env = append(os.Environ(), "KVIX_LOG=warn")
 	cmd.Stderr = os.Stderr
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &testServer{cmd: cmd}
+	s := &testServer{cmd: cmd, tokenFile: tokenFile}
 	t.Cleanup(s.stop)
 	sc := bufio.NewScanner(out)
 	for (s.addr == "" || s.metrics == "") && sc.Scan() {
@@ -429,7 +441,7 @@ func TestTheEnginesReportedReuseGoesBackToKvix(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv := startServer(t)
-	e := newEPP(t, ctx, shippedConfig(t, srv.addr), Type)
+	e := newEPP(t, ctx, shippedConfig(t, srv), Type)
 	parser, _ := e.handle.Plugin(ParserType).(*Parser)
 	if parser == nil {
 		t.Fatal("the shipped configuration has no kvix-openai-parser")

@@ -276,7 +276,9 @@ pub struct Durability {
     /// Replicas: every write goes through this Redis (or Valkey) Stream and every server
     /// naming it applies the stream in order, as identical copies (redis://HOST:PORT/KEY,
     /// or redis+sentinel://S1:P1,S2:P2/MASTER/KEY to follow the primary Sentinel names).
-    #[arg(long)]
+    /// A password goes in the URL (redis://:PASSWORD@HOST:PORT/KEY): give it through
+    /// KVIX_LOG_URL, which /proc shows only to the server's own user.
+    #[arg(long, env = "KVIX_LOG_URL", hide_env_values = true)]
     pub log: Option<crate::durable::replica::LogUrl>,
 
     /// Replicas: the name of the fleet this replica belongs to. The first replica on a
