@@ -14,8 +14,10 @@
 //! - A worker's last [`WINDOW`] reports (from clients under no verdict) name it at
 //!   [`RAISE`] wrong when most of the clients in them are mostly wrong, and clear it at
 //!   [`CLEAR`] or fewer: within `WINDOW - CLEAR` = 13 right reports after its cause is
-//!   fixed. `EventsMissing` (kvix predicts nothing), `Undercounted` (less than the
-//!   engine reuses), `EventsLagging` (more). A worker whose history is lost is already
+//!   fixed. `EventsMissing` (kvix predicts nothing, or less than the engine reuses
+//!   while none of the worker's events came in across a window of its reports: an
+//!   engine serving requests stores blocks, so its events stopped), `Undercounted`
+//!   (less than the engine reuses, its events coming in), `EventsLagging` (more). A worker whose history is lost is already
 //!   flagged for under-counting and gets no verdict; placement-fed workers only for
 //!   over-prediction (placements never learn the output an engine caches).
 //!
@@ -26,7 +28,7 @@
 //! batched by clients and rare next to queries, which read only [`SUSPECT`]'s atomics.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
@@ -235,12 +237,31 @@ struct Worker {
     /// Reports from clients under no verdict.
     window: Window<Arc<str>>,
     cause: Option<SuspectCause>,
+    /// The worker's event feeds counted when its last report came ([`heard`]).
+    heard_then: u64,
+    /// Its reports since an event of it was last fed: [`WINDOW`] or more is a quiet worker.
+    quiet: usize,
 }
 
 #[derive(Debug, Default)]
 struct State {
     clients: HashMap<Arc<str>, Client>,
     workers: HashMap<WorkerId, Worker>,
+}
+
+/// Event feeds counted by worker id (ids are given from 0 up; past the table, two ids
+/// share a slot, which can only hide a quiet worker, never invent one). Atomics, not
+/// [`STATE`]'s lock: every event batch counts here, on every executor's write path.
+static HEARD: [AtomicU64; 1 << 16] = [const { AtomicU64::new(0) }; 1 << 16];
+
+/// Counts an event feed of `worker` (an event batch or an engine delivery): reports
+/// that keep coming while none does say its events stopped.
+pub fn heard(worker: WorkerId) {
+    HEARD[worker as usize % HEARD.len()].fetch_add(1, Relaxed);
+}
+
+fn heard_of(worker: WorkerId) -> u64 {
+    HEARD[worker as usize % HEARD.len()].load(Relaxed)
 }
 
 crate::metric_set! {
@@ -354,11 +375,18 @@ impl State {
             if let Some(c) = self.clients.get_mut(&key) {
                 c.window.push(r.worker, o);
             }
+            let heard = heard_of(r.worker);
+            let w = self.workers.entry(r.worker).or_insert_with(|| Worker {
+                window: Window::new(WINDOW),
+                cause: None,
+                heard_then: heard,
+                quiet: 0,
+            });
+            if w.heard_then != heard {
+                (w.heard_then, w.quiet) = (heard, 0);
+            }
+            w.quiet += 1;
             if !suspect {
-                let w = self.workers.entry(r.worker).or_insert_with(|| Worker {
-                    window: Window::new(WINDOW),
-                    cause: None,
-                });
                 w.window.push(key.clone(), o);
             }
             touched.push((r.worker, k));
@@ -508,10 +536,12 @@ impl State {
         } else if w.window.bad && wrong <= CLEAR {
             w.window.bad = false;
         }
+        let quiet = w.quiet >= WINDOW;
         let cause = match (w.window.bad && !kind.history_lost, w.window.direction()) {
             (false, _) => None,
             (true, Outcome::Over) => Some(SuspectCause::EventsLagging),
             (true, Outcome::Missed) if kind.event_fed => Some(SuspectCause::EventsMissing),
+            (true, Outcome::Under) if kind.event_fed && quiet => Some(SuspectCause::EventsMissing),
             (true, Outcome::Under) if kind.event_fed => Some(SuspectCause::Undercounted),
             (true, _) => None,
         };
@@ -634,6 +664,8 @@ mod tests {
             let w = st.workers.entry(7).or_insert_with(|| Worker {
                 window: Window::new(WINDOW),
                 cause: None,
+                heard_then: 0,
+                quiet: 0,
             });
             w.window.push(key.clone(), o);
             st.judge_worker(7, kind);

@@ -27,11 +27,18 @@ fn tokens(from: u32, to: u32) -> Vec<u32> {
 
 /// The 10 blocks every engine stores, as vLLM 0.34 sends them.
 fn stored() -> Value {
+    stored_from(0, 10)
+}
+
+/// `blocks` blocks of the prompt starting at token `from`, each hashed by the engine
+/// under an id of its own.
+fn stored_from(from: u32, blocks: u32) -> Value {
+    let first = u64::from(from / 16);
     json!({
         "type": "BlockStored",
-        "block_hashes": (0..10u64).map(|i| 0xF000_0000_0000_0000u64 | i).collect::<Vec<_>>(),
+        "block_hashes": (first..first + u64::from(blocks)).map(|i| 0xF000_0000_0000_0000u64 | i).collect::<Vec<_>>(),
         "parent_block_hash": null,
-        "token_ids": tokens(0, HELD),
+        "token_ids": tokens(from, from + 16 * blocks),
         "block_size": 16,
         "lora_id": null,
         "medium": "GPU",
@@ -188,7 +195,35 @@ fn each_cause_is_named_for_whoever_is_at_fault_and_clears_once_fixed() {
         vec![(a, None), (b, None)]
     );
 
-    // b's engine reuses more than kvix knows (a tier it does not report).
+    // b's engine reuses more than kvix knows (a tier it does not report), its events
+    // coming in all along: every request stores blocks (a prompt of one block each).
+    for i in 0..16 {
+        let from = 100_000 + 16 * i;
+        b_engine.publish(vec![stored_from(from, 1)]);
+        let probe = token_chain(ks.seed(16), 16, &tokens(from, from + 16));
+        wait_until("b's store of this request", || {
+            c.query(&ks, &probe).scores.iter().any(|s| s.worker == b)
+        });
+        report(
+            &mut c,
+            1,
+            &[reuse(a, Some(HELD), HELD), reuse(b, Some(64), HELD)],
+        );
+    }
+    assert_eq!(
+        verdicts(&server).0,
+        vec![(u64::from(b), "undercounted".into())]
+    );
+    report(
+        &mut c,
+        13,
+        &[reuse(a, Some(HELD), HELD), reuse(b, Some(HELD), HELD)],
+    );
+    assert_eq!(verdicts(&server).0, vec![]);
+
+    // b's events stop after what it stored so far: kvix predicts its old blocks, the
+    // engine reuses more, and none of its events come in across the reports: its events
+    // are missing, not under-counted.
     report(
         &mut c,
         16,
@@ -196,7 +231,7 @@ fn each_cause_is_named_for_whoever_is_at_fault_and_clears_once_fixed() {
     );
     assert_eq!(
         verdicts(&server).0,
-        vec![(u64::from(b), "undercounted".into())]
+        vec![(u64::from(b), "events_missing".into())]
     );
     report(
         &mut c,

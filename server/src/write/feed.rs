@@ -85,6 +85,7 @@ async fn feed_step(ex: &Rc<Executor>, write: Write, u: &mut Update) -> Result<Ou
         // the delivery applied all the same (a restart replays the engine's buffer after
         // the last batch the log holds).
         ingest @ Write::Ingest { worker, .. } => {
+            crate::reuse::heard(worker);
             let block = ex.settings().index.block_size;
             let begun =
                 ex.ingest_states()
@@ -116,6 +117,7 @@ async fn events(ex: &Executor, body: &FrameBytes, u: &mut Update) -> Result<Outc
     let m = ex.metrics();
     ExecutorMetrics::add(&m.batches, 1);
     let (worker, seq) = (b.worker.to_native(), b.seq.to_native());
+    crate::reuse::heard(worker);
     let (max, held) = (ex.settings().index.max_blocks, ex.core().index().blocks());
     let stores = || {
         b.events.iter().any(|e| {
