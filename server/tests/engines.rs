@@ -439,7 +439,12 @@ fn a_topic_another_address_speaks_for_is_refused_while_its_engine_is_connected()
         std::thread::sleep(Duration::from_millis(20));
         assert!(
             seq < sent + 1_000,
-            "the impostor's messages were never refused"
+            "the impostor's messages were never refused: {} messages read, {} publishers \
+             connected, {} refused, the engine's blocks {:?}",
+            server.metric("kvix_ingest_messages_total"),
+            server.metric("kvix_ingest_publishers_connected"),
+            refused(),
+            c.query(&base, &p).scores,
         );
     }
     expect(
