@@ -164,15 +164,42 @@ func endpoints(queue map[string]int) []fwksched.Endpoint {
 // with less, the shipped weights let an idle endpoint outbid the holder (3 x share
 // against 2 x a queue score of 1) under either affinity scorer.
 func chat(t *testing.T, ctx context.Context, c, k int) *fwksched.LLMRequest {
+	return conversation(t, ctx, c, k,
+		fmt.Sprintf("Conversation %d. ", c)+strings.Repeat("You are a careful assistant for the kvix routing test. ", 44),
+		func(i int) string {
+			return fmt.Sprintf("Question %d of conversation %d: %s", i, c, strings.Repeat("explain prefix caching once more. ", 4))
+		},
+		func(i int) string {
+			return fmt.Sprintf("Answer %d: %s", i, strings.Repeat("blocks are reused when the prefix matches. ", 5))
+		})
+}
+
+// wordChat is chat in the words of the test tokenizer (testdata/chat_tokenizer.py: word
+// "w<n>" is one token): a system prompt of 400 tokens, exchanges of 40 and 50.
+func wordChat(t *testing.T, ctx context.Context, c, k int) *fwksched.LLMRequest {
+	words := func(seed, n int) string {
+		w := make([]string, n)
+		for i := range w {
+			w[i] = fmt.Sprintf("w%d", (seed*7919+i*104729)%50_000)
+		}
+		return strings.Join(w, " ")
+	}
+	return conversation(t, ctx, c, k, words(c, 400),
+		func(i int) string { return words(c*100+i+1, 40) },
+		func(i int) string { return words(c*100+i+51, 50) })
+}
+
+// conversation is turn k of conversation c: system, k earlier exchanges, a question.
+func conversation(t *testing.T, ctx context.Context, c, k int, system string, question, answer func(int) string) *fwksched.LLMRequest {
 	type msg struct {
 		Role    string `json:"role"`
 		Content string `json:"content"`
 	}
-	msgs := []msg{{"system", fmt.Sprintf("Conversation %d. ", c) + strings.Repeat("You are a careful assistant for the kvix routing test. ", 44)}}
+	msgs := []msg{{"system", system}}
 	for i := 0; i <= k; i++ {
-		msgs = append(msgs, msg{"user", fmt.Sprintf("Question %d of conversation %d: %s", i, c, strings.Repeat("explain prefix caching once more. ", 4))})
+		msgs = append(msgs, msg{"user", question(i)})
 		if i < k {
-			msgs = append(msgs, msg{"assistant", fmt.Sprintf("Answer %d: %s", i, strings.Repeat("blocks are reused when the prefix matches. ", 5))})
+			msgs = append(msgs, msg{"assistant", answer(i)})
 		}
 	}
 	body, _ := json.Marshal(map[string]any{"model": "llama", "messages": msgs})
@@ -185,11 +212,26 @@ func chat(t *testing.T, ctx context.Context, c, k int) *fwksched.LLMRequest {
 
 const conversations, turns = 50, 4
 
-// followUpHit routes every turn of every conversation, turn by turn, through the
-// pickers in turn ((conversation + turn) mod pickers: consecutive turns of one
-// conversation go to different replicas when there are two), and returns the share of
-// follow-up turns routed to the endpoint that served the conversation's turn before.
+// followUpHit routes every turn of every conversation through the pickers, placement-fed.
 func followUpHit(t *testing.T, ctx context.Context, pickers []*epp) float64 {
+	return followUpHitWith(t, ctx, pickers, chat, nil, nil, endpoints)
+}
+
+// runs numbers the conversations of each followUpHitWith call apart, so that engines
+// that served one run hold nothing of the next.
+var runs int
+
+// followUpHitWith routes every turn of every conversation (made by turn), turn by turn,
+// through the pickers in turn ((conversation + turn) mod pickers: consecutive turns of
+// one conversation go to different replicas when there are two), and returns the share
+// of follow-up turns routed to the endpoint that served the conversation's turn before.
+// prepare (tokenizing) runs before a request is routed, serve (an engine storing its
+// prompt) after; either may be nil.
+func followUpHitWith(t *testing.T, ctx context.Context, pickers []*epp,
+	turn func(*testing.T, context.Context, int, int) *fwksched.LLMRequest,
+	prepare func(*fwksched.LLMRequest), serve func(*fwksched.LLMRequest, string),
+	eps func(map[string]int) []fwksched.Endpoint) float64 {
+	runs++
 	served := map[int]string{}
 	queue := map[string]int{}
 	var recent []string
@@ -197,9 +239,14 @@ func followUpHit(t *testing.T, ctx context.Context, pickers []*epp) float64 {
 	for k := 0; k < turns; k++ {
 		for c := 0; c < conversations; c++ {
 			e := pickers[(c+k)%len(pickers)]
-			req := chat(t, ctx, c, k)
-			eps := endpoints(queue)
-			target := e.route(t, ctx, req, eps)
+			req := turn(t, ctx, runs*1000+c, k)
+			if prepare != nil {
+				prepare(req)
+			}
+			target := e.route(t, ctx, req, eps(queue))
+			if serve != nil {
+				serve(req, target)
+			}
 			if k > 0 {
 				followUps++
 				if served[c] == target {
@@ -215,8 +262,8 @@ func followUpHit(t *testing.T, ctx context.Context, pickers []*epp) float64 {
 				recent = recent[1:]
 			}
 			// The picker's record of this request is applied before the next one.
-			eventually(t, "the placement of "+req.RequestId+" is seen", func() bool {
-				return e.affinityOf(t, ctx, req, endpoints(queue))[target] > 0.99
+			eventually(t, "the record of "+req.RequestId+" is seen", func() bool {
+				return e.affinityOf(t, ctx, req, eps(queue))[target] > 0.99
 			})
 		}
 	}
@@ -387,7 +434,7 @@ func (s *testServer) metric(t *testing.T, name string) float64 {
 func (s *testServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
 
 // startServer starts a real kvix-server: KVIX_SERVER_BIN, or the workspace's debug build.
-func startServer(t *testing.T) *testServer {
+func startServer(t *testing.T, args ...string) *testServer {
 	t.Helper()
 	bin := os.Getenv("KVIX_SERVER_BIN")
 	if bin == "" {
@@ -400,8 +447,8 @@ func startServer(t *testing.T) *testServer {
 	if err := os.WriteFile(tokenFile, []byte("epp-test-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--unix", "", "--metrics", "127.0.0.1:0", "--cores", "1",
-		"--auth-token-file", tokenFile)
+	cmd := exec.Command(bin, append([]string{"--listen", "127.0.0.1:0", "--unix", "", "--metrics", "127.0.0.1:0",
+		"--cores", "1", "--auth-token-file", tokenFile}, args...)...)
 	cmd.Env = append(os.Environ(), "KVIX_LOG=warn")
 	cmd.Stderr = os.Stderr
 	out, _ := cmd.StdoutPipe()
