@@ -24,7 +24,9 @@ import (
 // pickers name endpoints by address ({address}{dp}), as kvix names engines that connect.
 
 // python is the tests' interpreter (scripts/testenv.py), with the engines' wheels.
-func python(t *testing.T) string {
+func python(t *testing.T) string { return pythonFor(t) }
+
+func pythonFor(t testing.TB) string {
 	t.Helper()
 	out, err := exec.Command("python3", "../../../scripts/testenv.py", "ensure").Output()
 	if err != nil {
@@ -134,14 +136,32 @@ func freePorts(t *testing.T, n int) int {
 }
 
 // engineFedConfig is the shipped configuration for engines that feed kvix their events:
-// no announce, endpoints named by address.
-func engineFedConfig(t *testing.T, srv *testServer) string {
+// no announce, endpoints named by address, token ids from the tokenizer sidecar.
+func engineFedConfig(t *testing.T, srv *testServer, tokenizer string) string {
 	cfg := shippedConfig(t, srv)
 	const announce = "    announce:\n      capacityBlocks: 1000000\n"
 	if !strings.Contains(cfg, announce) {
 		t.Fatal("config/epp-config.yaml has no announce block")
 	}
-	return strings.Replace(cfg, announce, "    workerName: \"{address}{dp}\"\n", 1)
+	return strings.Replace(cfg, announce, "    workerName: \"{address}{dp}\"\n"+
+		"    tokenizer: {url: \"http://"+tokenizer+"/tokenize\", timeoutMs: 5000}\n", 1)
+}
+
+// sidecar starts the tokenizer sidecar: its host:port.
+func sidecar(t testing.TB, py string) string {
+	t.Helper()
+	cmd := exec.Command(py, "testdata/chat_tokenizer.py", "--http")
+	cmd.Stderr = os.Stderr
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "ready ") {
+		t.Fatalf("the tokenizer sidecar did not start: %q", sc.Text())
+	}
+	return "127.0.0.1:" + strings.TrimPrefix(sc.Text(), "ready ")
 }
 
 // engineEndpoints are the four ranks at the engines' addresses (rank 1 of the last pod
@@ -191,7 +211,9 @@ func TestEngineFedKvixScoresRealPublishersEventsOfRealChatTemplates(t *testing.T
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	tokenized := func(req *fwksched.LLMRequest) {
+	// The engine tokenizes the request itself (the same template and tokenizer as the
+	// pickers' sidecar), then stores the prompt's new blocks.
+	serve := func(req *fwksched.LLMRequest, endpoint string) {
 		var ids []uint32
 		msgs, _ := json.Marshal(req.Body.ChatCompletions.Messages)
 		if err := json.Unmarshal([]byte(tok.ask(t, json.RawMessage(msgs))), &ids); err != nil {
@@ -202,16 +224,19 @@ func TestEngineFedKvixScoresRealPublishersEventsOfRealChatTemplates(t *testing.T
 				t.Fatalf("the template rendered a word the tokenizer does not know: %v", ids)
 			}
 		}
-		req.TokenizedPrompt = &fwksched.TokenizedPrompt{TokenIDs: ids}
-	}
-	serve := func(req *fwksched.LLMRequest, endpoint string) {
-		engines[endpoint].serve(t, req.TokenizedPrompt.TokenIDs)
+		engines[endpoint].serve(t, ids)
 	}
 	run := func(pickers []*epp) float64 {
-		return followUpHitWith(t, ctx, pickers, wordChat, tokenized, serve, engineEndpoints)
+		return followUpHitWith(t, ctx, pickers, wordChat, nil, serve, engineEndpoints)
 	}
-	kvixOne := run([]*epp{newEPP(t, ctx, engineFedConfig(t, srv), Type)})
-	kvixTwo := run([]*epp{newEPP(t, ctx, engineFedConfig(t, srv), Type), newEPP(t, ctx, engineFedConfig(t, srv), Type)})
+	side := sidecar(t, py)
+	kvixPicker := func() *epp { return newEPP(t, ctx, engineFedConfig(t, srv, side), Type) }
+	one := kvixPicker()
+	kvixOne := run([]*epp{one})
+	kvixTwo := run([]*epp{kvixPicker(), kvixPicker()})
+	if n := one.kvix.TokenizerFailures(); n != 0 {
+		t.Fatalf("%d requests scored without the sidecar's token ids", n)
+	}
 	gaieOne := run([]*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
 	gaieTwo := run([]*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType),
 		newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
@@ -230,4 +255,25 @@ func TestEngineFedKvixScoresRealPublishersEventsOfRealChatTemplates(t *testing.T
 	if kvixTwo < gaieTwo+0.2 {
 		t.Errorf("two EPPs: kvix %.3f does not beat GAIE's per-replica prefix scorer %.3f", kvixTwo, gaieTwo)
 	}
+}
+
+// BenchmarkTokenizerSidecar20k is what the scorer's call to the tokenizer sidecar costs
+// for a chat of about 20,000 tokens (transformers' apply_chat_template and its fast
+// tokenizer, in Python, over loopback HTTP).
+func BenchmarkTokenizerSidecar20k(b *testing.B) {
+	py := pythonFor(b)
+	s := &Scorer{params: Params{Tokenizer: &Tokenizer{URL: "http://" + sidecar(b, py) + "/tokenize", TimeoutMs: 10_000}}}
+	ctx := context.Background()
+	req := wordChatLong(b, ctx, 20_000)
+	ids, err := s.tokenize(ctx, req)
+	if err != nil || len(ids) < 19_000 {
+		b.Fatalf("%d ids, %v", len(ids), err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := s.tokenize(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(ids)), "tokens")
 }

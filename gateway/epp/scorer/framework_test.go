@@ -189,8 +189,18 @@ func wordChat(t *testing.T, ctx context.Context, c, k int) *fwksched.LLMRequest 
 		func(i int) string { return words(c*100+i+51, 50) })
 }
 
+// wordChatLong is one chat of about n tokens of the test tokenizer.
+func wordChatLong(t testing.TB, ctx context.Context, n int) *fwksched.LLMRequest {
+	w := make([]string, n-10)
+	for i := range w {
+		w[i] = fmt.Sprintf("w%d", i*104729%50_000)
+	}
+	return conversation(t, ctx, 0, 0, strings.Join(w, " "),
+		func(int) string { return "w1 w2 w3" }, func(int) string { return "" })
+}
+
 // conversation is turn k of conversation c: system, k earlier exchanges, a question.
-func conversation(t *testing.T, ctx context.Context, c, k int, system string, question, answer func(int) string) *fwksched.LLMRequest {
+func conversation(t testing.TB, ctx context.Context, c, k int, system string, question, answer func(int) string) *fwksched.LLMRequest {
 	type msg struct {
 		Role    string `json:"role"`
 		Content string `json:"content"`

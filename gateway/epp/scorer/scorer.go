@@ -15,9 +15,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	kvix "github.com/kvix/kvix/client/go"
@@ -53,10 +55,24 @@ type Params struct {
 	// "<pod>-rank-<n>" endpoints) and {dp} ("" for rank 0, "/dp<rank>" otherwise:
 	// kvix's own name for engine ranks). Default "{pod}{dp}".
 	WorkerName string `json:"workerName,omitempty"`
+	// Tokenizer, when set, is a tokenizer sidecar speaking vLLM's POST /tokenize (vLLM
+	// itself, or a process running the model's tokenizer and chat template): a request
+	// without token ids (no tokenizer plugin set GAIE's TokenizedPrompt) is tokenized
+	// there, so that engine-fed workers match it.
+	Tokenizer *Tokenizer `json:"tokenizer,omitempty"`
 	// Announce, when set, has the scorer announce every endpoint it sees as a worker
 	// fed by placements (the shared approximate mode: no engine events needed). Leave
 	// it unset when the engines feed kvix their KV events.
 	Announce *Announce `json:"announce,omitempty"`
+}
+
+// Tokenizer is a tokenizer sidecar.
+type Tokenizer struct {
+	// URL of its /tokenize (vLLM's API: {"model", "messages" | "prompt"} answered with
+	// {"tokens": [...]}).
+	URL string `json:"url"`
+	// TimeoutMs bounds a call; past it the request is scored without token ids. Default 50.
+	TimeoutMs float64 `json:"timeoutMs,omitempty"`
 }
 
 // Announce says how endpoints announced by the scorer keep their placements.
@@ -71,6 +87,8 @@ type Scorer struct {
 	params    Params
 	client    *kvix.Client
 	weights   wire.TierWeights
+
+	tokenizerFailures atomic.Uint64
 
 	mu        sync.Mutex
 	announced map[string]bool
@@ -147,6 +165,14 @@ func New(p Params) (*Scorer, error) {
 	if p.Announce != nil && p.Announce.CapacityBlocks == 0 {
 		return nil, errors.New("announce.capacityBlocks: must be positive")
 	}
+	if t := p.Tokenizer; t != nil {
+		if u, err := url.Parse(t.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+			return nil, fmt.Errorf("tokenizer.url: %q is not an http(s) URL", t.URL)
+		}
+		if t.TimeoutMs == 0 {
+			t.TimeoutMs = 50
+		}
+	}
 	client, err := kvix.Connect(cfg)
 	if err != nil {
 		return nil, err
@@ -196,7 +222,7 @@ func metaOf(e fwksched.Endpoint) *EndpointMeta {
 // prompt is the keyspace and chain of a request: the engine's token ids when a
 // tokenizer plugin set them (engine-fed workers match those), else the bytes of the
 // prompt as GAIE's parser holds it (matching the placements the scorer itself made).
-func (s *Scorer) prompt(req *fwksched.LLMRequest) (wire.Keyspace, []uint64, bool) {
+func (s *Scorer) prompt(ctx context.Context, req *fwksched.LLMRequest) (wire.Keyspace, []uint64, bool) {
 	salt := ""
 	if req.Body != nil {
 		salt = req.Body.CacheSalt()
@@ -204,6 +230,12 @@ func (s *Scorer) prompt(req *fwksched.LLMRequest) (wire.Keyspace, []uint64, bool
 	if req.TokenizedPrompt != nil && len(req.TokenizedPrompt.TokenIDs) > 0 {
 		ks := wire.Keyspace{Model: req.TargetModel, Salt: salt}
 		return ks, s.client.TokenChain(ks, req.TokenizedPrompt.TokenIDs), true
+	}
+	if ids, err := s.tokenize(ctx, req); err == nil {
+		ks := wire.Keyspace{Model: req.TargetModel, Salt: salt}
+		return ks, s.client.TokenChain(ks, ids), true
+	} else if !errors.Is(err, errNoTokenizer) {
+		s.tokenizerFailures.Add(1)
 	}
 	if req.Body == nil {
 		return wire.Keyspace{}, nil, false
@@ -228,7 +260,7 @@ func (s *Scorer) Score(ctx context.Context, _ *fwksched.CycleState, req *fwksche
 		names[i] = s.WorkerName(metaOf(e))
 	}
 	s.announce(ctx, names)
-	ks, chain, ok := s.prompt(req)
+	ks, chain, ok := s.prompt(ctx, req)
 	if !ok || len(chain) == 0 {
 		return out
 	}
