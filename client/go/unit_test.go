@@ -99,3 +99,32 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestARosterListedUnderAnotherReissuedCountIsListedAgainFromZero(t *testing.T) {
+	var r roster
+	r.init()
+	if r.page(&wire.Roster{Workers: []wire.RosterEntry{{Worker: 0, Name: "a"}, {Worker: 1, Name: "b"}}, Next: 2, More: true}, true) {
+		t.Fatal("a first page asked for a relist")
+	}
+	if id, _ := r.id("b"); id != 1 || r.stale(0) {
+		t.Fatalf("b is %d", id)
+	}
+	// Id 1 was given to another name since: a later page under a new count starts over.
+	if !r.page(&wire.Roster{Workers: []wire.RosterEntry{{Worker: 2, Name: "c"}}, Next: 3, Reissued: 1}, false) {
+		t.Fatal("a page under another reissued count did not ask for a relist")
+	}
+	if _, ok := r.id("b"); ok {
+		t.Fatal("names learnt under the old count survived")
+	}
+	if r.page(&wire.Roster{Workers: []wire.RosterEntry{{Worker: 0, Name: "a"}, {Worker: 1, Name: "d"}}, Next: 2, Reissued: 1}, true) {
+		t.Fatal("the relist asked for another")
+	}
+	if n, _ := r.name(1); n != "d" || !r.stale(0) || r.stale(1) {
+		t.Fatalf("id 1 is %q", n)
+	}
+	// A name that moves to another id drops its old id's name.
+	r.learn("a", 5)
+	if _, ok := r.name(0); ok {
+		t.Fatal("id 0 still names a")
+	}
+}
