@@ -21,10 +21,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvix/kvix/client/go/kvixtest"
 	"github.com/kvix/kvix/client/go/wire"
 )
 
 var bg = context.Background()
+
+// placed announces worker (fed by placements), places prompt on it and waits until
+// an answer scores it.
+func placed(t *testing.T, c *Client, worker string, ks wire.Keyspace, prompt []uint32) {
+	t.Helper()
+	if _, err := c.Announce(bg, worker, []wire.Lane{wire.FullLane(16)}, placementsFeed()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, worker+" holds the prompt", func() bool {
+		c.PublishPlacement(worker, ks, c.TokenChain(ks, prompt))
+		best, ok := c.QueryTokens(bg, ks, prompt, QueryOptions{}).Best()
+		return ok && best.Name == worker
+	})
+}
 
 func placementsFeed() wire.Feed {
 	return wire.Feed{Kind: wire.FeedPlacements, CapacityBlocks: 1 << 20}
@@ -32,7 +47,7 @@ func placementsFeed() wire.Feed {
 
 func TestAPlacementIsAnsweredByNameOverTCPAndUnix(t *testing.T) {
 	srv := startServer(t, true)
-	for _, addr := range []string{srv.addr, srv.unix} {
+	for _, addr := range []string{srv.Addr, srv.Unix} {
 		t.Run(addr[:4], func(t *testing.T) {
 			c := connect(t, nil, addr)
 			name := "w-" + addr[:4]
@@ -62,8 +77,8 @@ func TestAPlacementIsAnsweredByNameOverTCPAndUnix(t *testing.T) {
 
 func TestNamesAnnouncedByAnotherClientAreLearntFromTheRoster(t *testing.T) {
 	srv := startServer(t, false)
-	owner := connect(t, nil, srv.addr)
-	gateway := connect(t, nil, srv.addr)
+	owner := connect(t, nil, srv.Addr)
+	gateway := connect(t, nil, srv.Addr)
 	ks := wire.TokensKeyspace("m")
 	prompt := tokens(48, 7)
 	for _, w := range []string{"a", "b"} {
@@ -97,12 +112,12 @@ func TestNamesAnnouncedByAnotherClientAreLearntFromTheRoster(t *testing.T) {
 
 func TestQueriesFailOpenWhenNoServerIsUpAndReconnectReannounces(t *testing.T) {
 	srv := startServer(t, false)
-	addr := srv.addr
+	addr := srv.Addr
 	c := connect(t, func(c *Config) { c.ReconnectMax = 50 * time.Millisecond }, addr)
 	if _, err := c.Announce(bg, "w", []wire.Lane{wire.FullLane(16)}, placementsFeed()); err != nil {
 		t.Fatal(err)
 	}
-	srv.stop()
+	srv.Stop()
 	eventually(t, "the client sees the server gone", func() bool { return !c.Connected() })
 	if o := c.QueryTokens(bg, wire.TokensKeyspace("m"), tokens(32, 0), QueryOptions{}); o.Reason != ReasonDisconnected {
 		t.Fatalf("with no server up: %s", describe(o))
@@ -111,7 +126,7 @@ func TestQueriesFailOpenWhenNoServerIsUpAndReconnectReannounces(t *testing.T) {
 		t.Fatalf("stats with no server: %v", err)
 	}
 	// A server on the same port again, without state: the client re-announces w.
-	srv2 := startServerOn(t, addr)
+	srv2 := kvixtest.StartOn(t, addr)
 	_ = srv2
 	eventually(t, "the client reconnects and announces w again", func() bool {
 		_, ok := c.WorkerID("w")
@@ -131,7 +146,7 @@ func TestQueriesFailOpenWhenNoServerIsUpAndReconnectReannounces(t *testing.T) {
 
 func TestAQueryPastItsDeadlineTimesOutAndAContextEndsIt(t *testing.T) {
 	srv := startServer(t, false)
-	c := connect(t, nil, srv.addr)
+	c := connect(t, nil, srv.Addr)
 	ks := wire.TokensKeyspace("m")
 	// A deadline already past: the answer cannot be waited for.
 	o := c.QueryTokens(bg, ks, tokens(32, 0), QueryOptions{Deadline: time.Nanosecond})
@@ -164,11 +179,11 @@ func TestTheHandshakeRefusesAWrongTokenAndAWrongBlockSize(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
-			cfg.Servers = []string{srv.addr}
+			cfg.Servers = []string{srv.Addr}
 			if tc.edit != nil {
 				tc.edit(&cfg)
 			}
-			_, err := dial(bg, &cfg, srv.addr, nil)
+			_, err := dial(bg, &cfg, srv.Addr, nil)
 			var se *ServerError
 			switch {
 			case tc.works && err != nil:
@@ -182,16 +197,9 @@ func TestTheHandshakeRefusesAWrongTokenAndAWrongBlockSize(t *testing.T) {
 
 func TestRetireForgetsAndABadRosterIsRefusedAndNotReannounced(t *testing.T) {
 	srv := startServer(t, false)
-	c := connect(t, nil, srv.addr)
+	c := connect(t, nil, srv.Addr)
 	ks := wire.TokensKeyspace("m")
-	if _, err := c.Announce(bg, "w", []wire.Lane{wire.FullLane(16)}, placementsFeed()); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "w holds the prompt", func() bool {
-		c.PublishPlacement("w", ks, c.TokenChain(ks, tokens(32, 0)))
-		_, ok := c.QueryTokens(bg, ks, tokens(32, 0), QueryOptions{}).Best()
-		return ok
-	})
+	placed(t, c, "w", ks, tokens(32, 0))
 	if err := c.Retire(bg, "w"); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +222,7 @@ func TestRetireForgetsAndABadRosterIsRefusedAndNotReannounced(t *testing.T) {
 
 func TestStatsEchoAndReuseReportsReachTheServer(t *testing.T) {
 	srv := startServer(t, false, "--metrics", "127.0.0.1:0")
-	c := connect(t, nil, srv.addr)
+	c := connect(t, nil, srv.Addr)
 	back, err := c.Echo(bg, []byte{1, 2, 3}, 100)
 	if err != nil || len(back) != 100 {
 		t.Fatalf("echo: %d bytes, %v", len(back), err)
@@ -236,7 +244,7 @@ func TestStatsEchoAndReuseReportsReachTheServer(t *testing.T) {
 		}
 	}
 	eventually(t, "the server counts the 10 reports", func() bool {
-		return srv.metric(t, "kvix_reuse_reports_total") == 10
+		return srv.Metric(t, "kvix_reuse_reports_total") == 10
 	})
 	if n := c.Counters(); n.ReuseUnreported != 1 || n.ReuseDrops != 0 || n.WritesRefused != 0 {
 		t.Fatalf("%+v", n)
@@ -245,16 +253,9 @@ func TestStatsEchoAndReuseReportsReachTheServer(t *testing.T) {
 
 func TestManyGoroutinesShareOneClient(t *testing.T) {
 	srv := startServer(t, false)
-	c := connect(t, nil, srv.addr)
+	c := connect(t, nil, srv.Addr)
 	ks := wire.TokensKeyspace("m")
-	if _, err := c.Announce(bg, "w", []wire.Lane{wire.FullLane(16)}, placementsFeed()); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "w holds the prompt", func() bool {
-		c.PublishPlacement("w", ks, c.TokenChain(ks, tokens(64, 0)))
-		_, ok := c.QueryTokens(bg, ks, tokens(64, 0), QueryOptions{}).Best()
-		return ok
-	})
+	placed(t, c, "w", ks, tokens(64, 0))
 	var wg sync.WaitGroup
 	errs := make(chan string, 16)
 	for g := 0; g < 16; g++ {
@@ -281,7 +282,7 @@ func TestManyGoroutinesShareOneClient(t *testing.T) {
 
 func TestAStalledServerIsHedgedToTheNext(t *testing.T) {
 	a, b := startServer(t, false), startServer(t, false)
-	c := connect(t, func(c *Config) { c.HedgeAfter = 50 * time.Millisecond }, a.addr, b.addr)
+	c := connect(t, func(c *Config) { c.HedgeAfter = 50 * time.Millisecond }, a.Addr, b.Addr)
 	eventually(t, "both servers up", func() bool { return c.servers[0].conn() != nil && c.servers[1].conn() != nil })
 	ks := wire.TokensKeyspace("m")
 	if _, err := c.Announce(bg, "w", []wire.Lane{wire.FullLane(16)}, placementsFeed()); err != nil {
@@ -289,16 +290,16 @@ func TestAStalledServerIsHedgedToTheNext(t *testing.T) {
 	}
 	eventually(t, "both servers hold the placement", func() bool {
 		c.PublishPlacement("w", ks, c.TokenChain(ks, tokens(32, 0)))
-		st, err := b.statsOf(c)
+		st, err := statsOf(b, c)
 		return err == nil && st.Blocks > 0 && c.QueryTokens(bg, ks, tokens(32, 0), QueryOptions{}).Reason == ReasonScores
 	})
 	// The first server stops answering but keeps its connection: the hedge answers.
-	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := a.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	defer a.cmd.Process.Signal(syscall.SIGCONT)
+	defer a.Cmd.Process.Signal(syscall.SIGCONT)
 	eventually(t, "the first server is stopped", func() bool {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", a.cmd.Process.Pid))
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", a.Cmd.Process.Pid))
 		_, rest, _ := strings.Cut(string(stat), ") ")
 		return err == nil && strings.HasPrefix(rest, "T")
 	})
@@ -315,14 +316,14 @@ func TestTLS(t *testing.T) {
 	dir := t.TempDir()
 	roots := writePKI(t, dir)
 	srv := startServer(t, false, "--tls-cert", filepath.Join(dir, "server.pem"), "--tls-key", filepath.Join(dir, "server.key"))
-	c := connect(t, func(c *Config) { c.TLS = &tls.Config{RootCAs: roots} }, srv.addr)
+	c := connect(t, func(c *Config) { c.TLS = &tls.Config{RootCAs: roots} }, srv.Addr)
 	if _, err := c.Echo(bg, nil, 8); err != nil {
 		t.Fatal(err)
 	}
 	// Plain TCP to a TLS port never gets a Welcome.
 	cfg := DefaultConfig()
 	cfg.ConnectTimeout = 200 * time.Millisecond
-	if _, err := dial(bg, &cfg, srv.addr, nil); err == nil {
+	if _, err := dial(bg, &cfg, srv.Addr, nil); err == nil {
 		t.Fatal("plain TCP was welcomed on the TLS port")
 	}
 }

@@ -513,6 +513,27 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in tag order.
+    pub const ALL: [ErrorCode; 17] = [
+        ErrorCode::BadFrame,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::NoHello,
+        ErrorCode::Unauthorized,
+        ErrorCode::BlockSizeMismatch,
+        ErrorCode::UnknownWorker,
+        ErrorCode::BadLane,
+        ErrorCode::LanesInByteKeyspace,
+        ErrorCode::Overloaded,
+        ErrorCode::Internal,
+        ErrorCode::BadSource,
+        ErrorCode::TooManySources,
+        ErrorCode::TooLarge,
+        ErrorCode::BadSequence,
+        ErrorCode::LogUnavailable,
+        ErrorCode::BadRequest,
+        ErrorCode::Stale,
+    ];
+
     /// The code a client of `version` knows: a v4 client reads a code new in v5 as the
     /// v4 code that calls for the same action.
     pub fn for_version(self, version: u16) -> ErrorCode {

@@ -139,25 +139,7 @@ fn event() -> impl Strategy<Value = Event> {
 }
 
 fn error_code() -> impl Strategy<Value = ErrorCode> {
-    prop::sample::select(vec![
-        ErrorCode::BadFrame,
-        ErrorCode::UnsupportedVersion,
-        ErrorCode::NoHello,
-        ErrorCode::Unauthorized,
-        ErrorCode::BlockSizeMismatch,
-        ErrorCode::UnknownWorker,
-        ErrorCode::BadLane,
-        ErrorCode::LanesInByteKeyspace,
-        ErrorCode::Overloaded,
-        ErrorCode::Internal,
-        ErrorCode::BadSource,
-        ErrorCode::TooManySources,
-        ErrorCode::TooLarge,
-        ErrorCode::BadSequence,
-        ErrorCode::LogUnavailable,
-        ErrorCode::BadRequest,
-        ErrorCode::Stale,
-    ])
+    prop::sample::select(ErrorCode::ALL.to_vec())
 }
 
 /// Encodes `msg` (by default, then in every version the reader reads), finds it again

@@ -66,26 +66,6 @@ fn sized(n: usize) -> String {
     (0..n).map(|i| (b'a' + (i % 26) as u8) as char).collect()
 }
 
-const CODES: [ErrorCode; 17] = [
-    ErrorCode::BadFrame,
-    ErrorCode::UnsupportedVersion,
-    ErrorCode::NoHello,
-    ErrorCode::Unauthorized,
-    ErrorCode::BlockSizeMismatch,
-    ErrorCode::UnknownWorker,
-    ErrorCode::BadLane,
-    ErrorCode::LanesInByteKeyspace,
-    ErrorCode::Overloaded,
-    ErrorCode::Internal,
-    ErrorCode::BadSource,
-    ErrorCode::TooManySources,
-    ErrorCode::TooLarge,
-    ErrorCode::BadSequence,
-    ErrorCode::LogUnavailable,
-    ErrorCode::BadRequest,
-    ErrorCode::Stale,
-];
-
 /// Collects frames: `(name, bytes)` in file order.
 #[derive(Default)]
 struct Frames(Vec<(String, u16, u64, u8, Vec<u8>)>);
@@ -390,7 +370,7 @@ fn frames() -> Frames {
     );
     f.add("ack", 5, 13, 0, &Ack {});
     f.add("ack-v4", 4, 13, 0, &Ack {});
-    for (i, code) in CODES.iter().enumerate() {
+    for (i, code) in ErrorCode::ALL.iter().enumerate() {
         let reply = ErrorReply {
             code: *code,
             message: format!("refused: {code:?}"),

@@ -194,7 +194,7 @@ func TestEngineFedKvixScoresRealPublishersEventsOfRealChatTemplates(t *testing.T
 	// The engines are announced by their first message (a heartbeat here).
 	probe, err := kvix.Connect(func() kvix.Config {
 		c := kvix.DefaultConfig()
-		c.Servers, c.Auth = []string{srv.addr}, "epp-test-token"
+		c.Servers, c.Auth = []string{srv.Addr}, "epp-test-token"
 		return c
 	}())
 	if err != nil {
@@ -241,7 +241,7 @@ func TestEngineFedKvixScoresRealPublishersEventsOfRealChatTemplates(t *testing.T
 	gaieTwo := run([]*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType),
 		newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
 	// What kvix scored came from the engines' events: every routed prompt's blocks.
-	if stored := srv.metric(t, `kvix_ingest_blocks_stored_total{medium="gpu"}`); stored < 100 {
+	if stored := srv.Metric(t, `kvix_ingest_blocks_stored_total{medium="gpu"}`); stored < 100 {
 		t.Fatalf("the engines' publishers stored %v blocks", stored)
 	}
 	t.Logf("engine-fed, follow-up hit over %d follow-ups: kvix one EPP %.3f, two EPPs %.3f; GAIE prefix-cache-scorer one EPP %.3f, two EPPs %.3f",

@@ -1,23 +1,18 @@
 package scorer
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/go-logr/logr"
 	kvix "github.com/kvix/kvix/client/go"
+	"github.com/kvix/kvix/client/go/kvixtest"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
@@ -280,14 +275,7 @@ func followUpHitWith(t *testing.T, ctx context.Context, pickers []*epp,
 	return float64(hits) / float64(followUps)
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("never: %s", what)
-		}
-	}
-}
+var eventually = kvixtest.Eventually
 
 // shippedConfig is config/epp-config.yaml pointed at srv and its token.
 func shippedConfig(t *testing.T, srv *testServer) string {
@@ -308,7 +296,7 @@ func shippedConfig(t *testing.T, srv *testServer) string {
 	if !strings.Contains(string(b), token) {
 		t.Fatal("config/epp-config.yaml reads no token from /etc/kvix-auth/token")
 	}
-	cfg := strings.ReplaceAll(string(b), servers, `["`+srv.addr+`"]`)
+	cfg := strings.ReplaceAll(string(b), servers, `["`+srv.Addr+`"]`)
 	cfg = strings.ReplaceAll(cfg, token, "authTokenFile: "+srv.tokenFile+"\n")
 	return strings.ReplaceAll(cfg, "deadlineMs: 2\n", "deadlineMs: 5000\n")
 }
@@ -365,7 +353,7 @@ func TestWithKvixStoppedSchedulingGoesOnWithoutIt(t *testing.T) {
 	srv := startServer(t)
 	e := newEPP(t, ctx, shippedConfig(t, srv), Type)
 	eventually(t, "the scorer connects", e.kvix.Client().Connected)
-	srv.stop()
+	srv.Stop()
 	eventually(t, "the scorer sees kvix gone", func() bool { return !e.kvix.Client().Connected() })
 	for c := 0; c < 10; c++ {
 		if target := e.route(t, ctx, chat(t, ctx, c, 1), endpoints(nil)); target == "" {
@@ -412,153 +400,19 @@ func TestBadParametersAreRefusedNamingTheField(t *testing.T) {
 	}
 }
 
+// testServer is a real kvix-server (kvixtest) requiring a token, which tokenFile holds.
 type testServer struct {
-	cmd       *exec.Cmd
-	addr      string
-	metrics   string
-	tokenFile string // the token clients must present (--auth-token-file)
+	*kvixtest.Server
+	tokenFile string
 }
 
-// metric is the value of the sample named exactly name on the server's /metrics.
-func (s *testServer) metric(t *testing.T, name string) float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + s.metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("no %s on /metrics", name)
-	return 0
-}
-
-func (s *testServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
-
-// startServer starts a real kvix-server: KVIX_SERVER_BIN, or the workspace's debug build.
+// startServer starts kvix-server with its metrics port, requiring a token, and args.
 func startServer(t *testing.T, args ...string) *testServer {
 	t.Helper()
-	bin := os.Getenv("KVIX_SERVER_BIN")
-	if bin == "" {
-		bin, _ = filepath.Abs("../../../target/debug/kvix-server")
-		if _, err := os.Stat(bin); err != nil {
-			t.Fatalf("no kvix-server at %s: build it with `cargo build -p kvix-server` at the repository root, or set KVIX_SERVER_BIN", bin)
-		}
-	}
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte("epp-test-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, append([]string{"--listen", "127.0.0.1:0", "--unix", "", "--metrics", "127.0.0.1:0",
-		"--cores", "1", "--auth-token-file", tokenFile}, args...)...)
-	cmd.Env = append(os.Environ(), "KVIX_LOG=warn")
-	cmd.Stderr = os.Stderr
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &testServer{cmd: cmd, tokenFile: tokenFile}
-	t.Cleanup(s.stop)
-	sc := bufio.NewScanner(out)
-	for (s.addr == "" || s.metrics == "") && sc.Scan() {
-		if _, rest, ok := strings.Cut(sc.Text(), "listening on tcp://"); ok {
-			s.addr = strings.Fields(rest)[0]
-		}
-		if _, rest, ok := strings.Cut(sc.Text(), "metrics on http://"); ok {
-			s.metrics = strings.TrimSuffix(strings.Fields(rest)[0], "/metrics")
-		}
-	}
-	if s.addr == "" {
-		t.Fatal("kvix-server exited before listening")
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
-	return s
-}
-
-// vLLM's answer to a chat request, whole and streamed with include_usage: what it says
-// it reused is usage.prompt_tokens_details.cached_tokens.
-const (
-	vllmAnswer = `{"id":"chatcmpl-1","object":"chat.completion","model":"llama","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":256,"completion_tokens":1,"total_tokens":257,"prompt_tokens_details":{"cached_tokens":%d}}}`
-	vllmStream = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"}}]}\n\n" +
-		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":256,\"completion_tokens\":1,\"total_tokens\":257,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\ndata: [DONE]\n\n"
-)
-
-func TestTheEnginesReportedReuseGoesBackToKvix(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	srv := startServer(t)
-	e := newEPP(t, ctx, shippedConfig(t, srv), Type)
-	parser, _ := e.handle.Plugin(ParserType).(*Parser)
-	if parser == nil {
-		t.Fatal("the shipped configuration has no kvix-openai-parser")
-	}
-	// GAIE's own parser misses the figure vLLM writes.
-	own, err := openai.NewOpenAIParser().ParseResponse(ctx, []byte(fmt.Sprintf(vllmAnswer, 240)), nil, true)
-	if err != nil || own.Usage == nil || own.Usage.PromptTokenDetails != nil {
-		t.Fatalf("GAIE's parser: %+v %v", own, err)
-	}
-	tokens := make([]uint32, 256) // 16 blocks of a tokenizer's ids
-	for i := range tokens {
-		tokens[i] = uint32(1000 + i)
-	}
-	request := func(id string) *fwksched.LLMRequest {
-		r := chat(t, ctx, 0, 0)
-		r.RequestId, r.TokenizedPrompt = id, &fwksched.TokenizedPrompt{TokenIDs: tokens}
-		return r
-	}
-	respond := func(req *fwksched.LLMRequest, body string, headers map[string]string) {
-		parsed, err := parser.ParseResponse(ctx, []byte(body), headers, true)
-		if err != nil || parsed == nil || parsed.Usage == nil {
-			t.Fatalf("%+v %v", parsed, err)
-		}
-		e.kvix.ResponseBody(ctx, req, &fwkrc.Response{RequestId: req.RequestId, EndOfStream: true, Usage: *parsed.Usage}, nil)
-	}
-	first := request("first")
-	target := e.route(t, ctx, first, endpoints(nil))
-	respond(first, fmt.Sprintf(vllmAnswer, 0), nil)
-	eventually(t, "the first placement is seen", func() bool {
-		return e.affinityOf(t, ctx, request("probe"), endpoints(nil))[target] > 0.99
-	})
-	second := request("second")
-	if again := e.route(t, ctx, second, endpoints(nil)); again != target {
-		t.Fatalf("the repeat went to %s, not %s", again, target)
-	}
-	respond(second, fmt.Sprintf(vllmStream, 240), map[string]string{"content-type": "text/event-stream"})
-	eventually(t, "kvix counts both reports", func() bool {
-		return srv.metric(t, "kvix_reuse_reports_total") == 2
-	})
-	if n := e.kvix.Client().Counters(); n.ReuseDrops != 0 || n.ReuseUnreported != 0 {
-		t.Fatalf("%+v", n)
-	}
-}
-
-func TestCachedTokensAreReadFromWholeAndStreamedAnswersOnly(t *testing.T) {
-	for _, tc := range []struct {
-		body string
-		want int
-		ok   bool
-	}{
-		{fmt.Sprintf(vllmAnswer, 48), 48, true},
-		{fmt.Sprintf(vllmStream, 7), 7, true},
-		{`{"usage":{"prompt_tokens":3}}`, 0, false},
-		{`{"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":null}}}`, 0, false},
-		{`{"usage":{"prompt_tokens":3,"prompt_tokens_details":null}}`, 0, false},
-		{"not json", 0, false},
-	} {
-		got, ok := cachedTokens([]byte(tc.body))
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("%.40s: %d %v", tc.body, got, ok)
-		}
-	}
+	s := kvixtest.Start(t, append([]string{"--metrics", "127.0.0.1:0", "--auth-token-file", tokenFile}, args...)...)
+	return &testServer{Server: s, tokenFile: tokenFile}
 }
