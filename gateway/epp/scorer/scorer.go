@@ -92,8 +92,9 @@ type Scorer struct {
 
 	mu        sync.Mutex
 	announced map[string]bool
-	// requests holds each scored request until its response ends (or a minute).
+	// requests holds each scored request until its response ends (or [kept]).
 	requests map[string]*scored
+	swept    time.Time
 }
 
 type scored struct {
@@ -292,8 +293,12 @@ func (s *Scorer) PreRequest(_ context.Context, req *fwksched.LLMRequest, res *fw
 	if r == nil || len(r.TargetEndpoints) == 0 {
 		return
 	}
-	p.worker = s.WorkerName(metaOf(r.TargetEndpoints[0]))
-	s.client.PublishPlacement(p.worker, p.ks, p.chain)
+	worker := s.WorkerName(metaOf(r.TargetEndpoints[0]))
+	s.client.PublishPlacement(worker, p.ks, p.chain)
+	// Placed: what the response's report needs is small; the chain (8 bytes a block) goes.
+	s.mu.Lock()
+	p.worker, p.chain = worker, nil
+	s.mu.Unlock()
 }
 
 // ResponseBody reports to kvix, once the response ended, the reuse the engine says it
@@ -347,12 +352,17 @@ func (s *Scorer) blockTokens() uint32 {
 	return 16
 }
 
+// kept is how long a scored request is kept for its PreRequest and its response's end:
+// past it (a request never sent, a response never seen) it is swept, once a second.
+const kept = time.Minute
+
 func (s *Scorer) remember(id string, p *scored) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.requests) > 4096 {
+	if now := time.Now(); now.Sub(s.swept) > time.Second {
+		s.swept = now
 		for k, v := range s.requests {
-			if time.Since(v.at) > time.Minute {
+			if now.Sub(v.at) > kept {
 				delete(s.requests, k)
 			}
 		}
