@@ -288,6 +288,11 @@ fn each_cause_is_named_for_whoever_is_at_fault_and_clears_once_fixed() {
     wait_until("the client's reports", || {
         server.metric("kvix_reuse_reports_total") == before + 20
     });
+    // The client counts a batch once its write returned, which can be after the server
+    // read it.
+    wait_until("the client counts them sent", || {
+        rc.counters().reuse_reports_sent == 20
+    });
     let counted = rc.counters();
     assert_eq!(
         (counted.reuse_reports_sent, counted.reuse_unreported),
