@@ -14,8 +14,8 @@ of the prompt (--deadline-ms, 2 by default, then fail open) and picks with `kvix
 the most reusable prefix less --alpha blocks per block of prompts in flight on the
 worker (Dynamo's default cost), forwards the request, (with --feed placements)
 publishes the placement, and reports to kvix what the worker says it reused (its
-answer's usage.prompt_tokens_details.cached_tokens; token and chat prompts answered
-whole, not streamed) against the reuse kvix predicted: kvix names a worker, or this
+answer's usage.prompt_tokens_details.cached_tokens, whole or from a stream's usage
+chunk; text prompts, hashed as bytes, are not reported) against the reuse kvix predicted: kvix names a worker, or this
 router, whose figures disagree (docs/operations.md, "Reuse verdicts").
 
 At start it announces every worker to kvix with the worker's KV event endpoint (and its
@@ -28,6 +28,7 @@ baseline. GET /stats shows how requests were routed.
 import argparse
 import asyncio
 import itertools
+import json
 import os
 
 import aiohttp
@@ -154,13 +155,18 @@ class Router:
         try:
             async with self.http.post(self.workers[worker] + "/v1/chat/completions", json=body) as up:
                 if body.get("stream") and up.status == 200:
-                    # Server-sent events: each chunk goes on as it comes.
+                    # Server-sent events: each chunk goes on as it comes; the usage chunk
+                    # (sent when the client asked for stream_options.include_usage) is
+                    # read on the way for the reuse report.
                     resp = web.StreamResponse(status=200, headers={
                         **headers, "content-type": up.headers.get("content-type", "text/event-stream")})
                     await resp.prepare(request)
+                    usage, pending = None, b""
                     async for chunk in up.content.iter_any():
                         await resp.write(chunk)
+                        usage, pending = stream_usage(pending + chunk, usage)
                     await resp.write_eof()
+                    self.report(worker, predicted, {"usage": usage})
                 else:
                     answer = await up.json()
                     if up.status == 200:
@@ -178,6 +184,22 @@ class Router:
         if self.kvix:
             out["kvix"] = self.kvix.counters()
         return web.json_response(out)
+
+
+def stream_usage(data, usage):
+    """The usage of the server-sent events' complete lines in data (else usage as it
+    was), and the incomplete last line to keep for the next chunk."""
+    *lines, rest = data.split(b"\n")
+    for line in lines:
+        line = line.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        try:
+            found = json.loads(line[len(b"data: "):]).get("usage")
+        except (ValueError, AttributeError):
+            continue
+        usage = found or usage
+    return usage, rest
 
 
 async def serve(a):

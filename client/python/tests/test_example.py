@@ -60,3 +60,5 @@ def test_the_router_example_routes_streamed_chat_requests_by_kvix():
     with one transformers tokenizer (built by run.py, no download)."""
     results, report = _run_example("--chat")
     _assert_kvix_routed_better(results, report)
+    # The streamed answers' usage chunks were reported.
+    assert all(r["kvix"]["reuse_reports_sent"] > 0 for r in results["kvix"]["routers"]), report
