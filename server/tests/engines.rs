@@ -315,6 +315,40 @@ fn heartbeat_until_announced(c: &mut Conn, p: &mut Publisher, name: &str) -> Wor
     panic!("{}: {name} was never announced", p.release);
 }
 
+/// A server binding `--events-bind` for `ranks` ranks on free ports: the events port of
+/// each rank, then each rank's replay port.
+struct Bound {
+    server: Server,
+    /// Rank 0's endpoint (rank r's is its port + r).
+    bind: String,
+    events: u16,
+    /// Rank 0's replay port (the publishers bind it, + r for rank r).
+    replay: u16,
+}
+
+impl Bound {
+    fn start(ranks: u16, more: &[&str]) -> Bound {
+        let events = free_ports(2 * ranks);
+        let (bind, replay) = (format!("tcp://127.0.0.1:{events}"), events + ranks);
+        let (ranks_flag, replay_flag) = (ranks.to_string(), replay.to_string());
+        let mut args = vec!["--cores", "2", "--events-bind", &bind];
+        args.extend([
+            "--events-ranks",
+            &ranks_flag,
+            "--events-replay-port",
+            &replay_flag,
+        ]);
+        args.extend(more);
+        let server = Server::start(&args);
+        Bound {
+            server,
+            bind,
+            events,
+            replay,
+        }
+    }
+}
+
 /// Engines that find kvix (--events-bind): each release's real publisher configured
 /// connect-style (its endpoint names the server's host) under llm-d's topic
 /// `kv@<host>@<model>`, two data-parallel ranks each, and nobody announces. Each rank's
@@ -325,19 +359,12 @@ fn engines_that_connect_are_announced_by_their_topic_and_scored_exactly() {
     if available("engines_that_connect").is_none() {
         return;
     }
-    let events = free_ports(4);
-    let replay = events + 2;
-    let bind = format!("tcp://127.0.0.1:{events}");
-    let server = Server::start(&[
-        "--cores",
-        "2",
-        "--events-bind",
-        &bind,
-        "--events-ranks",
-        "2",
-        "--events-replay-port",
-        &replay.to_string(),
-    ]);
+    let Bound {
+        server,
+        bind,
+        replay,
+        ..
+    } = Bound::start(2, &[]);
     let mut c = server.session();
     let base = ks("", "");
     for (i, name) in RELEASES.iter().enumerate() {
@@ -392,17 +419,12 @@ fn a_topic_another_address_speaks_for_is_refused_while_its_engine_is_connected()
     if available("impostor_topic").is_none() {
         return;
     }
-    let events = free_ports(2);
-    let bind = format!("tcp://127.0.0.1:{events}");
-    let replay = events + 1;
-    let server = Server::start(&[
-        "--cores",
-        "2",
-        "--events-bind",
-        &bind,
-        "--events-replay-port",
-        &replay.to_string(),
-    ]);
+    let Bound {
+        server,
+        bind,
+        events,
+        replay,
+    } = Bound::start(1, &[]);
     let mut c = server.session();
     let rel = Rel("vllm-0.34.0");
     let topic = "kv@127.0.0.2@m";
@@ -466,19 +488,12 @@ fn an_engine_outside_source_allow_is_not_heard_on_events_bind() {
     if available("events_bind_allow").is_none() {
         return;
     }
-    let events = free_ports(2);
-    let bind = format!("tcp://127.0.0.1:{events}");
-    let replay = events + 1;
-    let server = Server::start(&[
-        "--cores",
-        "2",
-        "--events-bind",
-        &bind,
-        "--events-replay-port",
-        &replay.to_string(),
-        "--source-allow",
-        "127.0.0.1/32",
-    ]);
+    let Bound {
+        server,
+        bind,
+        events,
+        replay,
+    } = Bound::start(1, &["--source-allow", "127.0.0.1/32"]);
     let mut c = server.session();
     let rel = Rel("vllm-0.34.0");
     let mut engine = Publisher::try_start_topic(

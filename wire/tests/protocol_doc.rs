@@ -4,6 +4,8 @@
 //! against the code. A failure here means the document or the wire format changed:
 //! fix the document, or (for a format change) bump the protocol version.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::mem::{align_of, size_of};
 
@@ -349,11 +351,7 @@ fn archived_layouts_match_the_document() {
 
 #[test]
 fn the_hello_example_is_the_encoding() {
-    let hello = Hello {
-        client: "gw-1".into(),
-        token_block: 16,
-        auth: Some("s3cr3t".into()),
-    };
+    let hello = common::hello();
     let doc = hex("hello");
     same_bytes("hello", &encode(&hello, 1, 0).unwrap(), &doc);
     assert_eq!(reads_back(&doc, &hello, 1).version, PROTOCOL_VERSION);
@@ -361,8 +359,12 @@ fn the_hello_example_is_the_encoding() {
 
 #[test]
 fn the_query_example_is_the_encoding() {
-    let query = example_query();
+    let query = common::query();
     assert_eq!(query.keyspace.seed(16), golden("seed/base/b16"));
+    assert_eq!(
+        query.chain,
+        [golden("chain/base/b16/0"), golden("chain/base/b16/1")]
+    );
     let doc = hex("query");
     same_bytes("query", &encode(&query, 2, 0).unwrap(), &doc);
     reads_back(&doc, &query, 2);
@@ -370,7 +372,7 @@ fn the_query_example_is_the_encoding() {
 
 #[test]
 fn the_retire_and_ack_examples_are_the_encoding() {
-    let retire = Retire { worker: 7 };
+    let retire = common::retire();
     let doc = hex("retire");
     same_bytes("retire", &encode(&retire, 3, 0).unwrap(), &doc);
     reads_back(&doc, &retire, 3);
@@ -379,36 +381,9 @@ fn the_retire_and_ack_examples_are_the_encoding() {
     assert_eq!(reads_back(&doc, &Ack {}, 3).version, PROTOCOL_VERSION);
 }
 
-/// The `Query` of §8.2, whose fields §8.4's `TieredQuery` repeats.
-fn example_query() -> Query {
-    let chain = vec![golden("chain/base/b16/0"), golden("chain/base/b16/1")];
-    assert_eq!(chain, [0x884d_938a_f32e_36f4, 0x56ef_dfc1_cc32_333e]);
-    Query {
-        keyspace: Keyspace::tokens("meta-llama/Llama-3.1-8B"),
-        chain,
-        candidates: vec![7],
-        top_k: 4,
-        want_runs: false,
-    }
-}
-
 #[test]
 fn the_tiered_query_example_is_the_encoding() {
-    let Query {
-        keyspace,
-        chain,
-        candidates,
-        top_k,
-        want_runs,
-    } = example_query();
-    let query = TieredQuery {
-        keyspace,
-        chain,
-        candidates,
-        top_k,
-        want_runs,
-        weights: TierWeights::DYNAMO,
-    };
+    let query = common::tiered_query();
     let doc = hex("tiered-query");
     same_bytes("tiered-query", &encode(&query, 4, 0).unwrap(), &doc);
     assert_eq!(reads_back(&doc, &query, 4).version, 5);
@@ -428,22 +403,7 @@ fn the_tiered_query_example_is_the_encoding() {
 
 #[test]
 fn the_tiered_answer_example_is_the_encoding() {
-    let answer = TieredAnswer {
-        scores: vec![TieredScore {
-            worker: 7,
-            tiers: Depths {
-                gpu: 1,
-                cpu: 2,
-                storage: 2,
-            },
-            suspect: None,
-        }],
-        unscorable: 0,
-        runs: vec![],
-        history_lost: vec![],
-        reissued: 0,
-        stale: false,
-    };
+    let answer = common::tiered_answer();
     assert_eq!(answer.scores[0].tiers.weighed(&TierWeights::DYNAMO), 1.75);
     assert_eq!(answer.scores[0].tiers.weighed(&TierWeights::JOINT), 2.0);
     let doc = hex("tiered-answer");

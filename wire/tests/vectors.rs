@@ -11,6 +11,8 @@
 //! `check NAME MAX_FRAME EXPECT HEX`, EXPECT being `ok:N` (N whole valid frames, a
 //! trailing partial frame left unread) or a `FrameError` variant.
 
+mod common;
+
 use kvix_wire::codec::validate_stream;
 use kvix_wire::*;
 
@@ -440,60 +442,12 @@ fn frames() -> Frames {
 /// (protocol_doc.rs checks this encoder against the dumps; the Go side checks that
 /// each dump is its vector).
 fn doc_examples(f: &mut Frames) {
-    f.add(
-        "doc-hello",
-        5,
-        1,
-        0,
-        &Hello {
-            client: "gw-1".into(),
-            token_block: 16,
-            auth: Some("s3cr3t".into()),
-        },
-    );
-    let query = Query {
-        keyspace: Keyspace::tokens("meta-llama/Llama-3.1-8B"),
-        chain: vec![0x884d_938a_f32e_36f4, 0x56ef_dfc1_cc32_333e],
-        candidates: vec![7],
-        top_k: 4,
-        want_runs: false,
-    };
-    f.add("doc-query", 5, 2, 0, &query);
-    f.add("doc-retire", 5, 3, 0, &Retire { worker: 7 });
+    f.add("doc-hello", 5, 1, 0, &common::hello());
+    f.add("doc-query", 5, 2, 0, &common::query());
+    f.add("doc-retire", 5, 3, 0, &common::retire());
     f.add("doc-ack", 5, 3, 0, &Ack {});
-    let Query {
-        keyspace,
-        chain,
-        candidates,
-        top_k,
-        want_runs,
-    } = query;
-    let tiered = TieredQuery {
-        keyspace,
-        chain,
-        candidates,
-        top_k,
-        want_runs,
-        weights: TierWeights::DYNAMO,
-    };
-    f.add("doc-tiered-query", 5, 4, 0, &tiered);
-    let answer = TieredAnswer {
-        scores: vec![TieredScore {
-            worker: 7,
-            tiers: Depths {
-                gpu: 1,
-                cpu: 2,
-                storage: 2,
-            },
-            suspect: None,
-        }],
-        unscorable: 0,
-        runs: vec![],
-        history_lost: vec![],
-        reissued: 0,
-        stale: false,
-    };
-    f.add("doc-tiered-answer", 5, 4, 0, &answer);
+    f.add("doc-tiered-query", 5, 4, 0, &common::tiered_query());
+    f.add("doc-tiered-answer", 5, 4, 0, &common::tiered_answer());
     f.add("doc-ack-v4", 4, 3, 0, &Ack {});
 }
 
