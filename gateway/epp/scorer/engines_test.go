@@ -41,12 +41,13 @@ func pythonFor(t testing.TB) string {
 
 // lines is a child process spoken to one JSON line at a time.
 type lines struct {
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Scanner
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	out   *bufio.Scanner
+	ready string // the first line it printed, "ready ..."
 }
 
-func start(t *testing.T, name string, args ...string) *lines {
+func start(t testing.TB, name string, args ...string) *lines {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.Stderr = os.Stderr
@@ -58,13 +59,13 @@ func start(t *testing.T, name string, args ...string) *lines {
 	t.Cleanup(func() { in.Close(); _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	l := &lines{cmd: cmd, in: in, out: bufio.NewScanner(outPipe)}
 	l.out.Buffer(nil, 16<<20)
-	if got := l.read(t); !strings.HasPrefix(got, "ready") {
-		t.Fatalf("%s %v: %q", name, args, got)
+	if l.ready = l.read(t); !strings.HasPrefix(l.ready, "ready") {
+		t.Fatalf("%s %v: %q", name, args, l.ready)
 	}
 	return l
 }
 
-func (l *lines) read(t *testing.T) string {
+func (l *lines) read(t testing.TB) string {
 	t.Helper()
 	if !l.out.Scan() {
 		t.Fatalf("%v stopped", l.cmd.Args)
@@ -72,7 +73,7 @@ func (l *lines) read(t *testing.T) string {
 	return l.out.Text()
 }
 
-func (l *lines) ask(t *testing.T, v any) string {
+func (l *lines) ask(t testing.TB, v any) string {
 	t.Helper()
 	b, _ := json.Marshal(v)
 	fmt.Fprintf(l.in, "%s\n", b)
@@ -150,18 +151,8 @@ func engineFedConfig(t *testing.T, srv *testServer, tokenizer string) string {
 // sidecar starts the tokenizer sidecar: its host:port.
 func sidecar(t testing.TB, py string) string {
 	t.Helper()
-	cmd := exec.Command(py, "testdata/chat_tokenizer.py", "--http")
-	cmd.Stderr = os.Stderr
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "ready ") {
-		t.Fatalf("the tokenizer sidecar did not start: %q", sc.Text())
-	}
-	return "127.0.0.1:" + strings.TrimPrefix(sc.Text(), "ready ")
+	l := start(t, py, "testdata/chat_tokenizer.py", "--http")
+	return "127.0.0.1:" + strings.TrimPrefix(l.ready, "ready ")
 }
 
 // engineEndpoints are the four ranks at the engines' addresses (rank 1 of the last pod
@@ -244,17 +235,7 @@ func TestEngineFedKvixScoresRealPublishersEventsOfRealChatTemplates(t *testing.T
 	if stored := srv.Metric(t, `kvix_ingest_blocks_stored_total{medium="gpu"}`); stored < 100 {
 		t.Fatalf("the engines' publishers stored %v blocks", stored)
 	}
-	t.Logf("engine-fed, follow-up hit over %d follow-ups: kvix one EPP %.3f, two EPPs %.3f; GAIE prefix-cache-scorer one EPP %.3f, two EPPs %.3f",
-		conversations*(turns-1), kvixOne, kvixTwo, gaieOne, gaieTwo)
-	if kvixOne < gaieOne {
-		t.Errorf("kvix (%.3f) below GAIE's prefix scorer (%.3f) with one EPP", kvixOne, gaieOne)
-	}
-	if kvixTwo < kvixOne-0.01 {
-		t.Errorf("two EPPs sharing kvix hit %.3f, one EPP %.3f: more than 0.01 apart", kvixTwo, kvixOne)
-	}
-	if kvixTwo < gaieTwo+0.2 {
-		t.Errorf("two EPPs: kvix %.3f does not beat GAIE's per-replica prefix scorer %.3f", kvixTwo, gaieTwo)
-	}
+	kvixLeads(t, "engine-fed", kvixOne, kvixTwo, gaieOne, gaieTwo)
 }
 
 // BenchmarkTokenizerSidecar20k is what the scorer's call to the tokenizer sidecar costs

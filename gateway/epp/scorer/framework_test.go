@@ -334,8 +334,16 @@ func TestKvixScorerInGAIEsSchedulerSharesOneViewAcrossReplicas(t *testing.T) {
 	gaieOne := followUpHit(t, ctx, []*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
 	gaieTwo := followUpHit(t, ctx, []*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType),
 		newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
-	t.Logf("follow-up hit over %d follow-ups: kvix one EPP %.3f, two EPPs %.3f; GAIE prefix-cache-scorer one EPP %.3f, two EPPs %.3f",
-		conversations*(turns-1), kvixOne, kvixTwo, gaieOne, gaieTwo)
+	kvixLeads(t, "placement-fed", kvixOne, kvixTwo, gaieOne, gaieTwo)
+}
+
+// kvixLeads checks the follow-up hits of kvix and of GAIE's prefix scorer, with one
+// picker and with two: kvix at least GAIE's with one, two sharing kvix within 0.01 of
+// one, and 0.2 above GAIE's per-replica index with two.
+func kvixLeads(t *testing.T, shape string, kvixOne, kvixTwo, gaieOne, gaieTwo float64) {
+	t.Helper()
+	t.Logf("%s, follow-up hit over %d follow-ups: kvix one EPP %.3f, two EPPs %.3f; GAIE prefix-cache-scorer one EPP %.3f, two EPPs %.3f",
+		shape, conversations*(turns-1), kvixOne, kvixTwo, gaieOne, gaieTwo)
 	if kvixOne < gaieOne {
 		t.Errorf("kvix (%.3f) below GAIE's prefix scorer (%.3f) with one EPP", kvixOne, gaieOne)
 	}
