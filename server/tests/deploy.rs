@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::redis::{self, Redis};
@@ -158,18 +158,20 @@ fn golden_families(scrapes: &[String]) {
     );
 }
 
-/// The Alerts table of docs/operations.md: each alert's name (first column) and its
-/// expression (the first `code` span of the second).
-fn documented_alerts() -> BTreeMap<String, String> {
+/// The alerts table of a section of docs/operations.md: each alert's name (first
+/// column) and its expression (the first `code` span of the second).
+fn documented_alerts(section: &str) -> BTreeMap<String, String> {
     let doc = read("docs/operations.md");
     let table = doc
-        .split("\n## Alerts\n")
+        .split(&format!("\n## {section}\n"))
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
-        .expect("docs/operations.md has an Alerts section");
+        .unwrap_or_else(|| panic!("docs/operations.md has no section {section:?}"));
     table
         .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with("| alert |"))
+        .skip_while(|l| !l.starts_with("| alert |"))
+        .skip(2)
+        .take_while(|l| l.starts_with("| "))
         .map(|l| {
             let mut cells = l.split('|').skip(1);
             let name = cells.next().unwrap_or_default().trim().to_string();
@@ -183,11 +185,11 @@ fn documented_alerts() -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The rules file's alerts: each one's summary and its expression.
-fn rule_alerts() -> BTreeMap<String, String> {
+/// A rules file's alerts: each one's summary and its expression.
+fn rule_alerts(path: &str) -> BTreeMap<String, String> {
     let mut alerts = BTreeMap::new();
     let mut expr = None;
-    for line in read("deploy/prometheus/kvix-alerts.yml").lines() {
+    for line in read(path).lines() {
         let line = line.trim();
         if let Some(e) = line.strip_prefix("expr: ") {
             expr = Some(e.to_string());
@@ -201,46 +203,60 @@ fn rule_alerts() -> BTreeMap<String, String> {
     alerts
 }
 
+/// kvix-server's rules and the endpoint picker's, each with the section of
+/// docs/operations.md whose alerts table they are.
+const RULES: [(&str, &str); 2] = [
+    ("deploy/prometheus/kvix-alerts.yml", "Alerts"),
+    (
+        "deploy/prometheus/kvix-epp-alerts.yml",
+        "Gateway API Inference Extension / llm-d",
+    ),
+];
+
 #[test]
 fn the_alert_rules_pass_promtool_and_are_the_documented_alerts() {
-    let rules = repo_file("deploy/prometheus/kvix-alerts.yml");
-    let promtool = || {
+    let promtool = |rules: &Path| {
         Command::new("promtool")
             .arg("check")
             .arg("rules")
-            .arg(&rules)
+            .arg(rules)
             .output()
     };
-    let out = match promtool() {
-        Ok(out) => out,
-        Err(_) => match apt_install("prometheus") {
-            Ok(()) => promtool().expect("promtool runs once installed"),
-            Err(why) => {
-                let how = format!("promtool is missing ({why}); `apt-get install prometheus`");
-                missing_part("promtool", &how);
-                return;
-            }
-        },
-    };
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "promtool check rules: {said}");
-    // The same alerts, each with the same expression (the table is what an operator
-    // copies from).
-    let (rules, documented) = (rule_alerts(), documented_alerts());
-    assert_eq!(
-        rules.keys().collect::<Vec<_>>(),
-        documented.keys().collect::<Vec<_>>()
-    );
-    for (alert, expr) in &rules {
-        assert_eq!(
-            Some(expr),
-            documented.get(alert),
-            "alert {alert:?}: the rules file's expression, then the table's"
+    for (path, section) in RULES {
+        let rules = repo_file(path);
+        let out = match promtool(&rules) {
+            Ok(out) => out,
+            Err(_) => match apt_install("prometheus") {
+                Ok(()) => promtool(&rules).expect("promtool runs once installed"),
+                Err(why) => {
+                    let how = format!("promtool is missing ({why}); `apt-get install prometheus`");
+                    missing_part("promtool", &how);
+                    return;
+                }
+            },
+        };
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         );
+        assert!(out.status.success(), "promtool check rules {path}: {said}");
+        // The same alerts, each with the same expression (the table is what an
+        // operator copies from).
+        let (rules, documented) = (rule_alerts(path), documented_alerts(section));
+        assert!(!rules.is_empty(), "{path} has no alerts");
+        assert_eq!(
+            rules.keys().collect::<Vec<_>>(),
+            documented.keys().collect::<Vec<_>>(),
+            "{path} against docs/operations.md's {section:?}"
+        );
+        for (alert, expr) in &rules {
+            assert_eq!(
+                Some(expr),
+                documented.get(alert),
+                "alert {alert:?}: {path}'s expression, then the table's"
+            );
+        }
     }
 }
 

@@ -217,25 +217,27 @@ func TestEngineFedKvixScoresRealPublishersEventsOfRealChatTemplates(t *testing.T
 		}
 		engines[endpoint].serve(t, ids)
 	}
-	run := func(pickers []*epp) float64 {
+	run := func(pickers shape) float64 {
 		return followUpHitWith(t, ctx, pickers, wordChat, nil, serve, engineEndpoints)
 	}
 	side := sidecar(t, py)
-	kvixPicker := func() *epp { return newEPP(t, ctx, engineFedConfig(t, srv, side), Type) }
-	one := kvixPicker()
-	kvixOne := run([]*epp{one})
-	kvixTwo := run([]*epp{kvixPicker(), kvixPicker()})
-	if n := one.kvix.TokenizerFailures(); n != 0 {
-		t.Fatalf("%d requests scored without the sidecar's token ids", n)
+	var pickers []*epp
+	kvixPicker := func() *epp {
+		e := newEPP(t, ctx, engineFedConfig(t, srv, side), Type)
+		pickers = append(pickers, e)
+		return e
 	}
-	gaieOne := run([]*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
-	gaieTwo := run([]*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType),
-		newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
+	gaie := func() *epp { return newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType) }
+	kvixLeads(t, "engine-fed", run, kvixPicker, gaie)
+	for _, e := range pickers {
+		if n := e.kvix.TokenizerFailures(); n != 0 {
+			t.Fatalf("%d requests scored without the sidecar's token ids", n)
+		}
+	}
 	// What kvix scored came from the engines' events: every routed prompt's blocks.
 	if stored := srv.Metric(t, `kvix_ingest_blocks_stored_total{medium="gpu"}`); stored < 100 {
 		t.Fatalf("the engines' publishers stored %v blocks", stored)
 	}
-	kvixLeads(t, "engine-fed", kvixOne, kvixTwo, gaieOne, gaieTwo)
 }
 
 // BenchmarkTokenizerSidecar20k is what the scorer's call to the tokenizer sidecar costs

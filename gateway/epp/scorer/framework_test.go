@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	kvix "github.com/kvix/kvix/client/go"
 	"github.com/kvix/kvix/client/go/kvixtest"
+	"github.com/prometheus/client_golang/prometheus"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
@@ -20,6 +22,7 @@ import (
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+	attrprefix "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/attribute/prefix"
 	extractormetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/extractor/metrics"
 	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/fairness"
@@ -28,6 +31,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/usagelimits"
 	approxprefix "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/requesthandling/parsers/openai"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/picker"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/profile"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization"
@@ -46,6 +50,7 @@ func registerPlugins() {
 		fwkplugin.Register(Type, Factory)
 		fwkplugin.Register(ParserType, ParserFactory)
 		fwkplugin.Register(prefix.PrefixCacheScorerPluginType, prefix.PrefixCachePluginFactory)
+		fwkplugin.Register(prefixcacheaffinity.PluginType, prefixcacheaffinity.Factory)
 		fwkplugin.Register(approxprefix.ApproxPrefixCachePluginType, approxprefix.ApproxPrefixCacheFactory)
 		fwkplugin.Register(queuedepth.QueueScorerType, queuedepth.QueueScorerFactory)
 		fwkplugin.Register(kvcacheutilization.KvCacheUtilizationScorerType, kvcacheutilization.KvCacheUtilizationScorerFactory)
@@ -218,8 +223,28 @@ func conversation(t testing.TB, ctx context.Context, c, k int, system string, qu
 const conversations, turns = 50, 4
 
 // followUpHit routes every turn of every conversation through the pickers, placement-fed.
-func followUpHit(t *testing.T, ctx context.Context, pickers []*epp) float64 {
+func followUpHit(t *testing.T, ctx context.Context, pickers shape) float64 {
 	return followUpHitWith(t, ctx, pickers, chat, nil, nil, endpoints)
+}
+
+// shape says which picker routes turn k of conversation c.
+type shape func(c, k int) *epp
+
+// alternating sends turn k of conversation c to picker (c + k) mod pickers:
+// consecutive turns of one conversation go to different replicas when there are two.
+func alternating(pickers ...*epp) shape {
+	return func(c, k int) *epp { return pickers[(c+k)%len(pickers)] }
+}
+
+// rolled is one picker at a time: before, then from turn at on a fresh one (after), as
+// a rolling update of a single EPP replaces it.
+func rolled(at int, before, after *epp) shape {
+	return func(_, k int) *epp {
+		if k < at {
+			return before
+		}
+		return after
+	}
 }
 
 // runs numbers the conversations of each followUpHitWith call apart, so that engines
@@ -227,12 +252,11 @@ func followUpHit(t *testing.T, ctx context.Context, pickers []*epp) float64 {
 var runs int
 
 // followUpHitWith routes every turn of every conversation (made by turn), turn by turn,
-// through the pickers in turn ((conversation + turn) mod pickers: consecutive turns of
-// one conversation go to different replicas when there are two), and returns the share
-// of follow-up turns routed to the endpoint that served the conversation's turn before.
-// prepare (tokenizing) runs before a request is routed, serve (an engine storing its
-// prompt) after; either may be nil.
-func followUpHitWith(t *testing.T, ctx context.Context, pickers []*epp,
+// through the pickers the shape names, and returns the share of follow-up turns routed
+// to the endpoint that served the conversation's turn before. prepare (tokenizing)
+// runs before a request is routed, serve (an engine storing its prompt) after; either
+// may be nil.
+func followUpHitWith(t *testing.T, ctx context.Context, pickers shape,
 	turn func(*testing.T, context.Context, int, int) *fwksched.LLMRequest,
 	prepare func(*fwksched.LLMRequest), serve func(*fwksched.LLMRequest, string),
 	eps func(map[string]int) []fwksched.Endpoint) float64 {
@@ -243,7 +267,7 @@ func followUpHitWith(t *testing.T, ctx context.Context, pickers []*epp,
 	hits, followUps := 0, 0
 	for k := 0; k < turns; k++ {
 		for c := 0; c < conversations; c++ {
-			e := pickers[(c+k)%len(pickers)]
+			e := pickers(c, k)
 			req := turn(t, ctx, runs*1000+c, k)
 			if prepare != nil {
 				prepare(req)
@@ -302,18 +326,22 @@ func shippedConfig(t *testing.T, srv *testServer) string {
 }
 
 // GAIE's own prefix-cache scorer in the same place as kvix-scorer in the shipped
-// configuration.
+// configuration (its approximate prefix producer feeding the same filter).
 const gaiePrefixConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: prefix-cache-scorer
   parameters: {autoTune: false, blockSizeTokens: 16, maxPrefixBlocksToMatch: 256, lruCapacityPerServer: 31250}
+- type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.8
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: max-score-picker
 schedulingProfiles:
 - name: default
   plugins:
+  - pluginRef: prefix-cache-affinity-filter
   - pluginRef: prefix-cache-scorer
     weight: 3
   - pluginRef: queue-scorer
@@ -327,40 +355,58 @@ func TestKvixScorerInGAIEsSchedulerSharesOneViewAcrossReplicas(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv := startServer(t)
-	kvixOne := followUpHit(t, ctx, []*epp{newEPP(t, ctx, shippedConfig(t, srv), Type)})
-	srv2 := startServer(t)
-	kvixTwo := followUpHit(t, ctx, []*epp{
-		newEPP(t, ctx, shippedConfig(t, srv2), Type), newEPP(t, ctx, shippedConfig(t, srv2), Type)})
-	gaieOne := followUpHit(t, ctx, []*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
-	gaieTwo := followUpHit(t, ctx, []*epp{newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType),
-		newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType)})
-	kvixLeads(t, "placement-fed", kvixOne, kvixTwo, gaieOne, gaieTwo)
+	kvix := func() *epp { return newEPP(t, ctx, shippedConfig(t, srv), Type) }
+	gaie := func() *epp { return newEPP(t, ctx, gaiePrefixConfig, prefix.PrefixCacheScorerPluginType) }
+	kvixLeads(t, "placement-fed", func(s shape) float64 { return followUpHit(t, ctx, s) }, kvix, gaie)
 }
 
-// kvixLeads checks the follow-up hits of kvix and of GAIE's prefix scorer, with one
-// picker and with two: kvix at least GAIE's with one, two sharing kvix within 0.01 of
-// one, and 0.2 above GAIE's per-replica index with two.
-func kvixLeads(t *testing.T, shape string, kvixOne, kvixTwo, gaieOne, gaieTwo float64) {
+// hits is the follow-up hit of a run whose turns the shape routes.
+type hits func(shape) float64
+
+// kvixLeads measures the follow-up hit of kvix's pickers and of GAIE's prefix scorer
+// in three shapes: one EPP, two active EPPs, one EPP replaced by a rolling update
+// halfway. Two EPPs sharing kvix, and an EPP rolled, hit within 0.01 of one; kvix
+// hits at least GAIE's with one EPP, 0.2 above GAIE's per-replica index with two, and
+// 0.1 above it across the roll (a fresh GAIE picker has forgotten every placement).
+func kvixLeads(t *testing.T, feed string, run hits, kvix, gaie func() *epp) {
 	t.Helper()
-	t.Logf("%s, follow-up hit over %d follow-ups: kvix one EPP %.3f, two EPPs %.3f; GAIE prefix-cache-scorer one EPP %.3f, two EPPs %.3f",
-		shape, conversations*(turns-1), kvixOne, kvixTwo, gaieOne, gaieTwo)
+	kvixOne, kvixTwo, kvixRolled := run(alternating(kvix())), run(alternating(kvix(), kvix())), run(rolled(turns/2, kvix(), kvix()))
+	gaieOne, gaieTwo, gaieRolled := run(alternating(gaie())), run(alternating(gaie(), gaie())), run(rolled(turns/2, gaie(), gaie()))
+	t.Logf("%s, follow-up hit over %d follow-ups: kvix one EPP %.3f, two EPPs %.3f, one EPP rolled %.3f; GAIE prefix-cache-scorer one EPP %.3f, two EPPs %.3f, one EPP rolled %.3f",
+		feed, conversations*(turns-1), kvixOne, kvixTwo, kvixRolled, gaieOne, gaieTwo, gaieRolled)
 	if kvixOne < gaieOne {
 		t.Errorf("kvix (%.3f) below GAIE's prefix scorer (%.3f) with one EPP", kvixOne, gaieOne)
 	}
-	if kvixTwo < kvixOne-0.01 {
-		t.Errorf("two EPPs sharing kvix hit %.3f, one EPP %.3f: more than 0.01 apart", kvixTwo, kvixOne)
+	for _, c := range []struct {
+		shape string
+		hit   float64
+	}{{"two EPPs sharing kvix", kvixTwo}, {"an EPP rolled", kvixRolled}} {
+		if c.hit < kvixOne-0.01 {
+			t.Errorf("%s hit %.3f, one EPP %.3f: more than 0.01 apart", c.shape, c.hit, kvixOne)
+		}
 	}
 	if kvixTwo < gaieTwo+0.2 {
-		t.Errorf("two EPPs: kvix %.3f does not beat GAIE's per-replica prefix scorer %.3f", kvixTwo, gaieTwo)
+		t.Errorf("two EPPs: kvix %.3f does not beat GAIE's per-replica prefix scorer %.3f by 0.2", kvixTwo, gaieTwo)
+	}
+	if kvixRolled < gaieRolled+0.1 {
+		t.Errorf("an EPP rolled: kvix %.3f does not beat GAIE's prefix scorer %.3f by 0.1", kvixRolled, gaieRolled)
 	}
 }
 
-func TestWithKvixStoppedSchedulingGoesOnWithoutIt(t *testing.T) {
+func TestWithKvixStoppedSchedulingGoesOnWithoutItAndMetricsSaySo(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv := startServer(t)
-	e := newEPP(t, ctx, shippedConfig(t, srv), Type)
+	// A name of its own: the collector reports every live scorer by its name.
+	cfg := strings.Replace(shippedConfig(t, srv), "- type: kvix-scorer\n", "- type: kvix-scorer\n  name: kvix-stopped\n", 1)
+	cfg = strings.Replace(cfg, "pluginRef: kvix-scorer\n", "pluginRef: kvix-stopped\n", 1)
+	e := newEPP(t, ctx, cfg, "kvix-stopped")
 	eventually(t, "the scorer connects", e.kvix.Client().Connected)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(Collector())
+	if got := scraped(t, reg, "kvix_epp_connected", "kvix-stopped", ""); got != 1 {
+		t.Fatalf("kvix_epp_connected %v while connected", got)
+	}
 	srv.Stop()
 	eventually(t, "the scorer sees kvix gone", func() bool { return !e.kvix.Client().Connected() })
 	for c := 0; c < 10; c++ {
@@ -371,6 +417,113 @@ func TestWithKvixStoppedSchedulingGoesOnWithoutIt(t *testing.T) {
 	n := e.kvix.Client().Counters()
 	if n.Outcomes[kvix.ReasonDisconnected] != 10 {
 		t.Fatalf("queries while kvix is down: %+v", n.Outcomes)
+	}
+	// The EPP's /metrics says it: every query failed open, the scorer is disconnected.
+	if got := scraped(t, reg, "kvix_epp_queries_total", "kvix-stopped", "disconnected"); got != 10 {
+		t.Fatalf("kvix_epp_queries_total{outcome=disconnected} %v, want 10", got)
+	}
+	if got := scraped(t, reg, "kvix_epp_connected", "kvix-stopped", ""); got != 0 {
+		t.Fatalf("kvix_epp_connected %v with kvix stopped", got)
+	}
+}
+
+// scraped is the value of the series name{plugin, outcome} (outcome "" for none) that
+// reg gathers.
+func scraped(t *testing.T, reg *prometheus.Registry, name, plugin, outcome string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["plugin"] == plugin && labels["outcome"] == outcome {
+				if m.GetCounter() != nil {
+					return m.GetCounter().GetValue()
+				}
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no series %s{plugin=%q, outcome=%q}", name, plugin, outcome)
+	return 0
+}
+
+// The EPP's alert rules use only series the collector exports.
+func TestTheEPPAlertRulesUseTheScorersMetrics(t *testing.T) {
+	rules, err := os.ReadFile("../../../deploy/prometheus/kvix-epp-alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	described := map[string]bool{}
+	ch := make(chan *prometheus.Desc, 32)
+	Collector().Describe(ch)
+	close(ch)
+	for d := range ch {
+		described[regexp.MustCompile(`fqName: "([a-z_]+)"`).FindStringSubmatch(d.String())[1]] = true
+	}
+	used := regexp.MustCompile(`kvix_epp_[a-z_]+`).FindAllString(string(rules), -1)
+	if len(used) < 3 {
+		t.Fatalf("the rules use %v", used)
+	}
+	for _, name := range used {
+		if !described[name] {
+			t.Errorf("deploy/prometheus/kvix-epp-alerts.yml uses %s, which the scorer does not export (%v)", name, described)
+		}
+	}
+}
+
+// GAIE's own prefix-cache-affinity-filter reads kvix's answer: the follow-up of a
+// conversation is narrowed to the endpoint that served it.
+func TestGAIEsAffinityFilterReadsKvixsAnswer(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := startServer(t)
+	e := newEPP(t, ctx, shippedConfig(t, srv), Type)
+	first := chat(t, ctx, 7, 0)
+	target := e.route(t, ctx, first, endpoints(nil))
+	eventually(t, "the placement is seen", func() bool { return e.affinityOf(t, ctx, first, endpoints(nil))[target] > 0.99 })
+	filter, ok := e.handle.Plugin(prefixcacheaffinity.PluginType).(fwksched.Filter)
+	if !ok {
+		t.Fatal("the shipped configuration has no prefix-cache-affinity-filter")
+	}
+	eps := endpoints(nil)
+	follow := chat(t, ctx, 7, 1)
+	if err := e.kvix.PrepareRequestData(ctx, follow, eps); err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range eps {
+		raw, ok := ep.Get(attrprefix.PrefixCacheMatchInfoKey)
+		if !ok {
+			t.Fatalf("%s: no PrefixCacheMatchInfo", ep.GetMetadata().NamespacedName.Name)
+		}
+		info := raw.(*attrprefix.PrefixCacheMatchInfo)
+		held := ep.GetMetadata().NamespacedName.Name == target
+		if share := float64(info.MatchBlocks()) / float64(info.TotalBlocks()); (share >= 0.8) != held {
+			t.Errorf("%s: kvix's match %d of %d blocks (served the first turn: %v)",
+				ep.GetMetadata().NamespacedName.Name, info.MatchBlocks(), info.TotalBlocks(), held)
+		}
+	}
+	// The filter skips its gate one request in a hundred (exploration): count.
+	narrowed := 0
+	for i := 0; i < 50; i++ {
+		kept := filter.Filter(ctx, fwksched.NewCycleState(), follow, eps)
+		switch {
+		case len(kept) == 1 && kept[0].GetMetadata().NamespacedName.Name == target:
+			narrowed++
+		case len(kept) != len(eps):
+			t.Fatalf("the filter kept %d endpoints", len(kept))
+		}
+	}
+	if narrowed < 45 {
+		t.Fatalf("the filter narrowed to %s %d times in 50", target, narrowed)
 	}
 }
 

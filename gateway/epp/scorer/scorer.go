@@ -3,11 +3,15 @@
 // request's prompt the worker behind it can reuse, as one kvix index shared by every
 // EPP replica says, and tells kvix where each request went.
 //
-// Plugin type "kvix-scorer". It is a Scorer (category Affinity), a PreRequest plugin
-// (the placement) and a ResponseBody plugin (the engine's reported reuse, back to
-// kvix): list it under plugins: and reference it from a scheduling profile with a
-// weight. Its parameters are Params. The reuse reports need the kvix-openai-parser
-// (ParserType) as the configuration's parser.
+// Plugin type "kvix-scorer". It is a data producer (PrepareRequestData: kvix's answer
+// as GAIE's PrefixCacheMatchInfo on every endpoint, which GAIE's own prefix consumers
+// read, such as its prefix-cache-affinity-filter), a Scorer (category Affinity), a
+// PreRequest plugin (the placement) and a ResponseBody plugin (the engine's reported
+// reuse, back to kvix): list it under plugins: and reference it from a scheduling
+// profile with a weight. Its parameters are Params. The reuse reports need the
+// kvix-openai-parser (ParserType) as the configuration's parser. Leave GAIE's
+// approximate prefix producer out of a configuration that has kvix-scorer: both put
+// the same data on the endpoints.
 package scorer
 
 import (
@@ -28,6 +32,7 @@ import (
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+	attrprefix "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/attribute/prefix"
 )
 
 // Type is the plugin type to name in an EndpointPickerConfig.
@@ -99,17 +104,20 @@ type Scorer struct {
 
 type scored struct {
 	ks        wire.Keyspace
-	chain     []uint64
+	chain     []uint64           // until placed
+	blocks    int                // the chain's length
 	tokens    bool               // the chain is of the engine's token ids
 	predicted map[string]float64 // blocks reusable, by worker; nil when kvix did not answer
+	reuse     map[string]float64 // the same weighed by tier and doubt, in GPU blocks
 	worker    string             // where it went (PreRequest)
 	at        time.Time
 }
 
 var (
-	_ fwksched.Scorer    = (*Scorer)(nil)
-	_ fwkrc.PreRequest   = (*Scorer)(nil)
-	_ fwkrc.ResponseBody = (*Scorer)(nil)
+	_ fwkrc.PrepareDataPlugin = (*Scorer)(nil)
+	_ fwksched.Scorer         = (*Scorer)(nil)
+	_ fwkrc.PreRequest        = (*Scorer)(nil)
+	_ fwkrc.ResponseBody      = (*Scorer)(nil)
 )
 
 // Factory builds the plugin from its EndpointPickerConfig entry.
@@ -127,6 +135,7 @@ func Factory(name string, raw json.RawMessage, handle fwkplugin.Handle) (fwkplug
 		return nil, fmt.Errorf("%s %q: %w", Type, name, err)
 	}
 	s.typedName.Name = name
+	track(s, true)
 	if handle != nil {
 		go func() { <-handle.Context().Done(); s.Close() }()
 	}
@@ -178,12 +187,16 @@ func New(p Params) (*Scorer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Scorer{typedName: fwkplugin.TypedName{Type: Type, Name: Type}, params: p, client: client,
-		weights: cfg.Weights, announced: map[string]bool{}, requests: map[string]*scored{}}, nil
+	s := &Scorer{typedName: fwkplugin.TypedName{Type: Type, Name: Type}, params: p, client: client,
+		weights: cfg.Weights, announced: map[string]bool{}, requests: map[string]*scored{}}
+	return s, nil
 }
 
 // Close disconnects from kvix.
-func (s *Scorer) Close() { s.client.Close() }
+func (s *Scorer) Close() {
+	track(s, false)
+	s.client.Close()
+}
 
 // Client is the scorer's kvix client (its counters say how queries went).
 func (s *Scorer) Client() *kvix.Client { return s.client }
@@ -251,34 +264,69 @@ func (s *Scorer) prompt(ctx context.Context, req *fwksched.LLMRequest) (wire.Key
 	return ks, s.client.ByteChain(ks, text), true
 }
 
-// Score is each endpoint's reusable prefix as a share of the prompt, weighed by tier:
-// 0 for every endpoint when kvix does not answer in time (fail open).
-func (s *Scorer) Score(ctx context.Context, _ *fwksched.CycleState, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint) map[fwksched.Endpoint]float64 {
-	out := make(map[fwksched.Endpoint]float64, len(endpoints))
+// Produces: kvix's answer, as GAIE's prefix data.
+func (s *Scorer) Produces() map[string]any {
+	return map[string]any{attrprefix.PrefixCacheMatchInfoKey: attrprefix.PrefixCacheMatchInfo{}}
+}
+
+// Consumes nothing another plugin produces.
+func (s *Scorer) Consumes() map[string]any { return map[string]any{} }
+
+// PrepareRequestData asks kvix, once per request, what each endpoint's worker can
+// reuse of the prompt and puts it on the endpoint as GAIE's PrefixCacheMatchInfo
+// (blocks weighed by tier; GAIE's 4 characters a token for a prompt keyed by its
+// bytes). It never fails the request: kvix failing open is every endpoint matching 0.
+func (s *Scorer) PrepareRequestData(ctx context.Context, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint) error {
+	p, names := s.prepare(ctx, req, endpoints)
+	unit := int(s.blockTokens())
+	if !p.tokens {
+		unit = int(wire.ByteChunk) / 4
+	}
+	for i, e := range endpoints {
+		e.Put(attrprefix.PrefixCacheMatchInfoKey, attrprefix.NewPrefixCacheMatchInfo(int(p.reuse[names[i]]), p.blocks, unit))
+	}
+	return nil
+}
+
+// prepare queries kvix for req and keeps the answer for Score, PreRequest and the
+// response; names are the endpoints' worker names.
+func (s *Scorer) prepare(ctx context.Context, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint) (*scored, []string) {
 	names := make([]string, len(endpoints))
 	for i, e := range endpoints {
-		out[e] = 0
 		names[i] = s.WorkerName(metaOf(e))
 	}
 	s.announce(ctx, names)
-	ks, chain, ok := s.prompt(ctx, req)
-	if !ok || len(chain) == 0 {
-		return out
-	}
-	p := &scored{ks: ks, chain: chain, tokens: ks.Kind == wire.ChunkTokens, at: time.Now()}
-	o := s.client.QueryChain(ctx, ks, chain, kvix.QueryOptions{Candidates: names})
-	if o.Reason == kvix.ReasonScores || o.Reason == kvix.ReasonEmpty {
-		p.predicted = map[string]float64{}
-	}
-	for _, sc := range o.Scores {
-		p.predicted[sc.Name] = float64(sc.Blocks)
-		for i, n := range names {
-			if n == sc.Name {
-				out[endpoints[i]] = min(sc.ExpectedReuse()/float64(len(chain)), 1)
-			}
+	p := &scored{reuse: map[string]float64{}, at: time.Now()}
+	if ks, chain, ok := s.prompt(ctx, req); ok && len(chain) > 0 {
+		p.ks, p.chain, p.blocks, p.tokens = ks, chain, len(chain), ks.Kind == wire.ChunkTokens
+		o := s.client.QueryChain(ctx, ks, chain, kvix.QueryOptions{Candidates: names})
+		if o.Reason == kvix.ReasonScores || o.Reason == kvix.ReasonEmpty {
+			p.predicted = map[string]float64{}
+		}
+		for _, sc := range o.Scores {
+			p.predicted[sc.Name] = float64(sc.Blocks)
+			p.reuse[sc.Name] = min(sc.ExpectedReuse(), float64(len(chain)))
 		}
 	}
 	s.remember(req.RequestId, p)
+	return p, names
+}
+
+// Score is each endpoint's reusable prefix as a share of the prompt, weighed by tier:
+// 0 for every endpoint when kvix does not answer in time (fail open). It reads the
+// answer PrepareRequestData got, or asks kvix itself when that did not run.
+func (s *Scorer) Score(ctx context.Context, _ *fwksched.CycleState, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint) map[fwksched.Endpoint]float64 {
+	p := s.lookup(req.RequestId)
+	if p == nil {
+		p, _ = s.prepare(ctx, req, endpoints)
+	}
+	out := make(map[fwksched.Endpoint]float64, len(endpoints))
+	for _, e := range endpoints {
+		out[e] = 0
+		if p.blocks > 0 {
+			out[e] = p.reuse[s.WorkerName(metaOf(e))] / float64(p.blocks)
+		}
+	}
 	return out
 }
 
@@ -286,7 +334,7 @@ func (s *Scorer) Score(ctx context.Context, _ *fwksched.CycleState, req *fwksche
 // the prompt's blocks.
 func (s *Scorer) PreRequest(_ context.Context, req *fwksched.LLMRequest, res *fwksched.SchedulingResult) {
 	p := s.lookup(req.RequestId)
-	if p == nil || res == nil {
+	if p == nil || len(p.chain) == 0 || res == nil {
 		return
 	}
 	r := res.ProfileResults[res.PrimaryProfileName]

@@ -1,6 +1,6 @@
 // Command kvix-epp is the Gateway API Inference Extension's endpoint picker (v1.5.0)
 // with kvix's plugins registered: every in-tree plugin, plus "kvix-scorer" and
-// "kvix-openai-parser".
+// "kvix-openai-parser"; its /metrics carries the scorer's kvix_epp_* series.
 // It takes GAIE's own flags (--pool-name, --config-file, ...).
 package main
 
@@ -16,7 +16,7 @@ import (
 func main() {
 	fwkplugin.Register(scorer.Type, scorer.Factory)
 	fwkplugin.Register(scorer.ParserType, scorer.ParserFactory)
-	if err := runner.NewRunner().WithExecutableName("kvix-epp").Run(ctrl.SetupSignalHandler()); err != nil {
+	if err := runner.NewRunner().WithExecutableName("kvix-epp").WithCustomCollectors(scorer.Collector()).Run(ctrl.SetupSignalHandler()); err != nil {
 		os.Exit(1)
 	}
 }
