@@ -288,8 +288,8 @@ fn kubernetes_validate(files: &[PathBuf]) -> Option<std::process::Output> {
 /// ports, passes `kvix-server check`. The image builds the binary as CI does.
 #[test]
 fn the_kubernetes_manifests_validate_and_their_config_checks() {
-    // inferencepool.yaml is GAIE's CRD, not in the API schemas: gateway/epp's
-    // manifest_test.go reads it into GAIE's own type.
+    // inferencepool.yaml is GAIE's custom resource, not in the API schemas: gateway/epp's
+    // manifest_test.go admits it under GAIE's CRD (schema, CEL rules, pruning).
     let files: Vec<PathBuf> = ["kvix.yaml", "redis.yaml", "servicemonitor.yaml", "epp.yaml"]
         .iter()
         .map(|f| repo_file(&format!("deploy/kubernetes/{f}")))
