@@ -147,6 +147,10 @@ impl<'a> Reader<'a> {
             return Some(out);
         }
         let (b, mut at) = (self.b, self.at);
+        at = simple_tokens(b, at, &mut out);
+        while matches!(b.get(at), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            at += 1;
+        }
         loop {
             let first = at;
             let mut v = 0u64;
@@ -185,26 +189,95 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Reads the array's tokens from `at` (a token's first byte) while they have the shape
+/// serializers write: at most 8 digits, no leading zero, then a comma and at most one
+/// space. Returns where the first token it did not read starts, for the general loop
+/// (the array's last token, a token of another shape, the body's last 72 bytes).
+///
+/// The commas of 64 bytes are found at once and each token is read between two of them,
+/// so no token's reading waits on the one before: where the general loop's next token
+/// waits for the length of the last (13 cycles a token), this takes about 5.
+fn simple_tokens(b: &[u8], mut at: usize, out: &mut Vec<u32>) -> usize {
+    // A token's 8-byte read stays inside the body.
+    while at + 72 <= b.len() {
+        let block = at;
+        let mut commas = commas_in(b[block..block + 64].try_into().expect("64 bytes"));
+        if commas == 0 {
+            return at;
+        }
+        while commas != 0 {
+            let comma = block + commas.trailing_zeros() as usize;
+            commas &= commas - 1;
+            let len = comma - at;
+            match leading_digits(b, at) {
+                Some((digits, n))
+                    if n >= len && (1..=8).contains(&len) && (len == 1 || b[at] != b'0') =>
+                {
+                    out.push(digits_value(digits, len))
+                }
+                _ => return at,
+            }
+            at = comma + 1 + usize::from(b[comma + 1] == b' ');
+        }
+    }
+    at
+}
+
+/// Bit i set where `block[i]` is a comma.
+#[cfg(target_arch = "x86_64")]
+fn commas_in(block: &[u8; 64]) -> u64 {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
+    };
+    let mut mask = 0u64;
+    for (i, part) in block.chunks_exact(16).enumerate() {
+        // SAFETY: SSE2 is part of x86_64; the load reads the 16 bytes of `part`, unaligned.
+        let bits = unsafe {
+            let v = _mm_loadu_si128(part.as_ptr().cast::<__m128i>());
+            _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(b',' as i8)))
+        };
+        mask |= u64::from(bits as u16) << (16 * i);
+    }
+    mask
+}
+
+/// Bit i set where `block[i]` is a comma.
+#[cfg(not(target_arch = "x86_64"))]
+fn commas_in(block: &[u8; 64]) -> u64 {
+    block
+        .iter()
+        .enumerate()
+        .fold(0, |mask, (i, &c)| mask | (u64::from(c == b',') << i))
+}
+
 /// The number of fewer than 8 digits at `at` and its length, read from 8 bytes at once
 /// without a branch per digit (a token's length is what a branch would mispredict);
 /// None near the body's end or for 8 digits or more.
 fn short_number(b: &[u8], at: usize) -> Option<(u32, usize)> {
+    let (digits, n) = leading_digits(b, at)?;
+    (n != 0 && n != 8).then(|| (digits_value(digits, n), n))
+}
+
+/// The 8 bytes at `at` less '0' each, and how many of them are digits before the first
+/// that is not; None near the body's end.
+fn leading_digits(b: &[u8], at: usize) -> Option<(u64, usize)> {
     let chunk = u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?);
     let digits = chunk.wrapping_sub(0x3030_3030_3030_3030);
     // A byte's high bit set where it is not a digit. Borrows and carries run towards
     // later bytes: those before the first non-digit are exact.
     let not_digit = (digits.wrapping_add(0x7676_7676_7676_7676) | digits) & 0x8080_8080_8080_8080;
-    let n = (not_digit.trailing_zeros() / 8) as usize;
-    if n == 0 || n == 8 {
-        return None;
-    }
+    Some((digits, (not_digit.trailing_zeros() / 8) as usize))
+}
+
+/// The value of the first `n` (1 to 8) of `digits`' bytes, the first the most significant.
+fn digits_value(digits: u64, n: usize) -> u32 {
     // The n digits moved to the top, zeros (leading zeros) below: then pairs, quads and
     // eights summed by multiplication.
     let mut v = digits << (64 - 8 * n);
     v = (v & 0x0F0F_0F0F_0F0F_0F0F).wrapping_mul(2561) >> 8;
     v = (v & 0x00FF_00FF_00FF_00FF).wrapping_mul(6_553_601) >> 16;
     v = (v & 0x0000_FFFF_0000_FFFF).wrapping_mul(42_949_672_960_001) >> 32;
-    Some((v as u32, n))
+    v as u32
 }
 
 #[cfg(test)]
@@ -336,6 +409,29 @@ mod tests {
         ) {
             let body = format!("{ws}{{{}}}{tail}", fields.join(&format!(",{ws}")));
             agrees(body.as_bytes());
+        }
+
+        /// Arrays long enough for the 64-byte blocks, mostly of the simple shape, with
+        /// odd tokens and separators anywhere.
+        #[test]
+        fn long_arrays_are_read_as_serde_reads_them(
+            tokens in proptest::collection::vec(
+                prop_oneof![8 => (0u32..100_000_000).prop_map(|n| n.to_string()), 1 => token()], 0..400),
+            seps in proptest::collection::vec(
+                prop_oneof![8 => Just(","), 8 => Just(", "), 1 => Just(" ,"), 1 => Just(",  "), 1 => Just(",\n")], 400),
+        ) {
+            let mut array = String::new();
+            for (i, t) in tokens.iter().enumerate() {
+                if i > 0 {
+                    array.push_str(seps[i]);
+                }
+                array.push_str(t);
+            }
+            let body = format!(r#"{{"token_ids": [{array}], "model_name": "m"}}"#);
+            agrees(body.as_bytes());
+            if tokens.iter().all(|t| t.parse::<u32>().is_ok_and(|v| v.to_string() == *t)) {
+                prop_assert!(read(body.as_bytes()).is_some());
+            }
         }
     }
 }
