@@ -18,6 +18,7 @@ type counters struct {
 	writesRefused    atomic.Uint64
 	announcesRefused atomic.Uint64
 	malformed        atomic.Uint64
+	staleAnswers     atomic.Uint64
 }
 
 func (c *counters) record(r Reason, took time.Duration) {
@@ -39,6 +40,7 @@ type Counters struct {
 	WritesRefused    uint64            // placements and reports the server refused
 	AnnouncesRefused uint64            // re-announces at a connect the server refused
 	Malformed        uint64            // replies of the wrong kind
+	StaleAnswers     uint64            // answers of a replica behind its log; the query went on to the next server
 }
 
 // FailedOpen is the queries answered without scores for a reason other than an empty index.
@@ -54,7 +56,7 @@ func (c *Client) Counters() Counters {
 		PlacementDrops: n.placementDrops.Load(), UnknownWorkers: n.unknownWorkers.Load(),
 		ReuseDrops: n.reuseDrops.Load(), ReuseUnreported: n.reuseUnreported.Load(),
 		WritesRefused: n.writesRefused.Load(), AnnouncesRefused: n.announcesRefused.Load(),
-		Malformed: n.malformed.Load()}
+		Malformed: n.malformed.Load(), StaleAnswers: n.staleAnswers.Load()}
 	for r := range n.outcomes {
 		out.Outcomes[Reason(r)] = n.outcomes[r].Load()
 	}

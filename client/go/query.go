@@ -147,17 +147,33 @@ func (c *Client) query(ctx context.Context, start time.Time, ks wire.Keyspace, c
 		hedge = ht.C
 	}
 	inFlight := 1
+	// The first answer of a replica behind its log: returned only if no other answers.
+	var stale *reply
+	fallback := func(o Outcome) Outcome {
+		if stale != nil {
+			return c.outcome(c.serverOf(sent, stale.from), stale.msg, weights)
+		}
+		return o
+	}
 	for {
 		select {
 		case r := <-replies:
-			if r.err != nil {
+			a, isAnswer := r.msg.(*wire.TieredAnswer)
+			if r.err == nil && isAnswer && a.Stale {
+				// That replica is healing or stopped following its log: ask the next.
+				c.counters.staleAnswers.Add(1)
+				if stale == nil {
+					stale = &r
+				}
+			}
+			if r.err != nil || (isAnswer && a.Stale) {
 				inFlight--
 				if ok, early := sendNext(); early != nil {
 					return *early
 				} else if ok {
 					inFlight++
 				} else if inFlight == 0 {
-					return Outcome{Reason: ReasonDisconnected}
+					return fallback(Outcome{Reason: ReasonDisconnected})
 				}
 				continue
 			}
@@ -169,9 +185,9 @@ func (c *Client) query(ctx context.Context, start time.Time, ks wire.Keyspace, c
 				c.counters.hedges.Add(1)
 			}
 		case <-timer.C:
-			return Outcome{Reason: ReasonTimeout}
+			return fallback(Outcome{Reason: ReasonTimeout})
 		case <-ctx.Done():
-			return Outcome{Reason: ReasonTimeout, Err: ctx.Err()}
+			return fallback(Outcome{Reason: ReasonTimeout, Err: ctx.Err()})
 		}
 	}
 }

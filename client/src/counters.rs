@@ -37,6 +37,7 @@ pub(crate) struct Atomics {
     pub hedges: AtomicU64,
     pub hedges_won: AtomicU64,
     pub failovers: AtomicU64,
+    pub stale_answers: AtomicU64,
     pub reuse_reports_sent: AtomicU64,
     pub reuse_unreported: AtomicU64,
     pub reuse_drops: AtomicU64,
@@ -131,6 +132,7 @@ impl Counters {
             reuse_drops: g(&n.reuse_drops),
             reuse_unsent: g(&n.reuse_unsent),
             failovers: g(&n.failovers),
+            stale_answers: g(&n.stale_answers),
             latency_ns: self
                 .latency
                 .lock()
@@ -214,6 +216,9 @@ pub struct CountersSnapshot {
     /// Queries sent again to the next server because the connection they were waiting
     /// on was lost before the answer.
     pub failovers: u64,
+    /// Answers of a replica that said it is behind its log (healing in place, or
+    /// stopped following it); the query went on to the next server.
+    pub stale_answers: u64,
     /// Reuse reports sent to a server ([`crate::Client::report_reuse`]).
     pub reuse_reports_sent: u64,
     /// Reuse samples without the engine's figure: not reports.
@@ -253,6 +258,7 @@ impl fmt::Debug for CountersSnapshot {
             .field("hedges", &self.hedges)
             .field("hedges_won", &self.hedges_won)
             .field("failovers", &self.failovers)
+            .field("stale_answers", &self.stale_answers)
             .field("latency_count", &self.latency_ns.len())
             .field("latency_p50", &self.latency_quantile(0.5))
             .field("latency_p99", &self.latency_quantile(0.99))

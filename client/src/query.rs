@@ -88,11 +88,17 @@ impl Client {
         // Servers whose connection was lost under this query: it goes to the next one
         // up while time is left, so a server dying fails no query another could answer.
         let mut lost: Vec<usize> = Vec::new();
+        // The first answer of a replica that said it is behind its log: kept in case no
+        // other replica answers (a stale answer is better than none).
+        let mut stale: Option<(usize, TieredAnswer)> = None;
         loop {
             let live = sh.live_conns();
             let mut fresh = live.into_iter().filter(|(i, _)| !lost.contains(i));
             let Some((slot, conn)) = fresh.next() else {
-                return QueryOutcome::Disconnected;
+                return match stale {
+                    Some((slot, a)) => self.named(slot, a, q.weights, until).await,
+                    None => QueryOutcome::Disconnected,
+                };
             };
             if !lost.is_empty() {
                 Counters::bump(&sh.counters.n.failovers);
@@ -139,10 +145,28 @@ impl Client {
                     continue;
                 }
                 Ok((slot, Waited::Reply(r))) => (slot, r),
+                Ok((_, Waited::Closed)) | Ok((_, Waited::TimedOut)) | Err(_) if stale.is_some() => {
+                    let (slot, a) = stale.take().expect("kept");
+                    return self.named(slot, a, q.weights, until).await;
+                }
                 Ok((_, Waited::Closed)) => return QueryOutcome::Disconnected,
                 Ok((_, Waited::TimedOut)) => return QueryOutcome::Timeout,
                 Err(outcome) => return outcome,
             };
+            if let Reply::Answer(a) = &reply {
+                if a.stale && Instant::now() < until {
+                    // That replica is behind its log (healing, or stopped): ask the next.
+                    Counters::bump(&sh.counters.n.stale_answers);
+                    lost.push(slot);
+                    if stale.is_none() {
+                        let Reply::Answer(a) = reply else {
+                            unreachable!("matched")
+                        };
+                        stale = Some((slot, a));
+                    }
+                    continue;
+                }
+            }
             return match reply {
                 Reply::Answer(a) => self.named(slot, a, q.weights, until).await,
                 Reply::Error(e) => QueryOutcome::Rejected(e),

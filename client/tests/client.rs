@@ -949,6 +949,31 @@ async fn a_silent_primary_is_hedged_to_the_next_server_and_replicas_take_writes_
     );
 }
 
+/// A replica that says its copy is behind its log (`stale`: healing in place, or stopped
+/// following it) is passed over: the query goes on to the next server, whose answer is
+/// taken; with every server stale, the first stale answer is better than none.
+#[tokio::test]
+async fn a_stale_answer_sends_the_query_on_to_the_next_server() {
+    let (c, a, b, prompt) = two_holding_the_prompt(ClientConfig {
+        hedge_after: Some(Duration::MAX),
+        ..config(Vec::new())
+    })
+    .await;
+    a.set_mode(Mode::Stale);
+    let asked = |s: &FakeServer| s.count(|m| matches!(m, Msg::Query(_)));
+    let before = asked(&b);
+    for _ in 0..10 {
+        let got = c.query_tokens(&ks(), &prompt, &opts()).await;
+        assert_eq!(got.best().map(|s| s.blocks), Some(2), "{got:?}");
+    }
+    assert_eq!(asked(&b) - before, 10);
+    assert_eq!(c.counters().stale_answers, 10);
+    b.set_mode(Mode::Stale);
+    let got = c.query_tokens(&ks(), &prompt, &opts()).await;
+    assert_eq!(got.best().map(|s| s.blocks), Some(2), "{got:?}");
+    assert_eq!(c.counters().stale_answers, 12);
+}
+
 /// A query waiting for its hedge point parks on its reply. It used to yield in a loop
 /// whenever the hedge point was nearer than a timer tick (1 ms), which with two servers
 /// up and the default hedge (the 95th percentile, at most half the deadline) is nearly

@@ -106,6 +106,25 @@ impl Executor {
         self.me
     }
 
+    /// Whether this replica knows its copy is behind its log (healing, stopped): its
+    /// answers say so, for clients to ask another replica.
+    pub fn stale(&self) -> bool {
+        self.services
+            .log
+            .shared()
+            .is_some_and(|r| !r.caught_up.load(Relaxed))
+    }
+
+    /// Replaces this executor's state (a replica healing in place; `registry` is kept
+    /// on executor 0 only).
+    pub fn install(&self, core: Core, registry: Registry, ingest_states: IngestStates) {
+        *self.core.borrow_mut() = core;
+        if let Some(r) = &self.registry {
+            *r.borrow_mut() = registry;
+        }
+        *self.ingest_states.borrow_mut() = ingest_states;
+    }
+
     pub fn executors(&self) -> usize {
         self.executors
     }

@@ -159,7 +159,13 @@ pub fn handle(
             bounded(ex, id, frame(id, &a.to_wire()))
         })),
         MessageRef::TieredQuery(q) => Reply::Now(match query::Asked::tiered(q, block) {
-            Ok(asked) => ex.query(&asked, |a| bounded(ex, id, frame(id, &a.to_tiered()))),
+            Ok(asked) => ex.query(&asked, |a| {
+                let answer = kvix_wire::TieredAnswer {
+                    stale: ex.stale(),
+                    ..a.to_tiered()
+                };
+                bounded(ex, id, frame(id, &answer))
+            }),
             Err(f) => failure_frame(id, f),
         }),
         MessageRef::ReuseReport(r) => Reply::Now(reuse(ex, session, id, r)),

@@ -327,13 +327,6 @@ fn replicas_without_snapshot_files_trim_the_log_and_forget_dead_replicas() {
     assert_identical(&[&a, &fresh]);
 }
 
-/// Waits (bounded) until `s` found entries it had not read gone from the log, then
-/// checks that it says so everywhere: the metric, caught_up, /healthz with the reason,
-/// and writes refused with LogUnavailable.
-fn stopped_following(s: &Server) {
-    stopped_at(s, "behind_trim", "trimmed past");
-}
-
 /// The gauge saying a replica stopped following its log for `reason`.
 fn stopped(reason: &str) -> String {
     format!("kvix_log_stopped{{reason=\"{reason}\"}}")
@@ -360,18 +353,25 @@ fn stopped_at(s: &Server, reason: &str, why: &str) {
 
 /// A replica paused while the log is trimmed past its position (here by hand; in a
 /// fleet, by the others' snapshots once it stopped reporting) does not skip what it
-/// missed: it stops following, refuses writes and fails /healthz with the reason (a
-/// restart loads the stored snapshot). It used to read on from the trimmed stream and
-/// answer wrong, healthy and caught up.
+/// missed: it heals in place from the snapshot the fleet stores, the same process with
+/// the same connections, and answers exactly as a fresh replica after. Until then it
+/// says so: its answers carry `stale`, /readyz fails (it is out of rotation) and /livez
+/// does not (no restart). It used to stop following for good, healthy again only once
+/// restarted (and before that read on from the hole, answering wrong).
 #[test]
-fn a_replica_behind_the_trim_point_refuses_instead_of_skipping() {
+fn a_replica_behind_the_trim_point_heals_in_place() {
     if available("behind_trim").is_none() {
         return;
     }
     let redis = Redis::start("behind-trim");
-    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    // a stores a snapshot in Redis only when it stops: the heal waits for it.
+    let (a, b) = (
+        replica(&redis, &["--snapshot-every", "0"]),
+        replica(&redis, &[]),
+    );
     write_fleet(&[&a, &b], "one");
     settle(&[&a, &b]);
+    let (mut kept, pid) = (b.session(), b.pid());
     b.pause(true);
     write_fleet(&[&a], "two");
     let last: ::redis::streams::StreamRangeReply = redis_cmd(
@@ -391,10 +391,65 @@ fn a_replica_behind_the_trim_point_refuses_instead_of_skipping() {
     )
     .unwrap();
     assert!(trimmed > 0);
+    let _: u64 = redis_cmd(redis.port, ::redis::cmd("DEL").arg("kvix:snapshot")).unwrap();
     b.pause(false);
-    stopped_following(&b);
-    assert_eq!(a.metric(&stopped("behind_trim")), 0);
-    assert!(http_get(a.metrics.unwrap(), "/healthz").starts_with("HTTP/1.1 200"));
+
+    // Healing, and waiting for a snapshot past the hole: live, not ready, stale.
+    let probe = |s: &Server, path: &str| http_get(s.metrics.unwrap(), path);
+    wait_for("b finds the hole and heals", &|| {
+        probe(&b, "/readyz").contains("healing in place")
+    });
+    assert!(probe(&b, "/readyz").starts_with("HTTP/1.1 503"));
+    assert!(probe(&b, "/livez").starts_with("HTTP/1.1 200"));
+    assert!(probe(&b, "/healthz").starts_with("HTTP/1.1 200"));
+    assert_eq!(b.metric(&stopped("behind_trim")), 0);
+    assert!(probe(&a, "/readyz").starts_with("HTTP/1.1 200"));
+    let ks = &keyspaces()[0];
+    let written_meanwhile = chain_of(ks, 20_000, 48);
+    let tiered = |c: &mut Conn| -> TieredAnswer {
+        c.ask(&TieredQuery {
+            keyspace: ks.clone(),
+            chain: written_meanwhile.clone(),
+            weights: TierWeights::default(),
+            ..Default::default()
+        })
+        .decode()
+    };
+    let behind = tiered(&mut kept);
+    let current = tiered(&mut a.session());
+    assert!(behind.stale, "{behind:?}");
+    assert!(!current.stale);
+    assert_ne!(
+        behind.scores, current.scores,
+        "b misses what was written meanwhile"
+    );
+
+    // a stops, storing its snapshot: b loads it in place and follows the log from it.
+    a.stop();
+    wait_for("b healed", &|| {
+        b.metric("kvix_log_heals_total") == 1 && b.metric("kvix_log_caught_up") == 1
+    });
+    assert!(probe(&b, "/readyz").starts_with("HTTP/1.1 200"));
+    assert_eq!(b.pid(), pid, "healed in the same process");
+    let c = replica(&redis, &[]);
+    settle(&[&b, &c]);
+    assert_identical(&[&b, &c]);
+    let healed = tiered(&mut kept);
+    assert!(!healed.stale);
+    assert_eq!(
+        healed,
+        tiered(&mut c.session()),
+        "the kept connection reads the healed copy"
+    );
+    // And takes writes again: a worker's stream continues from the snapshot's batch.
+    let kss = keyspaces();
+    let w = kept.events_worker("two-w1");
+    let chain = chain_of(&kss[1], 10_000, 48);
+    let r = kept.ask(&stored_at(w, 2, &kss[1], 13, &chain[13..20]));
+    assert_eq!(r.kind, Kind::Applied, "{:?}", r.message());
+    write_fleet(&[&b, &c], "three");
+    settle(&[&b, &c]);
+    assert_identical(&[&b, &c]);
 }
 
 /// A record no replica can read (another kvix version's, or another program writing to

@@ -379,6 +379,7 @@ impl Core {
             ("hedges", c.hedges),
             ("hedges_won", c.hedges_won),
             ("failovers", c.failovers),
+            ("stale_answers", c.stale_answers),
             ("reuse_reports_sent", c.reuse_reports_sent),
             ("reuse_unreported", c.reuse_unreported),
             ("reuse_drops", c.reuse_drops),

@@ -40,6 +40,8 @@ pub enum Mode {
     Reject(ErrorCode),
     /// Never answer queries.
     Silent,
+    /// The normal answer, saying the replica is behind its log (`stale`).
+    Stale,
 }
 
 /// What the fake is, fixed at start.
@@ -410,6 +412,13 @@ async fn serve<S>(
                             id,
                         )),
                         Mode::Silent => None,
+                        Mode::Stale => {
+                            let a = TieredAnswer {
+                                stale: true,
+                                ..self::answer(&st.lock().unwrap(), &q)
+                            };
+                            Some(frame(&a, id))
+                        }
                     }
                 }
                 Msg::Announce(a) => {

@@ -62,6 +62,8 @@ var (
 			func(_ *Scorer, n *kvix.Counters) float64 { return float64(n.PlacementDrops) }),
 		counter("kvix_epp_writes_refused_total", "Placements and reuse reports kvix refused (unknown worker, not authorized, rate limited).",
 			func(_ *Scorer, n *kvix.Counters) float64 { return float64(n.WritesRefused + n.UnknownWorkers) }),
+		counter("kvix_epp_stale_answers_total", "Answers of a kvix replica behind its log (healing, or stopped following it); the query went on to the next replica.",
+			func(_ *Scorer, n *kvix.Counters) float64 { return float64(n.StaleAnswers) }),
 		counter("kvix_epp_reuse_reports_dropped_total", "Reuse reports not sent to kvix: the queue was full or the connection lost.",
 			func(_ *Scorer, n *kvix.Counters) float64 { return float64(n.ReuseDrops) }),
 	}

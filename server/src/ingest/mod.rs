@@ -222,6 +222,22 @@ impl Ingest {
         sources.insert(worker, sourced);
     }
 
+    /// A replica healing in place: the sources are the snapshot's (by worker, with its
+    /// name); no stream is led until this replica takes its lease again.
+    pub fn replace_sources(&self, restored: Vec<(WorkerId, String, EventSource)>) {
+        for worker in self.led() {
+            self.follow(worker);
+        }
+        let mut sources = self.sources.lock().expect("not poisoned");
+        for worker in sources.keys() {
+            self.pool.unsubscribe(*worker);
+        }
+        sources.clear();
+        for (worker, name, source) in restored {
+            sources.insert(worker, engines_file::Sourced { name, source });
+        }
+    }
+
     /// Ends the restore: subscribes every source, each stream resuming after the last
     /// batch its worker's home applied.
     pub fn resume(&self) {

@@ -134,6 +134,14 @@ impl IngestStates {
         LOST.set(worker, false);
     }
 
+    /// Forgets every worker (the executor's state is being replaced).
+    pub fn clear(&mut self) {
+        let workers: Vec<WorkerId> = self.by_worker.keys().copied().collect();
+        for w in workers {
+            self.forget(w);
+        }
+    }
+
     pub fn export(&self) -> Vec<(WorkerId, IngestStateImage)> {
         let mut out: Vec<_> = self
             .by_worker

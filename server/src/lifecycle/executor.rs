@@ -123,7 +123,14 @@ async fn wire(
     if let (Some(rx), Some(r)) = (log_inbox, ex.log().shared()) {
         spawn(
             "the log inbox",
-            Box::pin(write::inbox::serve_log(ex.clone(), rx)),
+            Box::pin(write::inbox::serve_log(ex.clone(), rx, {
+                let builder = restore::Builder::of(shared);
+                Rc::new(move |ex: &Rc<Executor>, image: &_| {
+                    builder
+                        .restore_in_place(ex, image)
+                        .map_err(|e| e.to_string())
+                })
+            })),
         )?;
         // The follower runs on executor 0: its barriers (announces, retires) are applied
         // there, in place.

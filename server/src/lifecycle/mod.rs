@@ -74,7 +74,13 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> Result<(
             let from = loaded.image.as_ref().map_or("0-0".to_string(), |i| {
                 replica::LogMark::parse(&i.log_position).position
             });
-            let r = replica::Replica::new(log.clone(), loaded.generation, from, log_inboxes)?;
+            let r = replica::Replica::new(
+                log.clone(),
+                loaded.generation,
+                config.index.block_size,
+                from,
+                log_inboxes,
+            )?;
             ingest.set_leased();
             let (r2, ing) = (r.clone(), ingest.clone());
             std::thread::Builder::new()

@@ -110,39 +110,88 @@ pub fn executor(
     me: usize,
     executors: usize,
 ) -> Result<(Core, Registry, IngestStates), StartError> {
-    let index = &shared.config.index;
-    let (mut core, mut registry, mut states) = (
-        Core::new().with_fill_in(kvix_engine::FillIn {
-            capacity_blocks: index.fill_in_blocks,
-            ttl_ms: index.fill_in_ttl.saturating_mul(1000),
-        }),
-        Registry::with_limit(index.max_workers),
-        IngestStates::new(shared.services.ingest.lasts()),
-    );
-    let Some(image) = &shared.restored else {
-        return Ok((core, registry, states));
-    };
-    let block = index.block_size;
-    let entries = registry
-        .import(&image.engine.workers, block)
-        .map_err(StartError::RestoreWorkers)?;
-    let home = |w: u32| w as usize % executors == me;
-    let dropped = core
-        .import(&entries, &image.engine.runs, &image.engine.feeds, home, 0)
-        .map_err(StartError::RestoreIndex)?;
-    if dropped > 0 && me == 0 {
-        tracing::warn!(
-            dropped,
-            "snapshot: holders naming a worker or lane its roster lacks were dropped (a roster changed while it was taken)"
-        );
-    }
-    for (w, h) in image.ingest_states.iter().filter(|(w, _)| home(*w)) {
-        let lanes = entries.iter().find(|e| e.id == *w).map(|e| &e.lanes[..]);
-        if !lanes.is_some_and(|l| states.import(*w, h, l, block)) {
-            return Err(StartError::IngestState(*w));
+    Builder::of(shared).state(shared.restored.as_ref(), me, executors)
+}
+
+/// What an executor's state is built from, at start and when a replica heals in place.
+#[derive(Clone)]
+pub struct Builder {
+    index: crate::config::Index,
+    lasts: std::sync::Arc<crate::ingest::states::Lasts>,
+}
+
+impl Builder {
+    pub fn of(shared: &Shared) -> Builder {
+        Builder {
+            index: shared.config.index.clone(),
+            lasts: shared.services.ingest.lasts(),
         }
     }
-    Ok((core, registry, states))
+
+    /// Executor `me`'s engine, registry and ingest state: empty, or `image`'s.
+    pub fn state(
+        &self,
+        image: Option<&snapshot::ServerImage>,
+        me: usize,
+        executors: usize,
+    ) -> Result<(Core, Registry, IngestStates), StartError> {
+        let index = &self.index;
+        let (mut core, mut registry, mut states) = (
+            Core::new().with_fill_in(kvix_engine::FillIn {
+                capacity_blocks: index.fill_in_blocks,
+                ttl_ms: index.fill_in_ttl.saturating_mul(1000),
+            }),
+            Registry::with_limit(index.max_workers),
+            IngestStates::new(self.lasts.clone()),
+        );
+        let Some(image) = image else {
+            return Ok((core, registry, states));
+        };
+        let block = index.block_size;
+        let entries = registry
+            .import(&image.engine.workers, block)
+            .map_err(StartError::RestoreWorkers)?;
+        let home = |w: u32| w as usize % executors == me;
+        let dropped = core
+            .import(&entries, &image.engine.runs, &image.engine.feeds, home, 0)
+            .map_err(StartError::RestoreIndex)?;
+        if dropped > 0 && me == 0 {
+            tracing::warn!(
+                dropped,
+                "snapshot: holders naming a worker or lane its roster lacks were dropped (a roster changed while it was taken)"
+            );
+        }
+        for (w, h) in image.ingest_states.iter().filter(|(w, _)| home(*w)) {
+            let lanes = entries.iter().find(|e| e.id == *w).map(|e| &e.lanes[..]);
+            if !lanes.is_some_and(|l| states.import(*w, h, l, block)) {
+                return Err(StartError::IngestState(*w));
+            }
+        }
+        Ok((core, registry, states))
+    }
+
+    /// A replica healing in place: executor `ex`'s state replaced by `image`'s (what
+    /// its ingest states recorded forgotten first); executor 0 also hands the ingest
+    /// the snapshot's sources.
+    pub fn restore_in_place(
+        &self,
+        ex: &Rc<Executor>,
+        image: &snapshot::ServerImage,
+    ) -> Result<(), StartError> {
+        ex.ingest_states().clear();
+        let (core, registry, states) = self.state(Some(image), ex.me(), ex.executors())?;
+        ex.install(core, registry, states);
+        if ex.me() == 0 {
+            let registry = ex.registry();
+            let sources = image.sources.iter().map(|(w, source)| {
+                let name = registry.name_of(*w).unwrap_or_default().to_string();
+                (*w, name, source.clone())
+            });
+            ex.ingest().replace_sources(sources.collect());
+        }
+        ex.refresh_gauges();
+        Ok(())
+    }
 }
 
 /// Executor 0, once every executor is wired: the snapshot's sources handed to the

@@ -112,15 +112,23 @@ impl EngineChange {
     }
 }
 
+/// How a replica healing in place replaces an executor's state with a snapshot's.
+pub type RestoreInPlace =
+    Rc<dyn Fn(&Rc<Executor>, &crate::durable::snapshot::ServerImage) -> Result<(), String>>;
+
 /// Runs on every executor: applies what the replicas' log follower hands it, in stream
 /// order; the replica's client waiting for a write hears its outcome, and the follower
-/// is released from a barrier once the write is applied.
+/// is released from a barrier once the write is applied. A heal drains what was handed
+/// over, then restores the snapshot with `restore`.
 pub async fn serve_log(
     ex: Rc<Executor>,
     mut jobs: futures::channel::mpsc::Receiver<crate::durable::replica::LogJob>,
+    restore: RestoreInPlace,
 ) {
     use crate::durable::replica::LogJob;
     use futures::StreamExt;
+    // Records handed over and not yet applied on every executor.
+    let in_flight = Rc::new(std::cell::Cell::new(0usize));
     while let Some(job) = jobs.next().await {
         match job {
             LogJob::Apply {
@@ -130,9 +138,11 @@ pub async fn serve_log(
             } => {
                 // Queued on its executor now, in stream order; answered when applied.
                 let done = route_write(&ex, write, Origin::Logged);
-                let ex = ex.clone();
+                let (ex, in_flight) = (ex.clone(), in_flight.clone());
+                in_flight.set(in_flight.get() + 1);
                 glommio::spawn_local(async move {
                     let outcome = done.await;
+                    in_flight.set(in_flight.get() - 1);
                     if let Some(r) = ex.log().shared() {
                         r.metrics
                             .applied
@@ -153,6 +163,28 @@ pub async fn serve_log(
                     if let Ok(p) = part.await {
                         let _ = reply.send(p);
                     }
+                })
+                .detach();
+            }
+            LogJob::Drain { done } => {
+                let in_flight = in_flight.clone();
+                glommio::spawn_local(async move {
+                    while in_flight.get() > 0 {
+                        glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                    let _ = done.send(());
+                })
+                .detach();
+            }
+            LogJob::Restore { image, done } => {
+                // In the write queue: after what it runs now, before what comes next.
+                let restore = restore.clone();
+                let restored = ex.queue(move |ex| async move {
+                    super::job::Written::now(Ok(restore(&ex, &image)))
+                });
+                glommio::spawn_local(async move {
+                    let outcome = restored.await.unwrap_or_else(|f| Err(f.to_string()));
+                    let _ = done.send(outcome);
                 })
                 .detach();
             }

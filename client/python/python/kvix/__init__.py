@@ -202,7 +202,8 @@ class _Base:
         unknown_workers (placements and candidates naming a worker the server does not
         know),
         connections, hedges, failovers (queries sent again after a lost connection),
-        and latency_p50_us / p99 / max over all queries."""
+        stale_answers (answers of a replica behind its log; the query went on to the
+        next server), and latency_p50_us / p99 / max over all queries."""
         return self._core.counters()
 
 

@@ -235,13 +235,19 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
         let reply = match read {
             Ok(Read::Entries(reply)) => reply,
             Ok(Read::Trimmed(first)) => {
-                let why = format!(
+                tracing::warn!(
                     "the write log was trimmed past this replica's position ({position} is \
-                     gone; the stream now starts at {first}): it stopped following the log \
-                     rather than skip what it missed; restart it to load the stored snapshot"
+                     gone; the stream now starts at {first}): healing in place from the \
+                     snapshot the fleet stored, rather than skip what it missed"
                 );
-                r.stop_following(Stopped::BehindTrim, why);
-                return;
+                if let Err(why) = heal(r, c, position, inboxes).await {
+                    if !r.stopped() {
+                        r.stop_following(Stopped::BehindTrim, why);
+                    }
+                    return;
+                }
+                tail = None;
+                continue;
             }
             Ok(Read::Replaced(now)) => {
                 let why = format!(
@@ -312,6 +318,140 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
             r.first_caught_up.set();
         }
     }
+}
+
+/// How long a heal waits between looks for a stored snapshot it can load.
+const HEAL_RETRY: Duration = Duration::from_secs(1);
+
+/// Heals a replica whose next entries were trimmed away, in the same process: once every
+/// record handed over before is applied, the newest snapshot the fleet stored in Redis
+/// replaces every executor's state, and the follower goes on from the snapshot's
+/// position. Until then the replica is not caught up (its answers say `stale`, /readyz
+/// fails, and no snapshot is cut); its writes still waiting to be read back are answered
+/// `LogUnavailable`. A stored snapshot not yet past the hole is waited for: the others
+/// store one every `--snapshot-every`. An error leaves the replica stopped.
+async fn heal(
+    r: &Replica,
+    c: &mut Resp,
+    position: &mut String,
+    inboxes: &mut [mpsc::Sender<LogJob>],
+) -> Result<(), String> {
+    r.caught_up.store(false, Relaxed);
+    r.healing.store(true, Relaxed);
+    r.fail_pending("this replica is healing in place (the log was trimmed past it)");
+    let image = loop {
+        drop(r.take_mark_request());
+        if r.stopped() {
+            return Err("stopping".into());
+        }
+        match loadable_snapshot(r, c, position).await {
+            Ok(Some(image)) => break image,
+            Ok(None) => {}
+            Err(e) => tracing::warn!("healing: reading the stored snapshot failed: {e}"),
+        }
+        glommio::timer::sleep(HEAL_RETRY).await;
+    };
+    let mark = super::LogMark::parse(&image.log_position);
+    let image = Arc::new(image);
+    let stopping = |()| "stopping".to_string();
+    every(inboxes, |done| LogJob::Drain { done })
+        .await
+        .map_err(stopping)?;
+    let restored = every(inboxes, |done| LogJob::Restore {
+        image: image.clone(),
+        done,
+    });
+    for outcome in restored.await.map_err(stopping)? {
+        outcome.map_err(|e| format!("healing: restoring the stored snapshot failed: {e}"))?;
+    }
+    *position = mark.position;
+    let (ms, seq) = id_key(position);
+    r.metrics.position_ms.store(ms, Relaxed);
+    r.metrics.position_seq.store(seq, Relaxed);
+    r.metrics.heals.fetch_add(1, Relaxed);
+    r.healing.store(false, Relaxed);
+    tracing::warn!(%position, "healed in place: the stored snapshot is loaded, following the log from it");
+    Ok(())
+}
+
+/// The snapshot stored in Redis, when this replica can go on from it: of this log's
+/// generation, past `position`, and its own position still in the stream.
+async fn loadable_snapshot(
+    r: &Replica,
+    c: &mut Resp,
+    position: &str,
+) -> redis::RedisResult<Option<crate::durable::snapshot::ServerImage>> {
+    let bytes: Option<Vec<u8>> = c
+        .query(&redis::Cmd::get(super::snapshot_key(&r.url.key)))
+        .await?;
+    let Some(bytes) = bytes else {
+        tracing::warn!("healing: no snapshot is stored yet; waiting for one");
+        return Ok(None);
+    };
+    // Decoded beside the executor: a large snapshot takes a while.
+    let (tx, rx) = oneshot::channel();
+    let block = r.block_size;
+    std::thread::spawn(move || {
+        let _ = tx.send(crate::durable::snapshot::decode(
+            &bytes,
+            block,
+            "the snapshot stored in Redis",
+        ));
+    });
+    let image = match rx.await {
+        Ok(Ok(image)) => image,
+        Ok(Err(e)) => {
+            tracing::warn!("healing: the stored snapshot does not load: {e}; waiting for another");
+            return Ok(None);
+        }
+        Err(_) => return Ok(None),
+    };
+    let mark = super::LogMark::parse(&image.log_position);
+    if mark
+        .generation
+        .as_deref()
+        .is_some_and(|g| g != r.generation)
+    {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "the stored snapshot is of another log",
+            format!("generation {:?}", mark.generation),
+        )));
+    }
+    if id_key(&mark.position) <= id_key(position) {
+        tracing::warn!(
+            snapshot = %mark.position,
+            "healing: the stored snapshot is not past the hole yet; waiting for a newer one"
+        );
+        return Ok(None);
+    }
+    let there: StreamRangeReply = c
+        .query(&redis::Cmd::xrange(
+            &r.url.key,
+            &mark.position,
+            &mark.position,
+        ))
+        .await?;
+    Ok((!there.ids.is_empty()).then_some(image))
+}
+
+/// Sends every executor the job `make` builds around its answer's sender, and waits for
+/// all the answers; Err when an executor is gone (the process is stopping).
+async fn every<T>(
+    inboxes: &mut [mpsc::Sender<LogJob>],
+    make: impl Fn(oneshot::Sender<T>) -> LogJob,
+) -> Result<Vec<T>, ()> {
+    let mut answers = Vec::with_capacity(inboxes.len());
+    for inbox in inboxes.iter_mut() {
+        let (tx, rx) = oneshot::channel();
+        inbox.send(make(tx)).await.map_err(|_| ())?;
+        answers.push(rx);
+    }
+    let mut out = Vec::with_capacity(answers.len());
+    for rx in answers {
+        out.push(rx.await.map_err(|_| ())?);
+    }
+    Ok(out)
 }
 
 /// Sends one record to the executor that applies it; false when it does not decode.

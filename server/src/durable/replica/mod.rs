@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use futures::channel::{mpsc, oneshot};
 
-use crate::durable::snapshot::Part;
+use crate::durable::snapshot::{Part, ServerImage};
 use crate::exposition::Exposition;
 use crate::exposition::Kind::Gauge;
 use crate::failure::Failure;
@@ -67,6 +67,15 @@ pub enum LogJob {
     },
     /// The executor's snapshot part after everything handed over before.
     Export { reply: oneshot::Sender<Part> },
+    /// Answered once every record handed to this executor before is applied on every
+    /// executor: what a heal waits for before it restores.
+    Drain { done: oneshot::Sender<()> },
+    /// The executor's state replaced by the snapshot's (a replica healing in place,
+    /// after a `Drain` on every executor).
+    Restore {
+        image: Arc<ServerImage>,
+        done: oneshot::Sender<Result<(), String>>,
+    },
 }
 
 /// What a snapshot needs from the follower: the position every part covers.
@@ -153,6 +162,8 @@ crate::metric_set! {
         stored: Counter Sum "kvix_log_snapshots_stored_total",
         /// Snapshots this replica could not store in Redis (nor trim the stream for).
         store_failures: Counter Sum "kvix_log_snapshot_store_failures_total",
+        /// Heals in place: the stored snapshot reloaded after the log was trimmed past this replica.
+        heals: Counter Sum "kvix_log_heals_total",
         /// Engine event streams this replica ingests (holds the lease of).
         leases_held: Gauge Sum "kvix_ingest_leases_held",
         /// Ingest leases this replica took.
@@ -177,6 +188,10 @@ pub struct Replica {
     pub first_caught_up: crate::latch::Latch,
     /// The log's generation this replica follows.
     pub generation: String,
+    /// The index's `--block-size`, which the stored snapshots are decoded with.
+    pub block_size: u32,
+    /// Set while the replica heals in place (reloads the stored snapshot).
+    pub healing: AtomicBool,
     /// Why this replica stopped following the log for good, and in words: it refuses
     /// writes and /healthz says so until restarted.
     broken: Mutex<Option<(Stopped, String)>>,
@@ -198,6 +213,7 @@ impl Replica {
     pub fn new(
         url: LogUrl,
         generation: String,
+        block_size: u32,
         position: String,
         inboxes: Vec<mpsc::Sender<LogJob>>,
     ) -> Result<Arc<Replica>, crate::error::StartError> {
@@ -217,6 +233,8 @@ impl Replica {
             caught_up: AtomicBool::new(false),
             first_caught_up: crate::latch::Latch::new(),
             generation,
+            block_size,
+            healing: AtomicBool::new(false),
             broken: Mutex::new(None),
             metrics: ReplicaMetrics::default(),
             stop: AtomicBool::new(false),
