@@ -49,23 +49,12 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
             return Err(e);
         }
     };
-    let mut image = snapshot::ServerImage {
-        wal_from: cut.wal_from(),
-        log_position: cut.position(),
-        engine: EngineImage {
-            workers: ex.registry().export(),
-            ..Default::default()
-        },
-        sources: ex.ingest().sources(),
-        ingest_states: Vec::new(),
-    };
+    // The roster as the cut left it: the follower may dispatch announces meanwhile.
+    let mut image = skeleton(ex, cut.wal_from(), cut.position());
+    let mut gathered = Vec::with_capacity(parts.len());
     for part in parts {
         match part.await {
-            Ok(p) => {
-                image.engine.runs.extend(p.runs);
-                image.engine.feeds.extend(p.feeds);
-                image.ingest_states.extend(p.ingest_states);
-            }
+            Ok(p) => gathered.push(p),
             Err(f) => {
                 ExecutorMetrics::add(&ex.metrics().snapshot_failures, 1);
                 tracing::error!("snapshot not taken: {f}");
@@ -73,8 +62,7 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
             }
         }
     }
-    image.engine.feeds.sort_unstable_by_key(|(w, _)| *w);
-    image.ingest_states.sort_unstable_by_key(|(w, _)| *w);
+    fill(&mut image, gathered);
     let bytes = snapshot::encode(&image, ex.settings().index.block_size);
     let (metrics, me) = (ex.all_metrics().clone(), ex.me());
     let writer = std::thread::spawn(move || {
@@ -102,6 +90,53 @@ pub(crate) async fn take_snapshot(ex: &Rc<Executor>, last: bool) -> Result<(), S
         });
     }
     Ok(())
+}
+
+/// A snapshot without its parts: the roster (executor 0's) and the ingest's sources.
+fn skeleton(ex: &Rc<Executor>, wal_from: u64, log_position: String) -> snapshot::ServerImage {
+    snapshot::ServerImage {
+        wal_from,
+        log_position,
+        engine: EngineImage {
+            workers: ex.registry().export(),
+            ..Default::default()
+        },
+        sources: ex.ingest().sources(),
+        ingest_states: Vec::new(),
+    }
+}
+
+/// Every executor's part into the snapshot.
+fn fill(image: &mut snapshot::ServerImage, parts: Vec<snapshot::Part>) {
+    for p in parts {
+        image.engine.runs.extend(p.runs);
+        image.engine.feeds.extend(p.feeds);
+        image.ingest_states.extend(p.ingest_states);
+    }
+    image.engine.feeds.sort_unstable_by_key(|(w, _)| *w);
+    image.ingest_states.sort_unstable_by_key(|(w, _)| *w);
+}
+
+/// A lost log's new base, on executor 0 of the replica chosen to rebuild it: its state
+/// (every executor's part, cut by the follower) as the snapshot at `at` (the new
+/// generation's start), encoded, and each ingest stream's epoch, from which the new
+/// log's leases count on.
+pub(crate) fn rebuilt_base(
+    ex: &Rc<Executor>,
+    parts: Vec<snapshot::Part>,
+    at: &replica::LogMark,
+) -> replica::Base {
+    let mut image = skeleton(ex, 0, at.to_string());
+    fill(&mut image, parts);
+    let epochs = image
+        .ingest_states
+        .iter()
+        .map(|(w, s)| (*w, s.epoch))
+        .collect();
+    replica::Base {
+        snapshot: snapshot::encode(&image, ex.settings().index.block_size),
+        epochs,
+    }
 }
 
 /// Where a snapshot's parts are cut, per log, and what the log does once it is written.
@@ -159,7 +194,7 @@ async fn cut(ex: &Rc<Executor>, last: bool) -> Result<(Cut, Parts), StartError> 
                 .collect();
             let at = replica::LogMark {
                 position: mark.position,
-                generation: Some(r.generation.clone()),
+                generation: Some(r.generation()),
             };
             Ok((
                 Cut::Shared {

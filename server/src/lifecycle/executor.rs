@@ -135,7 +135,10 @@ async fn wire(
         // The follower runs on executor 0: its barriers (announces, retires) are applied
         // there, in place.
         if let Some(follow) = (me == 0).then(|| r.take_follow()).flatten() {
-            let follower = replica::follower::run(r.clone(), follow);
+            let at = ex.clone();
+            let base: replica::MakeBase =
+                Box::new(move |parts, mark| crate::checkpoint::rebuilt_base(&at, parts, mark));
+            let follower = replica::follower::run(r.clone(), follow, base);
             spawn("the log follower", Box::pin(follower))?;
         }
     }

@@ -77,7 +77,7 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> Result<(
             let r = replica::Replica::new(
                 log.clone(),
                 loaded.generation,
-                config.index.block_size,
+                (loaded.fleet, config.index.block_size),
                 from,
                 log_inboxes,
             )?;

@@ -24,6 +24,8 @@ pub struct Loaded {
     pub image: Option<snapshot::ServerImage>,
     /// The replicas' log generation (empty without `--log`).
     pub generation: String,
+    /// What the log's `KEY:fleet` says (empty without `--log`).
+    pub fleet: String,
     pub wal: Option<std::sync::Arc<wal::Wal>>,
     /// The write-ahead log's records to replay over the snapshot.
     pub records: Vec<Write>,
@@ -43,8 +45,8 @@ pub fn load(config: &Config) -> Result<Loaded, StartError> {
         None => None,
     };
     let mut generation = String::new();
+    let fleet = format!("fleet {:?}, --block-size {block}", config.durability.fleet);
     if let Some(log) = &config.durability.log {
-        let fleet = format!("fleet {:?}, --block-size {block}", config.durability.fleet);
         let start = replica::store::fetch_start(&log.server, &log.key, &fleet)?;
         generation = start.generation;
         image = image.filter(|mine| of_this_log(config, mine, &generation));
@@ -64,6 +66,7 @@ pub fn load(config: &Config) -> Result<Loaded, StartError> {
     let mut loaded = Loaded {
         image,
         generation,
+        fleet,
         wal: None,
         records: Vec::new(),
         wal_cut_bytes: 0,

@@ -14,7 +14,10 @@ use futures::SinkExt;
 use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 
 use super::resp::{self, Resp};
-use super::{generation_key, id_key, positions_key, Follow, LogJob, Mark, Replica, Stopped};
+use super::{
+    epoch_key, fleet_key, generation_key, id_key, positions_key, snapshot_key, Follow, LogJob,
+    LogMark, MakeBase, Mark, Replica, Stopped,
+};
 use crate::write::record::Write;
 
 /// Entries read per round trip, and how long one read waits for new ones.
@@ -31,6 +34,9 @@ enum Read {
     Trimmed(String),
     /// The log is another one than this replica follows: its generation now, if any.
     Replaced(Option<String>),
+    /// The stream ends before this replica's position (a failover to a Redis that had
+    /// not received its tail, or the stream key deleted): its last entry.
+    TailLost(String),
 }
 
 /// Reads what follows `position`, unless entries this replica has not read were trimmed
@@ -81,7 +87,14 @@ async fn read_after(
         return Ok(Read::Replaced(if replaced(&now) { now } else { after }));
     }
     if mine.ids.is_empty() {
-        return first(c, key).await.map(Read::Trimmed);
+        let last: StreamRangeReply = c
+            .query(&redis::Cmd::xrevrange_count(key, "+", "-", 1))
+            .await?;
+        return match last.ids.first() {
+            Some(e) if id_key(&e.id) > id_key(position) => first(c, key).await.map(Read::Trimmed),
+            Some(e) => Ok(Read::TailLost(e.id.clone())),
+            None => Ok(Read::TailLost("nothing".into())),
+        };
     }
     Ok(Read::Entries(reply))
 }
@@ -124,12 +137,12 @@ pub(super) fn now_ms() -> u64 {
 
 /// Follows the log until the process stops, or until this replica cannot follow it any
 /// more ([`Stopped`]).
-pub async fn run(r: Arc<Replica>, follow: Follow) {
+pub async fn run(r: Arc<Replica>, follow: Follow, base: MakeBase) {
     let Follow {
         mut position,
         mut inboxes,
     } = follow;
-    follow_log(&r, &mut position, &mut inboxes).await;
+    follow_log(&r, &mut position, &mut inboxes, &base).await;
     // Stopped following: the executors' inboxes stay open (their ends would read the
     // log's end as a stop) while this replica refuses writes, until the process stops.
     // A cut of a replica that stopped following would hold what the log no longer
@@ -172,7 +185,12 @@ fn keep_if_refused(conn: &mut Option<Resp>, e: &redis::RedisError) {
     }
 }
 
-async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sender<LogJob>]) {
+async fn follow_log(
+    r: &Replica,
+    position: &mut String,
+    inboxes: &mut [mpsc::Sender<LogJob>],
+    base: &MakeBase,
+) {
     let (ms, seq) = id_key(position);
     r.metrics.position_ms.store(ms, Relaxed);
     r.metrics.position_seq.store(seq, Relaxed);
@@ -231,7 +249,8 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
         // stream, in one round trip: a read from a trimmed position would return what
         // follows the hole as if nothing were missing.
         let opts = StreamReadOptions::default().count(COUNT).block(BLOCK_MS);
-        let read = read_after(c, &r.url.key, &r.generation, position, &opts).await;
+        let generation = r.generation();
+        let read = read_after(c, &r.url.key, &generation, position, &opts).await;
         let reply = match read {
             Ok(Read::Entries(reply)) => reply,
             Ok(Read::Trimmed(first)) => {
@@ -249,17 +268,33 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
                 tail = None;
                 continue;
             }
-            Ok(Read::Replaced(now)) => {
-                let why = format!(
-                    "the write log was replaced (generation {} where this replica follows \
-                     {}: flushed, restarted without persistence, or recreated): it stopped \
-                     following it, its worker ids would name other workers than the new \
-                     log's; restart it to start from the log as it is now",
-                    now.as_deref().unwrap_or("none"),
-                    r.generation
-                );
-                r.stop_following(Stopped::Replaced, why);
-                return;
+            Ok(lost @ (Read::Replaced(_) | Read::TailLost(_))) => {
+                let what = match lost {
+                    Read::Replaced(now) => format!(
+                        "the write log was replaced (generation {} where this replica follows \
+                         {generation}: flushed, restarted without persistence, or recreated)",
+                        now.as_deref().unwrap_or("none")
+                    ),
+                    Read::TailLost(last) => format!(
+                        "the write log lost its tail (it ends at {last}, before {position}: a \
+                         failover to a Redis that had not received it, or the stream deleted)"
+                    ),
+                    Read::Entries(_) | Read::Trimmed(_) => unreachable!("matched"),
+                };
+                tracing::warn!("{what}: rebuilding it from the most advanced replica");
+                if let Err(why) = rebuild(r, c, position, inboxes, base, &generation).await {
+                    if !r.stopped() {
+                        let why = format!(
+                            "{what}, and rebuilding it failed ({why}): it stopped following \
+                             it, its worker ids would name other workers than the new log's; \
+                             restart it to start from the log as it is now"
+                        );
+                        r.stop_following(Stopped::Replaced, why);
+                    }
+                    return;
+                }
+                tail = None;
+                continue;
             }
             Err(e) => {
                 keep_if_refused(&mut conn, &e);
@@ -320,6 +355,195 @@ async fn follow_log(r: &Replica, position: &mut String, inboxes: &mut [mpsc::Sen
     }
 }
 
+/// How long the replicas that found their log lost post their positions before the most
+/// advanced is chosen to rebuild it, and how long the others wait for its new log.
+const ELECTION: Duration = Duration::from_secs(3);
+const REBUILD_WAIT: Duration = Duration::from_secs(60);
+
+/// Rebuilds a lost log (flushed, a Redis restarted without persistence, a failover that
+/// lost the stream's tail) from the most advanced replica instead of abandoning what
+/// the fleet held: each replica that finds the log lost posts its position (under the
+/// old generation); after [`ELECTION`] the most advanced is chosen, once for all
+/// (SET NX). It stores its state as the base snapshot of a new generation (with the
+/// ingest epochs, so that engines' deliveries are not fenced) and follows the new
+/// stream from its start; the others load that snapshot in place ([`restore_all`]).
+/// Writes are refused meanwhile (`LogUnavailable`), and the replica is not caught up
+/// (answers `stale`, /readyz fails). An error leaves the replica stopped, as before.
+async fn rebuild(
+    r: &Replica,
+    c: &mut Resp,
+    position: &mut String,
+    inboxes: &mut [mpsc::Sender<LogJob>],
+    base: &MakeBase,
+    old: &str,
+) -> Result<(), String> {
+    r.caught_up.store(false, Relaxed);
+    r.rebuilding.store(true, Relaxed);
+    r.fail_pending("the write log was lost; the replicas are rebuilding it");
+    let rebuilt = elect_and_rebuild(r, c, position, inboxes, base, old).await;
+    r.rebuilding.store(false, Relaxed);
+    if rebuilt.is_ok() {
+        r.metrics.rebuilds.fetch_add(1, Relaxed);
+        let (ms, seq) = id_key(position);
+        r.metrics.position_ms.store(ms, Relaxed);
+        r.metrics.position_seq.store(seq, Relaxed);
+    }
+    rebuilt
+}
+
+async fn elect_and_rebuild(
+    r: &Replica,
+    c: &mut Resp,
+    position: &mut String,
+    inboxes: &mut [mpsc::Sender<LogJob>],
+    base: &MakeBase,
+    old: &str,
+) -> Result<(), String> {
+    let key = &r.url.key;
+    let candidates = format!("{key}:rebuild:{old}");
+    let chosen_key = format!("{candidates}:chosen");
+    let failed = |e: redis::RedisError| format!("Redis: {e}");
+    let mut post = redis::pipe();
+    post.hset(&candidates, &r.id, position.as_str())
+        .ignore()
+        .expire(&candidates, 3600)
+        .ignore();
+    c.pipeline::<()>(&post).await.map_err(failed)?;
+    tracing::warn!(%position, "rebuilding the lost log: this replica's position posted");
+    glommio::timer::sleep(ELECTION).await;
+    let posted: std::collections::HashMap<String, String> = c
+        .query(&redis::Cmd::hgetall(&candidates))
+        .await
+        .map_err(failed)?;
+    let best = posted
+        .iter()
+        .max_by_key(|(id, at)| (id_key(at), id.as_str()))
+        .map_or(r.id.clone(), |(id, _)| id.clone());
+    let mut choose = redis::cmd("SET");
+    choose
+        .arg(&chosen_key)
+        .arg(&best)
+        .arg("NX")
+        .arg("EX")
+        .arg(3600);
+    let _: Option<String> = c.query(&choose).await.map_err(failed)?;
+    let chosen: String = c
+        .query(&redis::Cmd::get(&chosen_key))
+        .await
+        .map_err(failed)?;
+    if chosen == r.id {
+        lead_rebuild(r, c, position, inboxes, base, old).await
+    } else {
+        tracing::warn!(
+            chosen,
+            "rebuilding the lost log: another replica is more advanced, loading its base"
+        );
+        follow_rebuild(r, c, position, inboxes, old).await
+    }
+}
+
+/// The chosen replica: its state becomes the new generation's base.
+async fn lead_rebuild(
+    r: &Replica,
+    c: &mut Resp,
+    position: &mut String,
+    inboxes: &mut [mpsc::Sender<LogJob>],
+    base: &MakeBase,
+    old: &str,
+) -> Result<(), String> {
+    let key = &r.url.key;
+    let new = format!("{:016x}", super::rand_id());
+    let parts = every(inboxes, |reply| LogJob::Export { reply })
+        .await
+        .map_err(|()| "stopping".to_string())?;
+    let mark = LogMark {
+        position: "0-0".into(),
+        generation: Some(new.clone()),
+    };
+    let made = base(parts, &mark);
+    let mut keys = vec![
+        generation_key(key),
+        key.to_string(),
+        positions_key(key),
+        snapshot_key(key),
+        fleet_key(key),
+    ];
+    keys.extend(made.epochs.iter().map(|(w, _)| epoch_key(key, *w)));
+    let mut publish = redis::cmd("EVAL");
+    publish.arg(PUBLISH_BASE).arg(keys.len()).arg(&keys);
+    publish.arg(old).arg(&new).arg(made.snapshot).arg(&r.fleet);
+    for (_, epoch) in &made.epochs {
+        publish.arg(*epoch);
+    }
+    let published: u8 = c.query(&publish).await.map_err(|e| format!("Redis: {e}"))?;
+    if published == 0 {
+        return Err("another generation was started on the key meanwhile".into());
+    }
+    r.set_generation(&new);
+    *position = "0-0".into();
+    tracing::warn!(
+        generation = new,
+        "rebuilt the lost log from this replica's state: the new generation's base is stored"
+    );
+    Ok(())
+}
+
+/// Publishes a rebuilt log's base, if the key still has the lost generation (ARGV[1])
+/// or none: the stream and positions dropped, the snapshot (ARGV[3]) stored, the fleet
+/// restored, each ingest epoch (KEYS[6..], ARGV[5..]) at least the base's, then the new
+/// generation (ARGV[2]).
+const PUBLISH_BASE: &str = r"
+local now = redis.call('GET', KEYS[1])
+if now and now ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('SET', KEYS[4], ARGV[3])
+redis.call('SET', KEYS[5], ARGV[4], 'NX')
+for i = 6, #KEYS do
+  local had = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if had < tonumber(ARGV[i - 1]) then redis.call('SET', KEYS[i], ARGV[i - 1]) end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1";
+
+/// A replica not chosen: waits for the new generation and its base, and loads it.
+async fn follow_rebuild(
+    r: &Replica,
+    c: &mut Resp,
+    position: &mut String,
+    inboxes: &mut [mpsc::Sender<LogJob>],
+    old: &str,
+) -> Result<(), String> {
+    let key = &r.url.key;
+    let deadline = Instant::now() + REBUILD_WAIT;
+    while Instant::now() < deadline && !r.stopped() {
+        drop(r.take_mark_request());
+        let mut look = redis::pipe();
+        look.get(generation_key(key)).get(snapshot_key(key));
+        let seen: redis::RedisResult<(Option<String>, Option<Vec<u8>>)> = c.pipeline(&look).await;
+        if let Ok((Some(generation), Some(bytes))) = seen {
+            if generation != old {
+                let image = decode_aside(bytes, r.block_size).await?;
+                let mark = LogMark::parse(&image.log_position);
+                if mark.generation.as_deref() == Some(generation.as_str()) {
+                    restore_all(inboxes, image).await?;
+                    r.set_generation(&generation);
+                    *position = mark.position;
+                    tracing::warn!(
+                        generation,
+                        "loaded the rebuilt log's base in place: following the new generation"
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        glommio::timer::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!(
+        "no rebuilt log appeared within {} s",
+        REBUILD_WAIT.as_secs()
+    ))
+}
+
 /// How long a heal waits between looks for a stored snapshot it can load.
 const HEAL_RETRY: Duration = Duration::from_secs(1);
 
@@ -351,19 +575,8 @@ async fn heal(
         }
         glommio::timer::sleep(HEAL_RETRY).await;
     };
-    let mark = super::LogMark::parse(&image.log_position);
-    let image = Arc::new(image);
-    let stopping = |()| "stopping".to_string();
-    every(inboxes, |done| LogJob::Drain { done })
-        .await
-        .map_err(stopping)?;
-    let restored = every(inboxes, |done| LogJob::Restore {
-        image: image.clone(),
-        done,
-    });
-    for outcome in restored.await.map_err(stopping)? {
-        outcome.map_err(|e| format!("healing: restoring the stored snapshot failed: {e}"))?;
-    }
+    let mark = LogMark::parse(&image.log_position);
+    restore_all(inboxes, image).await?;
     *position = mark.position;
     let (ms, seq) = id_key(position);
     r.metrics.position_ms.store(ms, Relaxed);
@@ -374,6 +587,42 @@ async fn heal(
     Ok(())
 }
 
+/// Every executor's state replaced by `image`'s, once every record handed over before is
+/// applied on every executor.
+async fn restore_all(
+    inboxes: &mut [mpsc::Sender<LogJob>],
+    image: crate::durable::snapshot::ServerImage,
+) -> Result<(), String> {
+    let image = Arc::new(image);
+    let stopping = |()| "stopping".to_string();
+    every(inboxes, |done| LogJob::Drain { done })
+        .await
+        .map_err(stopping)?;
+    let restored = every(inboxes, |done| LogJob::Restore {
+        image: image.clone(),
+        done,
+    });
+    for outcome in restored.await.map_err(stopping)? {
+        outcome.map_err(|e| format!("restoring the snapshot failed: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Decodes a stored snapshot beside the executor (a large one takes a while).
+async fn decode_aside(
+    bytes: Vec<u8>,
+    block: u32,
+) -> Result<crate::durable::snapshot::ServerImage, String> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::spawn(move || {
+        let decoded =
+            crate::durable::snapshot::decode(&bytes, block, "the snapshot stored in Redis");
+        let _ = tx.send(decoded.map_err(|e| e.to_string()));
+    });
+    rx.await
+        .unwrap_or_else(|_| Err("the decoding thread stopped".into()))
+}
+
 /// The snapshot stored in Redis, when this replica can go on from it: of this log's
 /// generation, past `position`, and its own position still in the stream.
 async fn loadable_snapshot(
@@ -381,36 +630,23 @@ async fn loadable_snapshot(
     c: &mut Resp,
     position: &str,
 ) -> redis::RedisResult<Option<crate::durable::snapshot::ServerImage>> {
-    let bytes: Option<Vec<u8>> = c
-        .query(&redis::Cmd::get(super::snapshot_key(&r.url.key)))
-        .await?;
+    let bytes: Option<Vec<u8>> = c.query(&redis::Cmd::get(snapshot_key(&r.url.key))).await?;
     let Some(bytes) = bytes else {
         tracing::warn!("healing: no snapshot is stored yet; waiting for one");
         return Ok(None);
     };
-    // Decoded beside the executor: a large snapshot takes a while.
-    let (tx, rx) = oneshot::channel();
-    let block = r.block_size;
-    std::thread::spawn(move || {
-        let _ = tx.send(crate::durable::snapshot::decode(
-            &bytes,
-            block,
-            "the snapshot stored in Redis",
-        ));
-    });
-    let image = match rx.await {
-        Ok(Ok(image)) => image,
-        Ok(Err(e)) => {
+    let image = match decode_aside(bytes, r.block_size).await {
+        Ok(image) => image,
+        Err(e) => {
             tracing::warn!("healing: the stored snapshot does not load: {e}; waiting for another");
             return Ok(None);
         }
-        Err(_) => return Ok(None),
     };
-    let mark = super::LogMark::parse(&image.log_position);
+    let mark = LogMark::parse(&image.log_position);
     if mark
         .generation
-        .as_deref()
-        .is_some_and(|g| g != r.generation)
+        .as_ref()
+        .is_some_and(|g| *g != r.generation())
     {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Client,

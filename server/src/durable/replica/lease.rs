@@ -67,7 +67,7 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
                 // up again (with a new epoch, as any acquisition).
                 Ok(1 | 2) => {
                     let epoch: redis::RedisResult<u64> = redis::cmd("INCR")
-                        .arg(format!("{}:epoch:{worker}", r.url.key))
+                        .arg(super::epoch_key(&r.url.key, *worker))
                         .query(c);
                     match epoch {
                         Ok(epoch) => {

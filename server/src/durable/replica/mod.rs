@@ -45,6 +45,7 @@ use crate::exposition::Exposition;
 use crate::exposition::Kind::Gauge;
 use crate::failure::Failure;
 use crate::write::record::{Outcome, Write};
+use kvix_wire::WorkerId;
 
 pub use link::{Link, LogServer};
 
@@ -77,6 +78,17 @@ pub enum LogJob {
         done: oneshot::Sender<Result<(), String>>,
     },
 }
+
+/// A lost log's new base, made by the replica chosen to rebuild it: its state as a
+/// snapshot at the new generation's start, and each ingest stream's epoch.
+pub struct Base {
+    pub snapshot: Vec<u8>,
+    pub epochs: Vec<(WorkerId, u64)>,
+}
+
+/// How the follower makes a [`Base`] of the executors' parts at a mark (the roster and
+/// the sources are executor 0's, where the follower runs).
+pub type MakeBase = Box<dyn Fn(Vec<Part>, &LogMark) -> Base>;
 
 /// What a snapshot needs from the follower: the position every part covers.
 pub struct Mark {
@@ -164,6 +176,8 @@ crate::metric_set! {
         store_failures: Counter Sum "kvix_log_snapshot_store_failures_total",
         /// Heals in place: the stored snapshot reloaded after the log was trimmed past this replica.
         heals: Counter Sum "kvix_log_heals_total",
+        /// Lost logs rebuilt: a new generation from the most advanced replica's state.
+        rebuilds: Counter Sum "kvix_log_rebuilds_total",
         /// Engine event streams this replica ingests (holds the lease of).
         leases_held: Gauge Sum "kvix_ingest_leases_held",
         /// Ingest leases this replica took.
@@ -186,12 +200,16 @@ pub struct Replica {
     pub caught_up: AtomicBool,
     /// Set the first time `caught_up` is: what the start waits for before serving.
     pub first_caught_up: crate::latch::Latch,
-    /// The log's generation this replica follows.
-    pub generation: String,
+    /// The log's generation this replica follows (a new one once a lost log is rebuilt).
+    generation: Mutex<String>,
+    /// What the log's `KEY:fleet` says: `--fleet` and `--block-size`.
+    pub fleet: String,
     /// The index's `--block-size`, which the stored snapshots are decoded with.
     pub block_size: u32,
     /// Set while the replica heals in place (reloads the stored snapshot).
     pub healing: AtomicBool,
+    /// Set while the replicas rebuild a lost log: writes are refused until then.
+    pub rebuilding: AtomicBool,
     /// Why this replica stopped following the log for good, and in words: it refuses
     /// writes and /healthz says so until restarted.
     broken: Mutex<Option<(Stopped, String)>>,
@@ -213,7 +231,7 @@ impl Replica {
     pub fn new(
         url: LogUrl,
         generation: String,
-        block_size: u32,
+        (fleet, block_size): (String, u32),
         position: String,
         inboxes: Vec<mpsc::Sender<LogJob>>,
     ) -> Result<Arc<Replica>, crate::error::StartError> {
@@ -232,13 +250,27 @@ impl Replica {
             snapshot_request: Mutex::new(None),
             caught_up: AtomicBool::new(false),
             first_caught_up: crate::latch::Latch::new(),
-            generation,
+            generation: Mutex::new(generation),
+            fleet,
             block_size,
             healing: AtomicBool::new(false),
+            rebuilding: AtomicBool::new(false),
             broken: Mutex::new(None),
             metrics: ReplicaMetrics::default(),
             stop: AtomicBool::new(false),
         }))
+    }
+
+    /// The log's generation this replica follows.
+    pub fn generation(&self) -> String {
+        self.generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_generation(&self, generation: &str) {
+        *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = generation.to_string();
     }
 
     /// What the follower starts from, taken once (by executor 0, which runs it).
@@ -321,8 +353,12 @@ impl Replica {
             .unwrap_or_else(|p| p.into_inner())
             .insert(token, waiter);
         // The follower may have stopped since the caller looked: its waiters were
-        // answered then, this one would wait for ever.
-        if let Some(why) = self.broken() {
+        // answered then, this one would wait for ever. While a lost log is rebuilt, a
+        // record appended to the new stream would come before its base.
+        let rebuilding = self.rebuilding.load(Relaxed).then(|| {
+            "the write log was lost; the replicas are rebuilding it from the most advanced of them".to_string()
+        });
+        if let Some(why) = self.broken().or(rebuilding) {
             self.metrics.append_failures.fetch_add(1, Relaxed);
             self.fail(token, why);
             return None;
@@ -383,6 +419,9 @@ pub fn render(r: &Replica, out: &mut Exposition) {
 }
 
 /// Redis keys beside the stream.
+pub fn epoch_key(key: &str, worker: WorkerId) -> String {
+    format!("{key}:epoch:{worker}")
+}
 pub fn snapshot_key(key: &str) -> String {
     format!("{key}:snapshot")
 }

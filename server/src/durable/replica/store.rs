@@ -32,8 +32,9 @@ pub fn publish_snapshot(r: &Replica, bytes: &[u8], position: &str) -> redis::Red
             "the write log was replaced (another generation): snapshot not stored",
         ))
     };
+    let generation = r.generation();
     let now: Option<String> = c.get(generation_key(key))?;
-    if now.as_deref() != Some(r.generation.as_str()) {
+    if now.as_deref() != Some(generation.as_str()) {
         return Err(replaced());
     }
     trim(r, &mut c, position)?;
@@ -41,7 +42,7 @@ pub fn publish_snapshot(r: &Replica, bytes: &[u8], position: &str) -> redis::Red
         .key(generation_key(key))
         .key(snapshot_key(key))
         .key(positions_key(key))
-        .arg(&r.generation)
+        .arg(&generation)
         .arg(bytes)
         .arg(format!("{position} {}", u64::MAX))
         .arg(&r.id)

@@ -6,7 +6,7 @@ use super::*;
 fn stopping_to_follow_answers_the_writes_waiting() {
     use futures::FutureExt;
     let url: LogUrl = "redis://127.0.0.1:1/kvix".parse().unwrap();
-    let r = Replica::new(url, "g".into(), 16, "0-0".into(), Vec::new()).unwrap();
+    let r = Replica::new(url, "g".into(), ("f".into(), 16), "0-0".into(), Vec::new()).unwrap();
     let (tx, mut waiting) = oneshot::channel();
     assert!(r.expect(tx).is_some());
     assert!(waiting.try_recv().unwrap().is_none());
