@@ -133,6 +133,22 @@ impl Redis {
         self.child = child;
     }
 
+    /// Starts again on the same port with nothing: its append-only files removed, as a
+    /// Redis without persistence (or with its volume lost) comes back.
+    #[allow(dead_code)]
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let _ = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+        }
+        self.restart();
+    }
+
     /// SIGKILL: Redis is gone until `restart`.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -2,7 +2,9 @@
 //! stream in the order they were submitted, many per round trip (one pipeline of XADDs
 //! per batch), on the executor's own connection to Redis: no hand-off to another thread
 //! on an acknowledged write's path. An append refused or lost is answered
-//! `LogUnavailable` at once; the connection is made again for the next batch.
+//! `LogUnavailable` at once; the connection is made again for the next batch, and also
+//! once the follower found Redis failing (a restart or failover leaves idle connections
+//! dead, and the next write on one would be refused for nothing).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -65,6 +67,8 @@ impl Appender {
 
 async fn run(r: Arc<Replica>, mut appends: mpsc::UnboundedReceiver<Append>, name: String) {
     let mut conn: Option<Resp> = None;
+    // The follower's failures counted when the connection was made.
+    let mut made_after = 0;
     while let Some(first) = appends.next().await {
         let mut batch = vec![first];
         while batch.len() < BATCH {
@@ -73,7 +77,12 @@ async fn run(r: Arc<Replica>, mut appends: mpsc::UnboundedReceiver<Append>, name
                 _ => break,
             }
         }
+        if r.link_failures.load(Relaxed) != made_after {
+            // Redis failed the follower since: this idle connection is likely dead.
+            conn = None;
+        }
         if conn.is_none() {
+            made_after = r.link_failures.load(Relaxed);
             match Resp::open(&r.link, &name).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {

@@ -170,6 +170,7 @@ async fn pause(
         mark(inboxes, position, req).await;
     }
     r.metrics.read_failures.fetch_add(1, Relaxed);
+    r.link_failures.fetch_add(1, Relaxed);
     let why = why.to_string();
     tracing::warn!("{why}");
     r.fail_pending(&why);

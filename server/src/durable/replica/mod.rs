@@ -210,6 +210,10 @@ pub struct Replica {
     pub healing: AtomicBool,
     /// Set while the replicas rebuild a lost log: writes are refused until then.
     pub rebuilding: AtomicBool,
+    /// Counts the follower's failed steps: an appender's connection made before the
+    /// last one is likely dead too (Redis restarted, failed over), and is made again
+    /// before its next append rather than failing it.
+    pub link_failures: AtomicU64,
     /// Why this replica stopped following the log for good, and in words: it refuses
     /// writes and /healthz says so until restarted.
     broken: Mutex<Option<(Stopped, String)>>,
@@ -255,6 +259,7 @@ impl Replica {
             block_size,
             healing: AtomicBool::new(false),
             rebuilding: AtomicBool::new(false),
+            link_failures: AtomicU64::new(0),
             broken: Mutex::new(None),
             metrics: ReplicaMetrics::default(),
             stop: AtomicBool::new(false),
