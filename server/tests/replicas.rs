@@ -658,6 +658,46 @@ fn a_log_lost_to_a_redis_restarted_empty_is_rebuilt() {
     lost_log_rebuilt(Redis::start("lost-restart"), Redis::restart_empty);
 }
 
+/// The same with a log that lost its tail (a Sentinel failover to a Redis that had not
+/// received it; here its last entries deleted): the replicas' positions are past the
+/// stream's end.
+#[test]
+fn a_log_that_lost_its_tail_is_rebuilt() {
+    if available("lost_tail").is_none() {
+        return;
+    }
+    lost_log_rebuilt(Redis::start("lost-tail"), |redis| {
+        let tail: ::redis::streams::StreamRangeReply = redis_cmd(
+            redis.port,
+            ::redis::cmd("XREVRANGE")
+                .arg("kvix")
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(5),
+        )
+        .unwrap();
+        let ids: Vec<String> = tail.ids.into_iter().map(|e| e.id).collect();
+        // At once with the failover's broken connections, so no read sees the hole open.
+        let mut failover = ::redis::pipe();
+        failover
+            .atomic()
+            .cmd("XDEL")
+            .arg("kvix")
+            .arg(&ids)
+            .cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes");
+        let client = ::redis::Client::open(format!("redis://127.0.0.1:{}", redis.port)).unwrap();
+        let mut c = client.get_connection().unwrap();
+        let (deleted, _killed): (u64, u64) = failover.query(&mut c).unwrap();
+        assert_eq!(deleted, 5);
+    });
+}
+
 /// Three replicas, one paused, a client announcing through the first; `lose` loses the
 /// log; see above.
 fn lost_log_rebuilt(mut redis: Redis, lose: impl FnOnce(&mut Redis)) {

@@ -34,8 +34,9 @@ enum Read {
     Trimmed(String),
     /// The log is another one than this replica follows: its generation now, if any.
     Replaced(Option<String>),
-    /// The stream ends before this replica's position (a failover to a Redis that had
-    /// not received its tail, or the stream key deleted): its last entry.
+    /// This replica's position is gone though the stream's first entry does not pass it
+    /// (a failover to a Redis that had not received the tail, entries appended since;
+    /// or the stream key deleted): the stream's last entry.
     TailLost(String),
 }
 
@@ -87,14 +88,20 @@ async fn read_after(
         return Ok(Read::Replaced(if replaced(&now) { now } else { after }));
     }
     if mine.ids.is_empty() {
-        let last: StreamRangeReply = c
-            .query(&redis::Cmd::xrevrange_count(key, "+", "-", 1))
-            .await?;
-        return match last.ids.first() {
-            Some(e) if id_key(&e.id) > id_key(position) => first(c, key).await.map(Read::Trimmed),
-            Some(e) => Ok(Read::TailLost(e.id.clone())),
-            None => Ok(Read::TailLost("nothing".into())),
-        };
+        // Trimming cuts a stream from its start: a hole that the stream's first entry does
+        // not pass is a lost tail (a failover to a Redis that had not received it, with
+        // entries appended since), which no stored snapshot of the fleet covers.
+        let oldest = first(c, key).await?;
+        return Ok(
+            if oldest != "nothing" && id_key(&oldest) > id_key(position) {
+                Read::Trimmed(oldest)
+            } else {
+                let last: StreamRangeReply = c
+                    .query(&redis::Cmd::xrevrange_count(key, "+", "-", 1))
+                    .await?;
+                Read::TailLost(last.ids.first().map_or("nothing".into(), |e| e.id.clone()))
+            },
+        );
     }
     Ok(Read::Entries(reply))
 }
@@ -277,8 +284,9 @@ async fn follow_log(
                         now.as_deref().unwrap_or("none")
                     ),
                     Read::TailLost(last) => format!(
-                        "the write log lost its tail (it ends at {last}, before {position}: a \
-                         failover to a Redis that had not received it, or the stream deleted)"
+                        "the write log lost its tail ({position} is gone, the stream is not \
+                         trimmed past it and now ends at {last}: a failover to a Redis that \
+                         had not received it, or the stream deleted)"
                     ),
                     Read::Entries(_) | Read::Trimmed(_) => unreachable!("matched"),
                 };
