@@ -29,6 +29,7 @@ pub use super::socket::Frame;
 use super::socket::MAX_FRAME;
 
 pub mod topic;
+mod zap;
 
 pub use topic::{BadTopic, TopicTemplate};
 
@@ -200,11 +201,25 @@ pub struct Bound {
     /// What those streams sent meanwhile, and its payload bytes in all.
     early: HashMap<(usize, String), std::collections::VecDeque<Frame>>,
     early_bytes: usize,
+    /// Refuses connections from outside `--source-allow` at their handshake; dropped
+    /// after the sockets (declared after them).
+    _zap: Option<zap::Zap>,
 }
 
 impl Bound {
     /// Binds every rank's endpoint.
     pub fn bind(ctx: &Context, spec: BindSpec) -> Result<Bound, BindError> {
+        let zap = match &spec.allow {
+            Some(_) => {
+                let allow = spec.clone();
+                let zap = zap::Zap::start(ctx, move |peer| allow.allows(peer));
+                Some(zap.map_err(|source| BindError {
+                    endpoint: "the ZAP handler (inproc://zeromq.zap.01)".into(),
+                    source,
+                })?)
+            }
+            None => None,
+        };
         let mut sockets = Vec::new();
         for (rank, endpoint) in spec.endpoints.iter().enumerate() {
             let err = |source| BindError {
@@ -216,6 +231,9 @@ impl Bound {
             sub.set_rcvhwm(100_000).map_err(err)?;
             sub.set_linger(0).map_err(err)?;
             sub.set_subscribe(b"").map_err(err)?;
+            if zap.is_some() {
+                sub.set_zap_domain(zap::DOMAIN).map_err(err)?;
+            }
             let name = format!("inproc://kvix-ingest-bound-{rank}");
             sub.monitor(
                 &name,
@@ -236,6 +254,7 @@ impl Bound {
             announced: HashMap::new(),
             early: HashMap::new(),
             early_bytes: 0,
+            _zap: zap,
         })
     }
 

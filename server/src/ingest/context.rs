@@ -28,6 +28,7 @@ pub enum Kind {
     Sub,
     Pair,
     Dealer,
+    Rep,
 }
 
 impl Context {
@@ -64,6 +65,7 @@ impl Context {
             Kind::Sub => zmq_sys::ZMQ_SUB,
             Kind::Pair => zmq_sys::ZMQ_PAIR,
             Kind::Dealer => zmq_sys::ZMQ_DEALER,
+            Kind::Rep => zmq_sys::ZMQ_REP,
         };
         // SAFETY: a socket made on a live context; ownership goes to the returned
         // `zmq::Socket`, which closes it once (what `from_raw` asks of the pointer).

@@ -49,7 +49,7 @@ crate::metric_set! {
         dropped_full: Counter Sum "kvix_ingest_stores_dropped_full_total",
         /// Messages on --events-bind whose topic has not the --events-topic form.
         unknown_topics: Counter Sum "kvix_ingest_unknown_topics_total",
-        /// Messages on --events-bind from an address outside --source-allow (refused).
+        /// Connections (at their handshake) and messages on --events-bind from outside --source-allow, refused.
         peers_refused: Counter Sum "kvix_ingest_peers_refused_total",
         /// Messages on --events-bind under a topic another connected address speaks for.
         impostors: Counter Sum "kvix_ingest_impostor_messages_total",
