@@ -481,6 +481,87 @@ fn a_topic_another_address_speaks_for_is_refused_while_its_engine_is_connected()
     assert_eq!(server.metric("kvix_ingest_engines_announced_total"), 1);
 }
 
+/// A process on the engine's own address speaking under its topic (here a plain ZMQ PUB
+/// from 127.0.0.2 beside vLLM 0.34's real publisher there, sending `AllBlocksCleared`
+/// with the engine's next sequence numbers): with more connections from the address
+/// than engines speaking from it, messages cannot be told apart by connection, so none
+/// under the topic is applied, counted as an impostor's, until the extra connection
+/// goes. The worker keeps its 8 blocks; what the engine stored meanwhile comes back
+/// from its replay once it is alone again. kvix applied the clear before (8 -> 0).
+#[test]
+fn a_process_beside_the_engine_on_its_topic_is_refused_until_it_goes() {
+    if available("impostor_beside").is_none() {
+        return;
+    }
+    let Bound {
+        server,
+        bind,
+        events,
+        replay,
+    } = Bound::start(1, &[]);
+    let mut c = server.session();
+    let rel = Rel("vllm-0.34.0");
+    let topic = "kv@127.0.0.2@m";
+    let mut engine = Publisher::try_start_topic(
+        rel.0,
+        &bind,
+        Some(&format!("tcp://127.0.0.2:{replay}")),
+        0,
+        topic,
+    )
+    .expect("the replay port is free");
+    let w = heartbeat_until_announced(&mut c, &mut engine, "127.0.0.2");
+    let base = ks("", "");
+    let p = chain(&base, 7, 10);
+    let sent = engine.publish(vec![rel.blocks(7, 0, 8, 700)]);
+    expect(&mut c, &base, &p, &[(w, 8)], "the engine's stores");
+
+    let ctx = zmq::Context::new();
+    let beside = ctx.socket(zmq::PUB).unwrap();
+    beside
+        .connect(&format!("tcp://127.0.0.2:0;127.0.0.1:{events}"))
+        .unwrap();
+    let refused = || server.metric("kvix_ingest_impostor_messages_total");
+    let mut seq = sent + 1;
+    while refused() < 3 {
+        let frames = [
+            topic.as_bytes(),
+            &seq.to_be_bytes()[..],
+            &cleared_batch(seq),
+        ];
+        beside.send_multipart(frames, 0).unwrap();
+        seq += 1;
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            seq < sent + 1_000,
+            "the messages beside the engine were never refused: {} read, the engine's blocks {:?}",
+            server.metric("kvix_ingest_messages_total"),
+            c.query(&base, &p).scores,
+        );
+    }
+    // The engine's own store meanwhile is not applied either.
+    engine.publish(vec![rel.blocks(7, 8, 9, 700)]);
+    expect(
+        &mut c,
+        &base,
+        &p,
+        &[(w, 8)],
+        "nothing applied while contested",
+    );
+    drop(beside);
+    drop(ctx);
+    // Alone again: its next store shows the gap, and the replay fills it.
+    engine.publish(vec![rel.blocks(7, 9, 10, 700)]);
+    expect(
+        &mut c,
+        &base,
+        &p,
+        &[(w, 10)],
+        "the engine's stores, the refused one replayed",
+    );
+    assert_eq!(server.metric("kvix_ingest_engines_announced_total"), 1);
+}
+
 /// --source-allow fences --events-bind too: a process publishing from an address outside
 /// it is refused at its connection's handshake (the ZAP handler), so none of its
 /// messages is even read; it is never announced nor applied, and is counted; the engine

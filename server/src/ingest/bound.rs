@@ -307,6 +307,11 @@ impl Bound {
         changes
     }
 
+    /// The connections from `peer` to rank `rank`'s socket.
+    pub fn connections(&self, rank: usize, peer: IpAddr) -> usize {
+        self.open.get(&(rank, peer)).copied().unwrap_or(0)
+    }
+
     /// Whether an engine at `peer` has a connection to rank `rank`'s socket.
     pub fn connected(&self, rank: usize, peer: IpAddr) -> bool {
         self.open.get(&(rank, peer)).is_some_and(|&n| n > 0)

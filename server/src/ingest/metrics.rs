@@ -51,7 +51,7 @@ crate::metric_set! {
         unknown_topics: Counter Sum "kvix_ingest_unknown_topics_total",
         /// Connections (at their handshake) and messages on --events-bind from outside --source-allow, refused.
         peers_refused: Counter Sum "kvix_ingest_peers_refused_total",
-        /// Messages on --events-bind under a topic another connected address speaks for.
+        /// Messages on --events-bind under a topic another address speaks for, or while its address has more connections than engines.
         impostors: Counter Sum "kvix_ingest_impostor_messages_total",
         /// Messages on --events-bind dropped past what their stream may hold unread.
         inbox_dropped: Counter Sum "kvix_ingest_inbox_dropped_total",

@@ -33,6 +33,16 @@ impl IngestThread {
                 }
             }
         }
+        // Topics pinned to each address on each rank: one connection each.
+        let mut pinned: std::collections::HashMap<(usize, std::net::IpAddr), usize> =
+            std::collections::HashMap::new();
+        for s in &self.streams {
+            if let Input::Bound(b) = &s.input {
+                if let Some(p) = b.peer {
+                    *pinned.entry((b.rank, p)).or_default() += 1;
+                }
+            }
+        }
         let mut announces = Vec::new();
         for rank in 0..bound.ranks() {
             for _ in 0..BURST {
@@ -61,6 +71,21 @@ impl IngestThread {
                             {
                                 METRICS.impostors.fetch_add(1, Relaxed);
                                 tracing::warn!(topic = %key.1, %pinned, %from, "ingest: a message on --events-bind under a topic another address speaks for (its engine is connected from {pinned}) came from {from}: refused, not applied");
+                                continue;
+                            }
+                            // More connections from its address than topics pinned
+                            // there: a process beside the engine may be speaking
+                            // under its topic, and messages cannot be told apart by
+                            // connection. None is applied until the extra one goes
+                            // (the engine's replay fills the gap).
+                            (Some(pinned_to), Some(from))
+                                if pinned_to == from
+                                    && bound.connections(rank, from)
+                                        > pinned.get(&(rank, from)).copied().unwrap_or(0) =>
+                            {
+                                if let Some(n) = count_loudly(&METRICS.impostors) {
+                                    tracing::warn!(topic = %key.1, %from, connections = bound.connections(rank, from), "ingest: more connections to --events-bind from {from} than engines speaking from there: a message under its topic refused, not applied, until the extra connection goes ({n} so far)");
+                                }
                                 continue;
                             }
                             // Where its messages come from says more than its topic's host.
