@@ -303,7 +303,7 @@ fn the_kubernetes_manifests_validate_and_their_config_checks() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "kubernetes-validate: {said}");
-    assert_eq!(said.matches("passed for resource").count(), 14, "{said}");
+    assert_eq!(said.matches("passed for resource").count(), 15, "{said}");
 
     let manifest = read("deploy/kubernetes/kvix.yaml");
     assert!(manifest
@@ -331,7 +331,8 @@ fn the_kubernetes_manifests_validate_and_their_config_checks() {
     let toml = toml
         .replace("/etc/kvix-auth/token", token.to_str().unwrap())
         .replace("0.0.0.0:7420", &format!("127.0.0.1:{}", free_port()))
-        .replace("0.0.0.0:7421", &format!("127.0.0.1:{}", free_port()));
+        .replace("0.0.0.0:7421", &format!("127.0.0.1:{}", free_port()))
+        .replace("tcp://*:5557", &format!("tcp://127.0.0.1:{}", free_port()));
     let conf = dir.join("kvix.toml");
     std::fs::write(&conf, toml).unwrap();
     let check = Command::new(env!("CARGO_BIN_EXE_kvix-server"))

@@ -1339,6 +1339,126 @@ fn one_replica_ingests_each_engine_and_another_takes_over_when_it_dies() {
     engine.publisher.stop();
 }
 
+/// Engines that connect (`--events-bind`) to replicas behind one address, as a
+/// Kubernetes Service spreads connections: vLLM 0.34's real publisher connects through a
+/// TCP proxy to the first replica up, which takes the engine's ingest lease and logs its
+/// batches for every replica to apply. Killed (-9), its connection drops with it; the
+/// publisher reconnects through the proxy to the other replica, which takes the lease
+/// once the dead one's runs out and asks the engine's replay from the last batch the
+/// log holds, so what was published meanwhile is not lost. `--events-bind` was refused
+/// with `--log`.
+#[test]
+fn a_connecting_engine_moves_to_another_replica_when_its_replica_dies() {
+    if !Leased::available("bound_replicas") {
+        return;
+    }
+    let redis = Redis::start("bound");
+    let port = common::free_ports(3);
+    let (replay, bind) = (port + 2, |p: u16| format!("tcp://127.0.0.1:{p}"));
+    let bound = |events: u16| {
+        replica(
+            &redis,
+            &[
+                "--events-bind",
+                &bind(events),
+                "--events-replay-port",
+                &replay.to_string(),
+                "--events-grace",
+                "3",
+            ],
+        )
+    };
+    let (a, b) = (bound(port), bound(port + 1));
+    let proxy = proxy(vec![port, port + 1]);
+    let publisher = common::engines::Publisher::try_start_topic(
+        "vllm-0.34.0",
+        &bind(proxy),
+        Some(&bind(replay)),
+        0,
+        "kv@127.0.0.1@m",
+    )
+    .expect("the replay port is free");
+    let ks = Keyspace::tokens("m");
+    let tokens: Vec<u32> = (0..128).collect();
+    let mut engine = Leased {
+        publisher,
+        chain: chain::token_chain(ks.seed(16), 16, &tokens),
+        ks,
+        tokens,
+        w: 0,
+    };
+    let mut on_b = b.session();
+    for _ in 0..600 {
+        if let Some(w) = on_b.worker_id("127.0.0.1") {
+            engine.w = w;
+            break;
+        }
+        engine.publisher.publish(Vec::new());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        on_b.worker_id("127.0.0.1"),
+        Some(engine.w),
+        "never announced"
+    );
+    engine.store(0, 3);
+    engine.await_score(&a, 3);
+    engine.await_score(&b, 3);
+    assert_eq!(
+        (leases_held(&a), leases_held(&b)),
+        (1, 0),
+        "the replica the engine is connected to ingests it"
+    );
+    a.kill();
+    // Published while the connection moves: the next holder gets them from the replay.
+    engine.store(3, 5);
+    engine.store(5, 8);
+    engine.await_score(&b, 8);
+    assert_eq!(leases_held(&b), 1);
+    assert_eq!(b.metric("kvix_ingest_engines_gone_total"), 0);
+    // Gone from every replica past --events-grace: retired.
+    engine.publisher.stop();
+    let on_b = std::cell::RefCell::new(on_b);
+    wait_for("the gone engine retired", &|| {
+        on_b.borrow_mut().worker_id("127.0.0.1").is_none()
+    });
+    assert!(b.metric("kvix_ingest_engines_gone_total") >= 1);
+}
+
+/// A TCP proxy on a free port (returned) that sends each new connection to the first of
+/// `backends` (ports) that accepts it, as a Kubernetes Service sends connections to live
+/// pods; a connection ends when either side does.
+fn proxy(backends: Vec<u16>) -> u16 {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Some(server) = backends
+                .iter()
+                .find_map(|p| TcpStream::connect(("127.0.0.1", *p)).ok())
+            else {
+                continue;
+            };
+            let ends = [
+                (client.try_clone(), server.try_clone()),
+                (Ok(server), Ok(client)),
+            ];
+            for (from, to) in ends {
+                let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                    continue;
+                };
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(Shutdown::Both);
+                    let _ = from.shutdown(Shutdown::Both);
+                });
+            }
+        }
+    });
+    port
+}
+
 /// A renewal that fails (here: Redis drops the replica's connections) makes the replica
 /// stop ingesting; its lease is still in Redis under its name when it reconnects, and
 /// renewing it must mean leading the engine again, not assuming it already does.

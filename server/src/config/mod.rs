@@ -174,9 +174,6 @@ impl Config {
         let Some(base) = &i.events_bind else {
             return Ok(None);
         };
-        if self.durability.log.is_some() {
-            return Err(flag("events-bind", "it is for one server: with --log, announce engines with their endpoint (each replica subscribes under its ingest lease)"));
-        }
         if !(base.starts_with("tcp://") || base.starts_with("ipc://")) {
             return Err(flag(
                 "events-bind",

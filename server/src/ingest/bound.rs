@@ -167,6 +167,43 @@ impl BindSpec {
     }
 }
 
+/// Which engines are connected to this server's bound sockets, for the replicas' lease
+/// thread (a replica ingests a bound engine only while the engine is connected to it):
+/// open connections by (rank, peer), and the address each topic was last heard from.
+pub struct Presence {
+    spec: BindSpec,
+    open: std::sync::Mutex<HashMap<(usize, IpAddr), usize>>,
+    heard: std::sync::Mutex<HashMap<(usize, String), IpAddr>>,
+}
+
+impl Presence {
+    fn new(spec: BindSpec) -> Presence {
+        Presence {
+            spec,
+            open: Default::default(),
+            heard: Default::default(),
+        }
+    }
+
+    /// Whether the engine of rank `rank`'s stream of `topic` is connected here: from the
+    /// address its messages came from, else its topic's host.
+    pub fn connected(&self, rank: usize, topic: &str) -> bool {
+        let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+        let peer = heard
+            .get(&(rank, topic.to_string()))
+            .copied()
+            .or_else(|| self.spec.peer_of(topic));
+        drop(heard);
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        peer.is_some_and(|p| open.get(&(rank, p)).is_some_and(|&n| n > 0))
+    }
+
+    /// How long a bound worker may go without a connection before it is retired.
+    pub fn grace(&self) -> std::time::Duration {
+        self.spec.grace
+    }
+}
+
 /// One message from a bound socket: the peer it came from, its topic, seq and payload.
 pub struct BoundMessage {
     pub rank: usize,
@@ -201,6 +238,8 @@ pub struct Bound {
     /// What those streams sent meanwhile, and its payload bytes in all.
     early: HashMap<(usize, String), std::collections::VecDeque<Frame>>,
     early_bytes: usize,
+    /// What the replicas' lease thread reads of `open` and of the topics heard.
+    presence: std::sync::Arc<Presence>,
     /// Refuses connections from outside `--source-allow` at their handshake; dropped
     /// after the sockets (declared after them).
     _zap: Option<zap::Zap>,
@@ -220,6 +259,7 @@ impl Bound {
             }
             None => None,
         };
+        let presence = std::sync::Arc::new(Presence::new(spec.clone()));
         let mut sockets = Vec::new();
         for (rank, endpoint) in spec.endpoints.iter().enumerate() {
             let err = |source| BindError {
@@ -254,6 +294,7 @@ impl Bound {
             announced: HashMap::new(),
             early: HashMap::new(),
             early_bytes: 0,
+            presence,
             _zap: zap,
         })
     }
@@ -297,11 +338,11 @@ impl Bound {
                     *n = n.saturating_sub(1);
                     peer
                 };
-                changes.push(ConnectionChange {
-                    rank,
-                    peer,
-                    open: self.open[&(rank, peer)],
-                });
+                let open = self.open[&(rank, peer)];
+                let mut shown = self.presence.open.lock().unwrap_or_else(|p| p.into_inner());
+                shown.insert((rank, peer), open);
+                drop(shown);
+                changes.push(ConnectionChange { rank, peer, open });
             }
         }
         changes
@@ -325,6 +366,16 @@ impl Bound {
             .gets("Peer-Address")
             .and_then(|a| a.trim_start_matches("::ffff:").parse().ok());
         let topic = String::from_utf8_lossy(&first).into_owned();
+        if let Some(p) = peer {
+            let mut heard = self
+                .presence
+                .heard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if heard.get(&(rank, topic.clone())) != Some(&p) {
+                heard.insert((rank, topic.clone()), p);
+            }
+        }
         let mut frames = vec![first.to_vec()];
         while sub.get_rcvmore().unwrap_or(false) {
             match sub.recv_bytes(0) {
@@ -338,6 +389,11 @@ impl Bound {
             topic,
             frame: super::socket::seq_and_payload(frames),
         })
+    }
+
+    /// What the replicas' lease thread reads of the connections.
+    pub fn presence(&self) -> std::sync::Arc<Presence> {
+        self.presence.clone()
     }
 
     pub fn ranks(&self) -> usize {

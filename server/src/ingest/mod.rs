@@ -85,6 +85,9 @@ pub struct Ingest {
     engines_file: Mutex<Option<engines_file::Applier>>,
     engines_file_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     engines_file_stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Executor 0's inbox: where the replicas' lease thread sends the retire of a bound
+    /// engine no replica has had a connection from for the grace period.
+    to_home: Mutex<mpsc::Sender<crate::write::record::Write>>,
 }
 
 impl Ingest {
@@ -111,6 +114,7 @@ impl Ingest {
             stop: engines_file_stop.clone(),
         });
         Ok(Ingest {
+            to_home: Mutex::new(senders[0].clone()),
             engines_file: Mutex::new(applier),
             engines_file_thread: Mutex::new(None),
             engines_file_stop,
@@ -262,6 +266,28 @@ impl Ingest {
                 ),
             }
         }
+    }
+
+    /// For a bound source (`--events-bind`): whether its engine is connected to this
+    /// server; None for a source this server subscribes to.
+    pub fn bound_here(&self, source: &EventSource) -> Option<bool> {
+        let (rank, topic) = bound::parse_source_endpoint(&source.endpoint)?;
+        let presence = self.pool.presence.as_ref()?;
+        Some(presence.connected(rank, topic))
+    }
+
+    /// How long a bound engine may have no connection before its worker is retired.
+    pub fn bound_grace(&self) -> Option<std::time::Duration> {
+        self.pool.presence.as_ref().map(|p| p.grace())
+    }
+
+    /// Replicas: retires a bound engine that no replica has had a connection from for
+    /// the grace period (its worker's blocks would be false hits). False once stopping.
+    pub fn retire_gone(&self, worker: WorkerId) -> bool {
+        use futures::SinkExt;
+        METRICS.engines_gone.fetch_add(1, Relaxed);
+        let mut to = self.to_home.lock().expect("not poisoned");
+        futures::executor::block_on(to.send(crate::write::record::Write::Retire { worker })).is_ok()
     }
 
     /// Replicas: streams start only under a lease.

@@ -65,6 +65,8 @@ pub struct Pool {
     /// Whether engines first heard of on the bound sockets are announced (not while the
     /// server restores: an announce would interleave with the log's replay).
     discovering: Arc<AtomicBool>,
+    /// The engines connected to the bound sockets (with `--events-bind`).
+    pub presence: Option<Arc<bound::Presence>>,
 }
 
 /// How long a retire of a gone engine may stay unanswered before it is sent again.
@@ -91,6 +93,7 @@ impl Pool {
             Some(spec) => Some(Bound::bind(&ctx, spec).map_err(std::io::Error::other)?),
             None => None,
         };
+        let presence = bound.as_ref().map(Bound::presence);
         let mut slots = Vec::new();
         for i in 0..threads {
             let slot = Arc::new(ThreadSlot {
@@ -122,6 +125,7 @@ impl Pool {
             dealt: Mutex::new(HashMap::new()),
             stop,
             discovering,
+            presence,
         })
     }
 

@@ -4,6 +4,12 @@
 //! (`KEY:epoch:WORKER`, INCR) that its appended deliveries carry; appliers drop
 //! deliveries of an older epoch than they have seen, so a holder that lost its lease
 //! without knowing (a pause, a partition) cannot interleave with its successor.
+//!
+//! An engine that connects (`--events-bind`) is heard only by the replica it connected
+//! to: a replica takes such a lease only while the engine is connected to it, and gives
+//! it up as soon as it is not, so the replica the engine reconnects to takes it over
+//! (asking the engine's replay from the last batch the log holds). A bound engine no
+//! replica has held the lease of for `--events-grace` is gone: a replica retires it.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -36,6 +42,7 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
     let script = redis::Script::new(SCRIPT);
     let release = redis::Script::new(RELEASE);
     let mut conn: Option<redis::Connection> = None;
+    let mut away = Away::default();
     while !r.stopped() {
         std::thread::sleep(RENEW);
         if !r.caught_up.load(Relaxed) {
@@ -53,8 +60,31 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
         };
         let sources = ingest.sources();
         let mut failed = false;
-        for (worker, _) in &sources {
+        for (worker, source) in &sources {
             let key = format!("{}:lease:{worker}", r.url.key);
+            match ingest.bound_here(source) {
+                Some(false) => {
+                    if ingest.leads(*worker) {
+                        tracing::info!(
+                            worker,
+                            "ingest lease given up: the engine is not connected here any more"
+                        );
+                        ingest.follow(*worker);
+                        let _: redis::RedisResult<u8> = release.key(&key).arg(&r.id).invoke(c);
+                    }
+                    let held: redis::RedisResult<bool> = redis::cmd("EXISTS").arg(&key).query(c);
+                    match held {
+                        Ok(held) => away.note(&ingest, *worker, held),
+                        Err(_) => failed = true,
+                    }
+                    if failed {
+                        break;
+                    }
+                    continue;
+                }
+                Some(true) => away.note(&ingest, *worker, true),
+                None => {}
+            }
             let got: redis::RedisResult<u8> = script
                 .key(&key)
                 .arg(&r.id)
@@ -111,6 +141,38 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
         r.metrics
             .leases_held
             .store(ingest.led().len() as u64, Relaxed);
+    }
+}
+
+/// Since when each bound engine has had no lease holder, as this replica saw it, and
+/// when its retire went out.
+#[derive(Default)]
+struct Away {
+    since: std::collections::HashMap<WorkerId, std::time::Instant>,
+    retired: std::collections::HashMap<WorkerId, std::time::Instant>,
+}
+
+impl Away {
+    /// Notes whether anyone holds the worker's lease; retires it once nobody has for
+    /// the grace period (again every 10 s while it stays).
+    fn note(&mut self, ingest: &Ingest, worker: WorkerId, held: bool) {
+        let now = std::time::Instant::now();
+        if held {
+            self.since.remove(&worker);
+            self.retired.remove(&worker);
+            return;
+        }
+        let since = *self.since.entry(worker).or_insert(now);
+        let grace = ingest.bound_grace().unwrap_or(Duration::MAX);
+        let sent = self
+            .retired
+            .get(&worker)
+            .is_some_and(|t| now.duration_since(*t) < Duration::from_secs(10));
+        if now.duration_since(since) >= grace && !sent {
+            tracing::warn!(worker, "ingest: the engine has had no connection to any replica for {grace:?} (--events-grace); retiring its worker");
+            self.retired.insert(worker, now);
+            ingest.retire_gone(worker);
+        }
     }
 }
 
