@@ -342,6 +342,15 @@ impl Bound {
                 let mut shown = self.presence.open.lock().unwrap_or_else(|p| p.into_inner());
                 shown.insert((rank, peer), open);
                 drop(shown);
+                if open == 0 {
+                    // Every engine there is gone: what it spoke for is forgotten.
+                    let mut heard = self
+                        .presence
+                        .heard
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    heard.retain(|(r, _), from| (*r, *from) != (rank, peer));
+                }
                 changes.push(ConnectionChange { rank, peer, open });
             }
         }
@@ -366,16 +375,6 @@ impl Bound {
             .gets("Peer-Address")
             .and_then(|a| a.trim_start_matches("::ffff:").parse().ok());
         let topic = String::from_utf8_lossy(&first).into_owned();
-        if let Some(p) = peer {
-            let mut heard = self
-                .presence
-                .heard
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if heard.get(&(rank, topic.clone())) != Some(&p) {
-                heard.insert((rank, topic.clone()), p);
-            }
-        }
         let mut frames = vec![first.to_vec()];
         while sub.get_rcvmore().unwrap_or(false) {
             match sub.recv_bytes(0) {
@@ -389,6 +388,38 @@ impl Bound {
             topic,
             frame: super::socket::seq_and_payload(frames),
         })
+    }
+
+    /// Notes that a message under `topic` on rank `rank` came from `peer` and was taken
+    /// (an impostor's is not: it would move the topic to its address).
+    pub fn hear(&self, rank: usize, topic: &str, peer: Option<IpAddr>) {
+        let Some(p) = peer else { return };
+        let mut heard = self
+            .presence
+            .heard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match heard.get_mut(&(rank, topic.to_string())) {
+            Some(from) => *from = p,
+            None => {
+                heard.insert((rank, topic.to_string()), p);
+            }
+        }
+    }
+
+    /// How many topics were heard from each (rank, address) since it last had no
+    /// connection: the engines there.
+    pub fn topics_heard(&self) -> HashMap<(usize, IpAddr), usize> {
+        let heard = self
+            .presence
+            .heard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut counts = HashMap::new();
+        for ((rank, _), from) in heard.iter() {
+            *counts.entry((*rank, *from)).or_default() += 1;
+        }
+        counts
     }
 
     /// What the replicas' lease thread reads of the connections.

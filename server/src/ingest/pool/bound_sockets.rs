@@ -33,16 +33,10 @@ impl IngestThread {
                 }
             }
         }
-        // Topics pinned to each address on each rank: one connection each.
-        let mut pinned: std::collections::HashMap<(usize, std::net::IpAddr), usize> =
-            std::collections::HashMap::new();
-        for s in &self.streams {
-            if let Input::Bound(b) = &s.input {
-                if let Some(p) = b.peer {
-                    *pinned.entry((b.rank, p)).or_default() += 1;
-                }
-            }
-        }
+        // Topics heard from each address on each rank since it last had no connection:
+        // one engine, one connection each (whether this server ingests it or, with
+        // replicas, not yet).
+        let pinned = bound.topics_heard();
         let mut announces = Vec::new();
         for rank in 0..bound.ranks() {
             for _ in 0..BURST {
@@ -92,6 +86,7 @@ impl IngestThread {
                             (_, Some(from)) => b.peer = Some(from),
                             _ => {}
                         }
+                        bound.hear(rank, &key.1, m.peer);
                         // A message comes over a connection: the engine is there.
                         set_link(b, true, now);
                         // As libzmq's queue of a subscription of its own would, past
@@ -111,6 +106,7 @@ impl IngestThread {
                         }
                         match bound.spec.discover(key.0, &key.1) {
                             Some(d) => {
+                                bound.hear(rank, &key.1, m.peer);
                                 if bound.announce_due(key.0, &key.1) {
                                     announces.push(d);
                                 }
