@@ -94,7 +94,9 @@ impl Publisher {
         let socket = ctx.socket(zmq::PUB)?;
         socket.set_linger(0)?;
         socket.set_sndhwm(100_000)?;
-        socket.connect(&to.kvix)?;
+        // From the engine's own address, as each engine pod has its own.
+        let kvix = to.kvix.trim_start_matches("tcp://");
+        socket.connect(&format!("tcp://{host}:0;{kvix}"))?;
         let replay = ctx.socket(zmq::ROUTER)?;
         replay.set_linger(0)?;
         // A whole buffer and its end marker fit the send queue (vLLM 0.34 does this; its

@@ -17,6 +17,7 @@
 
 pub mod engine;
 pub mod gateway;
+pub mod proxy;
 pub mod server;
 
 use std::collections::{BTreeMap, HashMap};
@@ -76,6 +77,9 @@ pub enum Chaos {
     ReplicaRestart,
     /// The replicas' Redis is paused (SIGSTOP) for 3 s.
     RedisPause,
+    /// The replicas' Redis loses its data (FLUSHALL): they rebuild the log from the most
+    /// advanced of them.
+    RedisFlush,
 }
 
 /// A part of the fleet set up wrong for the whole leg, for kvix's reuse verdicts to
@@ -538,6 +542,7 @@ impl Fleet {
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 redis.pause(false)?;
             }
+            Chaos::RedisFlush => self.redis.as_ref().expect("checked at start").flush()?,
         }
         Ok(())
     }
@@ -607,27 +612,33 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     let kvix = matches!(leg, Leg::Events | Leg::EventsJoint | Leg::Placements);
     let by_events = matches!(leg, Leg::Events | Leg::EventsJoint);
     let replicas = if kvix { cfg.replicas.max(1) } else { 0 };
-    let needs_replicas = matches!(cfg.chaos, Some(Chaos::ReplicaRestart | Chaos::RedisPause));
+    let needs_replicas = matches!(
+        cfg.chaos,
+        Some(Chaos::ReplicaRestart | Chaos::RedisPause | Chaos::RedisFlush)
+    );
     anyhow::ensure!(
         !kvix || !needs_replicas || replicas > 1,
         "{:?} needs replicas (--replicas 2 or more)",
         cfg.chaos
     );
-    anyhow::ensure!(
-        !by_events || replicas < 2,
-        "the events leg runs one server: engines that connect (--events-bind) are not served with --log"
-    );
+    // Engines that connect (--events-bind): each replica binds, and with replicas the
+    // engines reach them through a proxy, as through a Kubernetes Service.
+    let binds = match by_events {
+        true => (0..replicas)
+            .map(|_| free_port())
+            .collect::<anyhow::Result<Vec<_>>>()?,
+        false => Vec::new(),
+    };
     let events_to = match by_events {
         true => {
-            let (bind, replay_port) = (free_port()?, free_port()?);
-            args.extend([
-                "--events-bind".into(),
-                format!("tcp://127.0.0.1:{bind}"),
-                "--events-replay-port".into(),
-                replay_port.to_string(),
-            ]);
+            let replay_port = free_port()?;
+            args.extend(["--events-replay-port".into(), replay_port.to_string()]);
+            let to = match replicas {
+                1 => binds[0],
+                _ => proxy::start(binds.clone()).await?,
+            };
             Some(EventsTo {
-                kvix: format!("tcp://127.0.0.1:{bind}"),
+                kvix: format!("tcp://127.0.0.1:{to}"),
                 replay_port,
                 model: MODEL.into(),
             })
@@ -641,8 +652,14 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
             format!("redis://127.0.0.1:{}/kvix-fleet", r.port),
         ]);
     }
-    let servers = (0..replicas)
-        .map(|_| Server::start(&cfg.server, &args))
+    let servers = (0..replicas as usize)
+        .map(|i| {
+            let mut args = args.clone();
+            if let Some(bind) = binds.get(i) {
+                args.extend(["--events-bind".into(), format!("tcp://127.0.0.1:{bind}")]);
+            }
+            Server::start(&cfg.server, &args)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let spec = EngineSpec {
         capacity_blocks: cfg.workload.capacity_blocks as usize,

@@ -219,6 +219,22 @@ impl Redis {
         Ok(redis)
     }
 
+    /// FLUSHALL: Redis loses every key, the log included.
+    pub fn flush(&self) -> anyhow::Result<()> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", self.port))?;
+        c.set_read_timeout(Some(Duration::from_secs(5)))?;
+        c.write_all(b"*1\r\n$8\r\nFLUSHALL\r\n")?;
+        let mut reply = [0u8; 5];
+        c.read_exact(&mut reply)?;
+        anyhow::ensure!(
+            &reply == b"+OK\r\n",
+            "FLUSHALL: {:?}",
+            String::from_utf8_lossy(&reply)
+        );
+        Ok(())
+    }
+
     /// SIGSTOP (`true`) or SIGCONT: Redis stops answering, connections stay open.
     pub fn pause(&self, stop: bool) -> anyhow::Result<()> {
         let signal = if stop { "-STOP" } else { "-CONT" };
