@@ -105,5 +105,10 @@ run fleet-gateway-restart fleet "${FL[@]}" --legs events,local --chaos gateway-r
 run fleet-engine-restart fleet "${FL[@]}" --legs oracle,events --chaos engine-restart
 run fleet-replica-restart fleet "${FL[@]}" --legs placements --replicas 2 --chaos replica-restart
 run fleet-redis-pause fleet "${FL[@]}" --legs placements --replicas 2 --chaos redis-pause
+# Engines that connect, to replicas behind a proxy (as behind a Service).
+run fleet-events-replicas fleet "${FL[@]}" --legs events --replicas 3
+run fleet-events-replica-restart fleet "${FL[@]}" --legs events --replicas 3 --chaos replica-restart
+run fleet-events-redis-flush fleet "${FL[@]}" --legs events --replicas 3 --chaos redis-flush
+run fleet-events-redis-pause fleet "${FL[@]}" --legs events --replicas 2 --chaos redis-pause
 echo "done: $OUT"
 ls -1 "$OUT"
