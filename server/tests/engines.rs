@@ -408,9 +408,99 @@ fn engines_that_connect_are_announced_by_their_topic_and_scored_exactly() {
     assert_eq!(server.metric("kvix_ingest_engines_refused_total"), 0);
 }
 
-/// Only an engine speaks for itself on --events-bind: with vLLM 0.34's real publisher
-/// connected under `kv@127.0.0.2@m` and holding 8 blocks, another process connecting
-/// from another address sends `AllBlocksCleared` under the same topic with the next
+/// vLLM 0.34's real publisher on --events-bind under `kv@127.0.0.2@m` (from that
+/// address), holding 8 blocks of `p` (10 blocks), and a plain ZMQ PUB connected from
+/// `from` that sent `AllBlocksCleared` under the same topic with the engine's next
+/// sequence numbers until the server counted 3 of its messages refused.
+struct Impostor {
+    server: Server,
+    c: Conn,
+    rel: Rel,
+    engine: Publisher,
+    w: WorkerId,
+    base: Keyspace,
+    p: Vec<u64>,
+    socket: zmq::Socket,
+}
+
+impl Impostor {
+    fn start(from: &str) -> Impostor {
+        let Bound {
+            server,
+            bind,
+            events,
+            replay,
+        } = Bound::start(1, &[]);
+        let mut c = server.session();
+        let rel = Rel("vllm-0.34.0");
+        let topic = "kv@127.0.0.2@m";
+        let mut engine = Publisher::try_start_topic(
+            rel.0,
+            &bind,
+            Some(&format!("tcp://127.0.0.2:{replay}")),
+            0,
+            topic,
+        )
+        .expect("the replay port is free");
+        let w = heartbeat_until_announced(&mut c, &mut engine, "127.0.0.2");
+        let base = ks("", "");
+        let p = chain(&base, 7, 10);
+        let sent = engine.publish(vec![rel.blocks(7, 0, 8, 700)]);
+        expect(&mut c, &base, &p, &[(w, 8)], "the engine's stores");
+        let socket = zmq::Context::new().socket(zmq::PUB).unwrap();
+        socket
+            .connect(&format!("tcp://{from}:0;127.0.0.1:{events}"))
+            .unwrap();
+        let refused = || server.metric("kvix_ingest_impostor_messages_total");
+        let mut seq = sent + 1;
+        while refused() < 3 {
+            let frames = [
+                topic.as_bytes(),
+                &seq.to_be_bytes()[..],
+                &cleared_batch(seq),
+            ];
+            socket.send_multipart(frames, 0).unwrap();
+            seq += 1;
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(
+                seq < sent + 1_000,
+                "the impostor's messages were never refused: {} messages read, {} publishers \
+                 connected, {} refused, the engine's blocks {:?}",
+                server.metric("kvix_ingest_messages_total"),
+                server.metric("kvix_ingest_publishers_connected"),
+                refused(),
+                c.query(&base, &p).scores,
+            );
+        }
+        expect(
+            &mut c,
+            &base,
+            &p,
+            &[(w, 8)],
+            "the impostor's clears refused",
+        );
+        Impostor {
+            server,
+            c,
+            rel,
+            engine,
+            w,
+            base,
+            p,
+            socket,
+        }
+    }
+
+    /// The engine stores blocks `from..to`; `held` are then what kvix answers.
+    fn store(&mut self, from: u32, to: u32, held: u32, what: &str) {
+        self.engine.publish(vec![self.rel.blocks(7, from, to, 700)]);
+        let (base, p, w) = (self.base.clone(), self.p.clone(), self.w);
+        expect(&mut self.c, &base, &p, &[(w, held)], what);
+    }
+}
+
+/// Only an engine speaks for itself on --events-bind: another process connecting from
+/// another address sends `AllBlocksCleared` under a real engine's topic with its next
 /// sequence numbers. Refused, counted and never applied: the worker still holds its 8
 /// blocks, and the engine's own next store is applied. kvix applied the impostor's
 /// clear before (8 blocks -> 0, silently).
@@ -419,147 +509,29 @@ fn a_topic_another_address_speaks_for_is_refused_while_its_engine_is_connected()
     if available("impostor_topic").is_none() {
         return;
     }
-    let Bound {
-        server,
-        bind,
-        events,
-        replay,
-    } = Bound::start(1, &[]);
-    let mut c = server.session();
-    let rel = Rel("vllm-0.34.0");
-    let topic = "kv@127.0.0.2@m";
-    let mut engine = Publisher::try_start_topic(
-        rel.0,
-        &bind,
-        Some(&format!("tcp://127.0.0.2:{replay}")),
-        0,
-        topic,
-    )
-    .expect("the replay port is free");
-    let w = heartbeat_until_announced(&mut c, &mut engine, "127.0.0.2");
-    let base = ks("", "");
-    let p = chain(&base, 7, 9);
-    let sent = engine.publish(vec![rel.blocks(7, 0, 8, 700)]);
-    expect(&mut c, &base, &p, &[(w, 8)], "the engine's stores");
-
-    // The impostor: a plain ZMQ PUB from 127.0.0.9, the engine's topic, its next seqs.
-    let ctx = zmq::Context::new();
-    let impostor = ctx.socket(zmq::PUB).unwrap();
-    impostor
-        .connect(&format!("tcp://127.0.0.9:0;127.0.0.1:{events}"))
-        .unwrap();
-    let refused = || server.metric("kvix_ingest_impostor_messages_total");
-    let mut seq = sent + 1;
-    while refused() < 3 {
-        let frames = [
-            topic.as_bytes(),
-            &seq.to_be_bytes()[..],
-            &cleared_batch(seq),
-        ];
-        impostor.send_multipart(frames, 0).unwrap();
-        seq += 1;
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(
-            seq < sent + 1_000,
-            "the impostor's messages were never refused: {} messages read, {} publishers \
-             connected, {} refused, the engine's blocks {:?}",
-            server.metric("kvix_ingest_messages_total"),
-            server.metric("kvix_ingest_publishers_connected"),
-            refused(),
-            c.query(&base, &p).scores,
-        );
-    }
-    expect(
-        &mut c,
-        &base,
-        &p,
-        &[(w, 8)],
-        "the impostor's clears refused",
-    );
-    engine.publish(vec![rel.blocks(7, 8, 9, 700)]);
-    expect(&mut c, &base, &p, &[(w, 9)], "the engine's next store");
-    assert_eq!(server.metric("kvix_ingest_engines_announced_total"), 1);
+    let mut i = Impostor::start("127.0.0.9");
+    i.store(8, 9, 9, "the engine's next store");
+    assert_eq!(i.server.metric("kvix_ingest_engines_announced_total"), 1);
 }
 
-/// A process on the engine's own address speaking under its topic (here a plain ZMQ PUB
-/// from 127.0.0.2 beside vLLM 0.34's real publisher there, sending `AllBlocksCleared`
-/// with the engine's next sequence numbers): with more connections from the address
-/// than engines speaking from it, messages cannot be told apart by connection, so none
-/// under the topic is applied, counted as an impostor's, until the extra connection
-/// goes. The worker keeps its 8 blocks; what the engine stored meanwhile comes back
-/// from its replay once it is alone again. kvix applied the clear before (8 -> 0).
+/// The same from the engine's own address (a process beside it): with more connections
+/// from the address than engines speaking from it, messages cannot be told apart by
+/// connection, so none under the topic is applied until the extra connection goes;
+/// what the engine stored meanwhile comes back from its replay once it is alone again.
+/// kvix applied the clear before (8 -> 0).
 #[test]
 fn a_process_beside_the_engine_on_its_topic_is_refused_until_it_goes() {
     if available("impostor_beside").is_none() {
         return;
     }
-    let Bound {
-        server,
-        bind,
-        events,
-        replay,
-    } = Bound::start(1, &[]);
-    let mut c = server.session();
-    let rel = Rel("vllm-0.34.0");
-    let topic = "kv@127.0.0.2@m";
-    let mut engine = Publisher::try_start_topic(
-        rel.0,
-        &bind,
-        Some(&format!("tcp://127.0.0.2:{replay}")),
-        0,
-        topic,
-    )
-    .expect("the replay port is free");
-    let w = heartbeat_until_announced(&mut c, &mut engine, "127.0.0.2");
-    let base = ks("", "");
-    let p = chain(&base, 7, 10);
-    let sent = engine.publish(vec![rel.blocks(7, 0, 8, 700)]);
-    expect(&mut c, &base, &p, &[(w, 8)], "the engine's stores");
-
-    let ctx = zmq::Context::new();
-    let beside = ctx.socket(zmq::PUB).unwrap();
-    beside
-        .connect(&format!("tcp://127.0.0.2:0;127.0.0.1:{events}"))
-        .unwrap();
-    let refused = || server.metric("kvix_ingest_impostor_messages_total");
-    let mut seq = sent + 1;
-    while refused() < 3 {
-        let frames = [
-            topic.as_bytes(),
-            &seq.to_be_bytes()[..],
-            &cleared_batch(seq),
-        ];
-        beside.send_multipart(frames, 0).unwrap();
-        seq += 1;
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(
-            seq < sent + 1_000,
-            "the messages beside the engine were never refused: {} read, the engine's blocks {:?}",
-            server.metric("kvix_ingest_messages_total"),
-            c.query(&base, &p).scores,
-        );
-    }
-    // The engine's own store meanwhile is not applied either.
-    engine.publish(vec![rel.blocks(7, 8, 9, 700)]);
-    expect(
-        &mut c,
-        &base,
-        &p,
-        &[(w, 8)],
-        "nothing applied while contested",
-    );
-    drop(beside);
-    drop(ctx);
-    // Alone again: its next store shows the gap, and the replay fills it.
-    engine.publish(vec![rel.blocks(7, 9, 10, 700)]);
-    expect(
-        &mut c,
-        &base,
-        &p,
-        &[(w, 10)],
-        "the engine's stores, the refused one replayed",
-    );
-    assert_eq!(server.metric("kvix_ingest_engines_announced_total"), 1);
+    let mut i = Impostor::start("127.0.0.2");
+    i.store(8, 9, 8, "nothing applied while contested");
+    drop(std::mem::replace(
+        &mut i.socket,
+        zmq::Context::new().socket(zmq::PUB).unwrap(),
+    ));
+    i.store(9, 10, 10, "the engine's stores, the refused one replayed");
+    assert_eq!(i.server.metric("kvix_ingest_engines_announced_total"), 1);
 }
 
 /// --source-allow fences --events-bind too: a process publishing from an address outside

@@ -737,15 +737,9 @@ fn lost_log_rebuilt(mut redis: Redis, lose: impl FnOnce(&mut Redis)) {
         a.metric("kvix_workers") >= before + 5
     });
     lose(&mut redis);
-    wait_for("a and b rebuild the log", &|| {
-        [&a, &b].iter().all(|s| {
-            s.metric("kvix_log_rebuilds_total") == 1 && s.metric("kvix_log_caught_up") == 1
-        })
-    });
+    rebuilt(&[&a, &b]);
     c.pause(false);
-    wait_for("c loads the rebuilt log", &|| {
-        c.metric("kvix_log_rebuilds_total") == 1 && c.metric("kvix_log_caught_up") == 1
-    });
+    rebuilt(&[&c]);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let acked = writer.join().unwrap();
     assert!(acked.len() > 5, "{acked:?}");
@@ -1307,6 +1301,35 @@ impl Leased {
     }
 }
 
+/// Two replicas of `redis`'s log and an engine announced through the first, its first 3
+/// blocks stored and applied on both.
+fn two_replicas_and_an_engine(redis: &Redis) -> (Server, Server, Leased) {
+    let (a, b) = (replica(redis, &[]), replica(redis, &[]));
+    let mut engine = Leased::start(&a);
+    engine.store(0, 3);
+    engine.await_score(&a, 3);
+    engine.await_score(&b, 3);
+    (a, b, engine)
+}
+
+/// Redis drops every client connection (the replicas' ones).
+fn drop_connections(redis: &Redis) -> u64 {
+    redis_cmd(
+        redis.port,
+        ::redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal"),
+    )
+    .expect("CLIENT KILL")
+}
+
+/// Waits (bounded) until each of `replicas` rebuilt the lost log once and caught up.
+fn rebuilt(replicas: &[&Server]) {
+    wait_for("the replicas rebuild the log", &|| {
+        replicas.iter().all(|s| {
+            s.metric("kvix_log_rebuilds_total") == 1 && s.metric("kvix_log_caught_up") == 1
+        })
+    });
+}
+
 fn leases_held(s: &Server) -> u64 {
     s.metric("kvix_ingest_leases_held")
 }
@@ -1317,11 +1340,7 @@ fn one_replica_ingests_each_engine_and_another_takes_over_when_it_dies() {
         return;
     }
     let redis = Redis::start("lease");
-    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
-    let mut engine = Leased::start(&a);
-    engine.store(0, 3);
-    engine.await_score(&a, 3);
-    engine.await_score(&b, 3);
+    let (a, b, mut engine) = two_replicas_and_an_engine(&redis);
     assert_eq!(
         leases_held(&a) + leases_held(&b),
         1,
@@ -1474,11 +1493,7 @@ fn a_lease_renewed_after_a_failed_round_is_led_again() {
     engine.await_score(&a, 3);
     wait_for("the lease taken", &|| leases_held(&a) == 1);
     let taken = a.metric("kvix_ingest_lease_changes_total");
-    let killed: u64 = redis_cmd(
-        redis.port,
-        ::redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal"),
-    )
-    .expect("CLIENT KILL");
+    let killed = drop_connections(&redis);
     assert!(killed > 0, "the replica's connections were dropped");
     // The lease thread's next round finds its connection gone and takes the lease up
     // again (its appends may have gone through before, on connections made anew).
@@ -1501,11 +1516,7 @@ fn an_engine_stream_goes_on_through_a_rebuilt_log() {
         return;
     }
     let redis = Redis::start("rebuilt-lease");
-    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
-    let mut engine = Leased::start(&a);
-    engine.store(0, 3);
-    engine.await_score(&a, 3);
-    engine.await_score(&b, 3);
+    let (a, b, mut engine) = two_replicas_and_an_engine(&redis);
     // The lease taken again four times (its connection dropped): epoch 5, above what a
     // flushed counter gives before the stream is led again.
     let changes = || {
@@ -1513,11 +1524,7 @@ fn an_engine_stream_goes_on_through_a_rebuilt_log() {
     };
     for _ in 0..4 {
         let taken = changes();
-        let _: u64 = redis_cmd(
-            redis.port,
-            ::redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal"),
-        )
-        .expect("CLIENT KILL");
+        drop_connections(&redis);
         wait_for("the lease taken again", &|| changes() > taken);
     }
     // Applied under epoch 5 everywhere.
@@ -1525,11 +1532,7 @@ fn an_engine_stream_goes_on_through_a_rebuilt_log() {
     engine.await_score(&a, 5);
     engine.await_score(&b, 5);
     let _: () = redis_cmd(redis.port, &mut ::redis::cmd("FLUSHALL")).unwrap();
-    wait_for("both rebuild the log", &|| {
-        [&a, &b].iter().all(|s| {
-            s.metric("kvix_log_rebuilds_total") == 1 && s.metric("kvix_log_caught_up") == 1
-        })
-    });
+    rebuilt(&[&a, &b]);
     engine.store(5, 8);
     engine.await_score(&a, 8);
     engine.await_score(&b, 8);
@@ -1548,11 +1551,7 @@ fn engine_batches_the_log_refused_are_replayed_not_skipped() {
         return;
     }
     let redis = Redis::start("refused-ingest");
-    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
-    let mut engine = Leased::start(&a);
-    engine.store(0, 3);
-    engine.await_score(&a, 3);
-    engine.await_score(&b, 3);
+    let (a, b, mut engine) = two_replicas_and_an_engine(&redis);
     wait_for("one lease held", &|| leases_held(&a) + leases_held(&b) == 1);
     let holder = if leases_held(&a) == 1 { &a } else { &b };
     let refused = holder.metric("kvix_log_append_failures_total");

@@ -199,9 +199,7 @@ async fn follow_log(
     inboxes: &mut [mpsc::Sender<LogJob>],
     base: &MakeBase,
 ) {
-    let (ms, seq) = id_key(position);
-    r.metrics.position_ms.store(ms, Relaxed);
-    r.metrics.position_seq.store(seq, Relaxed);
+    r.at(position);
     let mut conn: Option<Resp> = None;
     let mut tail: Option<String> = None;
     let mut backoff = Duration::from_millis(50);
@@ -339,9 +337,7 @@ async fn follow_log(
                 r.stop_following(Stopped::Unreadable, why);
                 return;
             }
-            let (ms, seq) = id_key(&entry.id);
-            r.metrics.position_ms.store(ms, Relaxed);
-            r.metrics.position_seq.store(seq, Relaxed);
+            r.at(&entry.id);
             *position = entry.id;
             dispatched = true;
         }
@@ -393,9 +389,7 @@ async fn rebuild(
     r.rebuilding.store(false, Relaxed);
     if rebuilt.is_ok() {
         r.metrics.rebuilds.fetch_add(1, Relaxed);
-        let (ms, seq) = id_key(position);
-        r.metrics.position_ms.store(ms, Relaxed);
-        r.metrics.position_seq.store(seq, Relaxed);
+        r.at(position);
     }
     rebuilt
 }
@@ -587,9 +581,7 @@ async fn heal(
     let mark = LogMark::parse(&image.log_position);
     restore_all(inboxes, image).await?;
     *position = mark.position;
-    let (ms, seq) = id_key(position);
-    r.metrics.position_ms.store(ms, Relaxed);
-    r.metrics.position_seq.store(seq, Relaxed);
+    r.at(position);
     r.metrics.heals.fetch_add(1, Relaxed);
     r.healing.store(false, Relaxed);
     tracing::warn!(%position, "healed in place: the stored snapshot is loaded, following the log from it");

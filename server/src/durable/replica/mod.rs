@@ -266,6 +266,13 @@ impl Replica {
         }))
     }
 
+    /// The follower applied the log up to `position`: its gauges say so.
+    pub fn at(&self, position: &str) {
+        let (ms, seq) = id_key(position);
+        self.metrics.position_ms.store(ms, Relaxed);
+        self.metrics.position_seq.store(seq, Relaxed);
+    }
+
     /// The log's generation this replica follows.
     pub fn generation(&self) -> String {
         self.generation
