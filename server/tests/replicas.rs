@@ -1284,6 +1284,14 @@ impl Leased {
         self.publisher.publish(vec![event]);
     }
 
+    /// Publishes blocks `from..to` and waits until every one of `on` holds them.
+    fn store_on(&mut self, from: usize, to: usize, on: &[&Server]) {
+        self.store(from, to);
+        for s in on {
+            self.await_score(s, to as u32);
+        }
+    }
+
     /// Waits (at most 30 s) until `s` answers that the worker holds `blocks` blocks.
     fn await_score(&self, s: &Server, blocks: u32) {
         let mut c = s.session();
@@ -1306,9 +1314,7 @@ impl Leased {
 fn two_replicas_and_an_engine(redis: &Redis) -> (Server, Server, Leased) {
     let (a, b) = (replica(redis, &[]), replica(redis, &[]));
     let mut engine = Leased::start(&a);
-    engine.store(0, 3);
-    engine.await_score(&a, 3);
-    engine.await_score(&b, 3);
+    engine.store_on(0, 3, &[&a, &b]);
     (a, b, engine)
 }
 
@@ -1420,9 +1426,7 @@ fn a_connecting_engine_moves_to_another_replica_when_its_replica_dies() {
         Some(engine.w),
         "never announced"
     );
-    engine.store(0, 3);
-    engine.await_score(&a, 3);
-    engine.await_score(&b, 3);
+    engine.store_on(0, 3, &[&a, &b]);
     assert_eq!(
         (leases_held(&a), leases_held(&b)),
         (1, 0),
@@ -1528,14 +1532,10 @@ fn an_engine_stream_goes_on_through_a_rebuilt_log() {
         wait_for("the lease taken again", &|| changes() > taken);
     }
     // Applied under epoch 5 everywhere.
-    engine.store(3, 5);
-    engine.await_score(&a, 5);
-    engine.await_score(&b, 5);
+    engine.store_on(3, 5, &[&a, &b]);
     let _: () = redis_cmd(redis.port, &mut ::redis::cmd("FLUSHALL")).unwrap();
     rebuilt(&[&a, &b]);
-    engine.store(5, 8);
-    engine.await_score(&a, 8);
-    engine.await_score(&b, 8);
+    engine.store_on(5, 8, &[&a, &b]);
     engine.publisher.stop();
 }
 
@@ -1571,9 +1571,7 @@ fn engine_batches_the_log_refused_are_replayed_not_skipped() {
         holder.metric("kvix_log_append_failures_total") > refused
     });
     maxmemory(0);
-    engine.store(5, 8);
-    engine.await_score(&a, 8);
-    engine.await_score(&b, 8);
+    engine.store_on(5, 8, &[&a, &b]);
     assert_eq!(leases_held(holder), 1, "the lease stayed put");
     assert!(
         holder.metric("kvix_ingest_rewinds_total") >= 1,
