@@ -76,6 +76,10 @@ pub enum StartError {
     SnapshotTaken(#[from] crate::failure::Failure),
     #[error("snapshot not taken: the log follower did not cut the log within {0:?}")]
     Uncut(std::time::Duration),
+    /// A replica that stopped following its write log and cannot heal in place exits:
+    /// the orchestrator restarts it, and the start decides afresh.
+    #[error("stopped following the write log: {0}")]
+    LogStopped(String),
     #[error("executor {executor}: {source}")]
     Executor {
         executor: usize,

@@ -256,6 +256,15 @@ async fn tick(ex: &Rc<Executor>, shared: &Shared) {
         if ticks.is_multiple_of(20) {
             drop(ex.queue(write::queue::expire));
         }
+        if ex.me() == 0 {
+            if let Some(why) = ex.log().shared().and_then(|r| r.broken()) {
+                // What a restart may cure (a start reads the log afresh), a restart
+                // does: the process exits non-zero for its supervisor to start again.
+                tracing::error!("exiting: {why}");
+                shared.stop.store(true, Ordering::Relaxed);
+                break;
+            }
+        }
         if ex.me() == 0 && snapshot_ticks > 0 && ticks.is_multiple_of(snapshot_ticks) {
             // A failure is counted and logged; the next period tries again.
             let _ = take_snapshot(ex, false).await;

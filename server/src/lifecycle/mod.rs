@@ -129,13 +129,17 @@ pub fn run_with(config: Config, clock: Arc<dyn crate::clock::Clock>) -> Result<(
     }
     let ran = run_executors(&shared, group, http);
     ingest.stop();
+    let broken = replica.as_ref().and_then(|r| r.broken());
     if let Some(r) = &replica {
         r.stop();
     }
     if !shared.config.listen.unix.is_empty() {
         let _ = std::fs::remove_file(&shared.config.listen.unix);
     }
-    ran
+    match broken {
+        Some(why) => Err(StartError::LogStopped(why)),
+        None => ran,
+    }
 }
 
 /// The listening sockets (the kvix port's, the HTTP API's) and TLS: refused before

@@ -195,6 +195,18 @@ impl Server {
         Conn::open(self.addr)
     }
 
+    /// Waits (bounded: 30 s) until the server exits by itself; its exit status.
+    #[allow(dead_code)]
+    pub fn exited(&mut self) -> std::process::ExitStatus {
+        for _ in 0..600 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the server did not exit by itself");
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -214,8 +214,8 @@ pub struct Replica {
     /// last one is likely dead too (Redis restarted, failed over), and is made again
     /// before its next append rather than failing it.
     pub link_failures: AtomicU64,
-    /// Why this replica stopped following the log for good, and in words: it refuses
-    /// writes and /healthz says so until restarted.
+    /// Why this replica stopped following the log, and in words: it refuses writes,
+    /// /livez says so, and the process exits non-zero.
     broken: Mutex<Option<(Stopped, String)>>,
     pub metrics: ReplicaMetrics,
     stop: AtomicBool,
@@ -308,8 +308,8 @@ impl Replica {
         broken.as_ref().map(|(reason, _)| *reason)
     }
 
-    /// The follower gives up for good (until a restart): this replica refuses writes
-    /// and fails /healthz with `why`.
+    /// The follower gives up: this replica refuses writes and fails /livez with `why`,
+    /// and the process exits non-zero (executor 0's tick sees it).
     /// Writes appended and not yet read back never will be: they are answered
     /// `LogUnavailable` now.
     fn stop_following(&self, reason: Stopped, why: String) {
