@@ -186,8 +186,9 @@ fn replicas_of_connecting_engines_stay_exact_through_a_replica_killed_and_redis_
         assert!(l.degraded < 0.05, "{l:?}");
     }
     // The killed replica's engines reconnect to the others within the lease's 5 s. A
-    // rebuild takes its 3 s election, most of this 5 s leg, with no event applied
-    // meanwhile: its hit is measured at scale (docs/benchmarks.md §13), not here.
+    // rebuild's election may wait for a replica slow to notice the loss, a good part of
+    // this 5 s leg with no event applied meanwhile: its hit is measured at scale
+    // (docs/benchmarks.md §13), not here.
     assert!(
         killed.followup_hit >= plain.followup_hit - 0.1,
         "{killed:?}"

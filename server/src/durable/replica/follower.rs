@@ -250,6 +250,14 @@ async fn follow_log(
                     continue;
                 }
             }
+            // Who else follows the log: a rebuild waits for them (a lost log takes
+            // the positions with it).
+            let reports: redis::RedisResult<std::collections::HashMap<String, String>> = c
+                .query(&redis::Cmd::hgetall(positions_key(&r.url.key)))
+                .await;
+            if let Ok(reports) = reports {
+                r.saw_peers(&reports, now_ms());
+            }
         }
         // The read goes with a check that this replica's position is still in the
         // stream, in one round trip: a read from a trimmed position would return what
@@ -360,15 +368,18 @@ async fn follow_log(
     }
 }
 
-/// How long the replicas that found their log lost post their positions before the most
-/// advanced is chosen to rebuild it, and how long the others wait for its new log.
-const ELECTION: Duration = Duration::from_secs(3);
+/// How long the replicas that found their log lost wait for the others following it
+/// lately to post their positions before the most advanced of those posted is chosen
+/// to rebuild it (one paused or gone is not waited for longer), and how long the
+/// others wait for its new log.
+const ELECTION: Duration = Duration::from_secs(15);
 const REBUILD_WAIT: Duration = Duration::from_secs(60);
 
 /// Rebuilds a lost log (flushed, a Redis restarted without persistence, a failover that
 /// lost the stream's tail) from the most advanced replica instead of abandoning what
 /// the fleet held: each replica that finds the log lost posts its position (under the
-/// old generation); after [`ELECTION`] the most advanced is chosen, once for all
+/// old generation); once every replica that reported following the log in the last
+/// 10 s posted (at most [`ELECTION`]), the most advanced is chosen, once for all
 /// (SET NX). It stores its state as the base snapshot of a new generation (with the
 /// ingest epochs, so that engines' deliveries are not fenced) and follows the new
 /// stream from its start; the others load that snapshot in place ([`restore_all`]).
@@ -413,11 +424,23 @@ async fn elect_and_rebuild(
         .ignore();
     c.pipeline::<()>(&post).await.map_err(failed)?;
     tracing::warn!(%position, "rebuilding the lost log: this replica's position posted");
-    glommio::timer::sleep(ELECTION).await;
-    let posted: std::collections::HashMap<String, String> = c
-        .query(&redis::Cmd::hgetall(&candidates))
-        .await
-        .map_err(failed)?;
+    let peers = r.peers();
+    let deadline = Instant::now() + ELECTION;
+    let posted = loop {
+        let posted: std::collections::HashMap<String, String> = c
+            .query(&redis::Cmd::hgetall(&candidates))
+            .await
+            .map_err(failed)?;
+        let decided: Option<String> = c
+            .query(&redis::Cmd::get(&chosen_key))
+            .await
+            .map_err(failed)?;
+        let all = peers.iter().all(|p| posted.contains_key(p));
+        if all || decided.is_some() || Instant::now() >= deadline || r.stopped() {
+            break posted;
+        }
+        glommio::timer::sleep(Duration::from_millis(100)).await;
+    };
     let best = posted
         .iter()
         .max_by_key(|(id, at)| (id_key(at), id.as_str()))

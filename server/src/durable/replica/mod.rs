@@ -214,6 +214,9 @@ pub struct Replica {
     /// last one is likely dead too (Redis restarted, failed over), and is made again
     /// before its next append rather than failing it.
     pub link_failures: AtomicU64,
+    /// The other replicas that reported following the log in the last 10 s, as the
+    /// follower last read their reports.
+    peers: Mutex<Vec<String>>,
     /// Why this replica stopped following the log, and in words: it refuses writes,
     /// /livez says so, and the process exits non-zero.
     broken: Mutex<Option<(Stopped, String)>>,
@@ -260,10 +263,32 @@ impl Replica {
             healing: AtomicBool::new(false),
             rebuilding: AtomicBool::new(false),
             link_failures: AtomicU64::new(0),
+            peers: Mutex::new(Vec::new()),
             broken: Mutex::new(None),
             metrics: ReplicaMetrics::default(),
             stop: AtomicBool::new(false),
         }))
+    }
+
+    /// Notes who reported following the log lately (`reports`: the positions hash,
+    /// `replica id` → `position ms-since-epoch`), as of `now_ms`.
+    pub fn saw_peers(&self, reports: &HashMap<String, String>, now_ms: u64) {
+        let lately = reports
+            .iter()
+            .filter(|(id, _)| **id != self.id && id.as_str() != "snapshot")
+            .filter(|(_, v)| {
+                v.rsplit_once(' ')
+                    .and_then(|(_, at)| at.parse::<u64>().ok())
+                    .is_some_and(|at| now_ms.saturating_sub(at) < 10_000)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        *self.peers.lock().unwrap_or_else(|p| p.into_inner()) = lately;
+    }
+
+    /// The other replicas that followed the log lately (see [`Replica::saw_peers`]).
+    pub fn peers(&self) -> Vec<String> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The follower applied the log up to `position`: its gauges say so.

@@ -64,3 +64,23 @@ fn log_urls_name_a_server_and_a_key() {
     assert!(id_key("12-3") < id_key("12-10"));
     assert!(id_key("9-99") < id_key("10-0"));
 }
+
+/// A rebuild waits for the replicas that reported following the log in the last 10 s:
+/// not itself, not the stored snapshot's entry, not one silent longer.
+#[test]
+fn the_peers_a_rebuild_waits_for_reported_lately() {
+    let url: LogUrl = "redis://127.0.0.1:1/kvix".parse().unwrap();
+    let r = Replica::new(url, "g".into(), ("f".into(), 16), "0-0".into(), Vec::new()).unwrap();
+    let now = 1_000_000;
+    let reports: HashMap<String, String> = [
+        (r.id.clone(), format!("5-0 {now}")),
+        ("snapshot".into(), format!("4-0 {}", u64::MAX)),
+        ("fresh".into(), format!("5-0 {}", now - 2_000)),
+        ("silent".into(), format!("3-0 {}", now - 60_000)),
+        ("garbled".into(), "5-0".into()),
+    ]
+    .into_iter()
+    .collect();
+    r.saw_peers(&reports, now);
+    assert_eq!(r.peers(), vec!["fresh".to_string()]);
+}
