@@ -279,15 +279,6 @@ mod tests {
                 &["--events-bind", "tcp://*:5557", "--events-lanes", "warp@16"],
                 "--events-lanes",
             ),
-            (
-                &[
-                    "--events-bind",
-                    "tcp://*:5557",
-                    "--log",
-                    "redis://127.0.0.1/kv",
-                ],
-                "--events-bind",
-            ),
         ] {
             let e = validated(flags).unwrap_err().to_string();
             assert!(e.starts_with(named), "{flags:?}: {e}");
