@@ -202,7 +202,7 @@ pub struct Ingest {
     /// Where engines connect their KV event publishers (tcp://*:5557, tcp://HOST:PORT or
     /// ipc://PATH), as vLLM and SGLang do when their endpoint names a host. The topic names
     /// the engine (--events-topic); the first message of one no worker has yet announces
-    /// it. Not with --log.
+    /// it. With --log every replica binds, and the one an engine connects to ingests it.
     #[arg(long)]
     pub events_bind: Option<String>,
 
