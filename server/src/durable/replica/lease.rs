@@ -43,8 +43,15 @@ pub fn run(r: Arc<Replica>, ingest: Arc<Ingest>) {
     let release = redis::Script::new(RELEASE);
     let mut conn: Option<redis::Connection> = None;
     let mut away = Away::default();
+    let mut generations = r.generations();
     while !r.stopped() {
         std::thread::sleep(RENEW);
+        if r.generations() != generations {
+            // The log was rebuilt: an epoch taken while it was lost came from a flushed
+            // counter, below the rebuilt log's; every stream is taken up again anew.
+            generations = r.generations();
+            drop_all(&r, &ingest);
+        }
         if !r.caught_up.load(Relaxed) {
             // Not following the log (yet, or any more): nothing it ingests could be
             // appended.

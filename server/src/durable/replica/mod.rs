@@ -210,6 +210,8 @@ pub struct Replica {
     pub healing: AtomicBool,
     /// Set while the replicas rebuild a lost log: writes are refused until then.
     pub rebuilding: AtomicBool,
+    /// See [`Replica::generations`].
+    generations: AtomicU64,
     /// Counts the follower's failed steps: an appender's connection made before the
     /// last one is likely dead too (Redis restarted, failed over), and is made again
     /// before its next append rather than failing it.
@@ -262,6 +264,7 @@ impl Replica {
             block_size,
             healing: AtomicBool::new(false),
             rebuilding: AtomicBool::new(false),
+            generations: AtomicU64::new(0),
             link_failures: AtomicU64::new(0),
             peers: Mutex::new(Vec::new()),
             broken: Mutex::new(None),
@@ -308,6 +311,14 @@ impl Replica {
 
     fn set_generation(&self, generation: &str) {
         *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = generation.to_string();
+        self.generations.fetch_add(1, Relaxed);
+    }
+
+    /// How many times this replica moved to another generation (rebuilt logs): the
+    /// lease thread drops every stream it leads then, since an epoch it took while the
+    /// log was lost counts from a flushed counter, below the rebuilt log's.
+    pub fn generations(&self) -> u64 {
+        self.generations.load(Relaxed)
     }
 
     /// What the follower starts from, taken once (by executor 0, which runs it).
