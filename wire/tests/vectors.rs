@@ -139,26 +139,12 @@ fn frames() -> Frames {
     );
     f.add("query-full", 5, u64::MAX, 0, &query_full());
     f.add("query-v4", 4, 4, 0, &query_full());
-    let Query {
-        keyspace,
-        chain,
-        candidates,
-        top_k,
-        want_runs,
-    } = query_full();
     f.add(
         "tiered-query",
         5,
         5,
         0,
-        &TieredQuery {
-            keyspace,
-            chain,
-            candidates,
-            top_k,
-            want_runs,
-            weights: TierWeights::DYNAMO,
-        },
+        &common::weighed_as_dynamo(query_full()),
     );
     f.add(
         "answer-empty",

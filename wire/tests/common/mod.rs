@@ -29,13 +29,18 @@ pub fn retire() -> Retire {
 
 /// §8.4: the fields of §8.2's `Query`, weighed as Dynamo's router weighs tiers.
 pub fn tiered_query() -> TieredQuery {
+    weighed_as_dynamo(query())
+}
+
+/// `q`'s fields in a v5 `TieredQuery`, weighed as Dynamo's router weighs tiers.
+pub fn weighed_as_dynamo(q: Query) -> TieredQuery {
     let Query {
         keyspace,
         chain,
         candidates,
         top_k,
         want_runs,
-    } = query();
+    } = q;
     TieredQuery {
         keyspace,
         chain,

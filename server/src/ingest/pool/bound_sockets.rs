@@ -36,7 +36,8 @@ impl IngestThread {
         // Topics heard from each address on each rank since it last had no connection:
         // one engine, one connection each (whether this server ingests it or, with
         // replicas, not yet).
-        let pinned = bound.topics_heard();
+        // Counted once per read, and only when a message needs it.
+        let mut pinned = None;
         let mut announces = Vec::new();
         for rank in 0..bound.ranks() {
             for _ in 0..BURST {
@@ -75,7 +76,11 @@ impl IngestThread {
                             (Some(pinned_to), Some(from))
                                 if pinned_to == from
                                     && bound.connections(rank, from)
-                                        > pinned.get(&(rank, from)).copied().unwrap_or(0) =>
+                                        > pinned
+                                            .get_or_insert_with(|| bound.topics_heard())
+                                            .get(&(rank, from))
+                                            .copied()
+                                            .unwrap_or(0) =>
                             {
                                 if let Some(n) = count_loudly(&METRICS.impostors) {
                                     tracing::warn!(topic = %key.1, %from, connections = bound.connections(rank, from), "ingest: more connections to --events-bind from {from} than engines speaking from there: a message under its topic refused, not applied, until the extra connection goes ({n} so far)");
