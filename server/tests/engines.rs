@@ -408,8 +408,8 @@ fn engines_that_connect_are_announced_by_their_topic_and_scored_exactly() {
     assert_eq!(server.metric("kvix_ingest_engines_refused_total"), 0);
 }
 
-/// vLLM 0.34's real publisher on --events-bind under `kv@127.0.0.2@m` (from that
-/// address), holding 8 blocks of `p` (10 blocks), and a plain ZMQ PUB connected from
+/// vLLM 0.34's real publisher on --events-bind under `kv@127.0.0.2@m` (connecting from
+/// 127.0.0.1: its messages pin the topic there), holding 8 blocks of `p` (10 blocks), and a plain ZMQ PUB connected from
 /// `from` that sent `AllBlocksCleared` under the same topic with the engine's next
 /// sequence numbers until the server counted 3 of its messages refused.
 struct Impostor {
@@ -524,8 +524,22 @@ fn a_process_beside_the_engine_on_its_topic_is_refused_until_it_goes() {
     if available("impostor_beside").is_none() {
         return;
     }
-    let mut i = Impostor::start("127.0.0.2");
-    i.store(8, 9, 8, "nothing applied while contested");
+    let mut i = Impostor::start("127.0.0.1");
+    // The engine's own store is refused too while contested (counted as the others).
+    let refused = i.server.metric("kvix_ingest_impostor_messages_total");
+    i.engine.publish(vec![i.rel.blocks(7, 8, 9, 700)]);
+    eventually("the engine's store refused while contested", || {
+        (i.server.metric("kvix_ingest_impostor_messages_total") > refused).then_some(())
+    });
+    let held = i.c.query(&i.base, &i.p).scores;
+    assert_eq!(
+        held,
+        vec![Score {
+            worker: i.w,
+            blocks: 8
+        }],
+        "nothing applied while contested"
+    );
     drop(std::mem::replace(
         &mut i.socket,
         zmq::Context::new().socket(zmq::PUB).unwrap(),
