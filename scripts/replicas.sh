@@ -35,7 +35,7 @@ PIDS+=($!)
 for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$RPORT") 2>/dev/null && break; sleep 0.05; done
 
 start_replica() { # name key: starts one, sets ADDR and PID
-  "$BIN/kvix-server" --listen 127.0.0.1:0 --unix "" --metrics "" --cores 1 --pin false --log "redis://127.0.0.1:$RPORT/$2" \
+  "$BIN/kvix-server" --listen 127.0.0.1:0 --unix "" --metrics "" --cores 1 --pin false --log-new --log "redis://127.0.0.1:$RPORT/$2" \
     >"$OUT/$1.out" 2>"$OUT/$1.err" &
   PID=$!
   PIDS+=("$PID")

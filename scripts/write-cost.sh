@@ -55,7 +55,7 @@ start() { # name, args...: starts kvix-server ($RUN, default this tree's), sets 
 }
 replicated() { # name, server, key[, b]: writes through replica A (and lag to B), -> $WORK/name-$round.json
   local name="$1" server="$2" key="$3" with_b="${4:-}"
-  RUN="$server" start a --log "redis://127.0.0.1:$RPORT/$key"
+  RUN="$server" start a --log-new --log "redis://127.0.0.1:$RPORT/$key"
   local a=$PORT replica=()
   if [ -n "$with_b" ]; then
     RUN="$server" start b --log "redis://127.0.0.1:$RPORT/$key"

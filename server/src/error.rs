@@ -54,6 +54,18 @@ pub enum StartError {
         source: redis::RedisError,
     },
     #[error(
+        "--log {server}/{key}: the write log is empty (no generation) and no replica rebuilt \
+         it within {waited_s} s (--log-empty-wait). A new fleet: start it with --log-new, or \
+         run `kvix-server log reset` with this replica's flags. A log lost while every \
+         replica was down, none with a --snapshot file of it: the fleet's state is gone; \
+         reset, and the engines' and gateways' next writes refill it"
+    )]
+    LogEmpty {
+        server: String,
+        key: String,
+        waited_s: u64,
+    },
+    #[error(
         "open files {have}: the configured connections and sources may need {want} (raise \
          the hard limit, or lower --max-connections / --max-sources)"
     )]

@@ -4,7 +4,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 /// `kvix-server [FLAGS]` serves; `kvix-server check [FLAGS]` checks what a start with
-/// those flags needs, and exits.
+/// those flags needs, and exits; `kvix-server log reset [FLAGS]` begins an empty log on
+/// the key of `--log` where it has none (the operator's word that no replica holds the
+/// fleet's state).
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -16,8 +18,25 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let check = args.get(1).is_some_and(|a| a == "check");
-    if check {
+    let command = match args.get(1).and_then(|a| a.to_str()) {
+        Some("check") => Command::Check,
+        Some("log") => match args.get(2).and_then(|a| a.to_str()) {
+            Some("reset") => {
+                args.remove(1);
+                Command::LogReset
+            }
+            other => {
+                eprintln!(
+                    "kvix-server log: unknown command {:?}: `kvix-server log reset [FLAGS]` \
+                     begins an empty log on --log's key where it has none",
+                    other.unwrap_or("")
+                );
+                return ExitCode::from(2);
+            }
+        },
+        _ => Command::Serve,
+    };
+    if command != Command::Serve {
         args.remove(1);
     }
     let args = match kvix_server::config::file::expand(args) {
@@ -32,16 +51,56 @@ fn main() -> ExitCode {
         .load_auth_token_file()
         .and_then(|()| config.validate())
         .map_err(kvix_server::error::StartError::from);
-    let outcome = match (valid, check) {
+    let outcome = match (valid, command) {
         (Err(e), _) => Err(e),
-        (Ok(()), true) => return checked(&config),
-        (Ok(()), false) => kvix_server::run(config),
+        (Ok(()), Command::Check) => return checked(&config),
+        (Ok(()), Command::LogReset) => return log_reset(&config),
+        (Ok(()), Command::Serve) => kvix_server::run(config),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line naming the cause; no backtrace for an operator's mistake.
             eprintln!("kvix-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Command {
+    Serve,
+    Check,
+    LogReset,
+}
+
+/// `kvix-server log reset`: an empty log begun on a key that has none; a live log is
+/// left alone, and said so with a failure.
+fn log_reset(config: &kvix_server::Config) -> ExitCode {
+    use kvix_server::durable::replica::store::{reset, Reset};
+    let Some(log) = &config.durability.log else {
+        eprintln!("kvix-server log reset: give the log with --log (or KVIX_LOG_URL)");
+        return ExitCode::from(2);
+    };
+    match reset(&log.server, &log.key, &config.fleet()) {
+        Ok(Reset::Started(generation)) => {
+            println!(
+                "the write log at {}/{} was empty: it is now a new, empty log (generation \
+                 {generation}); replicas waiting on it start",
+                log.server, log.key
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(Reset::Live(generation)) => {
+            eprintln!(
+                "kvix-server log reset: the write log at {}/{} is live (generation \
+                 {generation}): nothing was reset",
+                log.server, log.key
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("kvix-server log reset: {e}");
             ExitCode::FAILURE
         }
     }

@@ -590,7 +590,7 @@ async fn a_placement_the_log_refused_for_a_moment_is_sent_again_and_lands() {
     }
     let redis = Redis::start("placement-retry");
     let url = redis.url("kvix");
-    let server = Server::start(&["--cores", "2", "--log", &url]);
+    let server = Server::start(&["--cores", "2", "--log-new", "--log", &url]);
     let c = Client::connect(config(tcp(&server))).await.unwrap();
     let p = c.announce("pl", full(), placements(100)).await.unwrap();
     let maxmemory = |bytes: u64| {

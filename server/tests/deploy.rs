@@ -84,7 +84,7 @@ fn every_metric_the_dashboard_and_the_alert_rules_use_is_served() {
         fleet.to_str().unwrap(),
     ]);
     let log = Redis::start("deploy");
-    let replica = Server::start(&["--cores", "1", "--log", &log.url("kvix")]);
+    let replica = Server::start(&["--cores", "1", "--log-new", "--log", &log.url("kvix")]);
     let scrapes = [single.scrape(), replica.scrape()];
     let mut names = served(&scrapes[0]);
     names.extend(served(&scrapes[1]));

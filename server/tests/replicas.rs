@@ -8,7 +8,17 @@ use common::redis::{available, Redis};
 use common::*;
 use kvix_wire::*;
 
+/// A replica of `redis`'s log `kvix`, which begins the log where the key is empty (the
+/// fleet's first start).
 fn replica(redis: &Redis, extra: &[&str]) -> Server {
+    let mut args = vec!["--log-new"];
+    args.extend_from_slice(extra);
+    joining(redis, &args)
+}
+
+/// A replica of `redis`'s log `kvix` as an operator restarts one: where the key is
+/// empty, it waits for it to be rebuilt.
+fn joining(redis: &Redis, extra: &[&str]) -> Server {
     let url = redis.url("kvix");
     let mut args = vec!["--cores", "2", "--log", &url];
     args.extend_from_slice(extra);
@@ -509,7 +519,7 @@ fn replicas_log_in_to_a_redis_that_requires_a_password() {
     }
     let redis = Redis::with_password("password", "s3cret");
     let url = redis.url_with_password("s3cret", "kvix");
-    let a = Server::start(&["--cores", "2", "--log", &url]);
+    let a = Server::start(&["--cores", "2", "--log", &url, "--log-new"]);
     let b = Server::start(&["--cores", "2", "--log", &url]);
     write_fleet(&[&a, &b], "pw");
     settle(&[&a, &b]);
@@ -761,13 +771,14 @@ fn lost_log_rebuilt(mut redis: Redis, lose: impl FnOnce(&mut Redis, &[&Server]))
     assert_identical(&[&a, &b, &c, &d]);
 }
 
-/// The log lost whole while its replicas, which keep snapshot files, were down:
-/// restarted, each finds its snapshot is of another log (its generation) and starts from
-/// the new log instead, so all number workers alike again. A replica used to load its own snapshot, find its
-/// position missing from the new stream and stop again at every restart, while one
-/// without a file numbered new workers from 0.
+/// The log lost whole while its replicas, which keep snapshot files, were down: each
+/// restarted finds the key empty and posts its snapshot's position; the most advanced
+/// (b's, which went on alone after a stopped) is chosen and its snapshot becomes the new
+/// log's base, which the others (c has no file) load. Replicas used to begin a new,
+/// empty log at once and drop their snapshots as another log's: the fleet's state was
+/// gone.
 #[test]
-fn after_the_log_is_lost_replicas_with_snapshots_start_from_the_new_log_and_agree() {
+fn after_the_log_is_lost_replicas_restarted_with_snapshots_rebuild_it_from_the_most_advanced() {
     if available("lost_log_snapshots").is_none() {
         return;
     }
@@ -776,26 +787,135 @@ fn after_the_log_is_lost_replicas_with_snapshots_start_from_the_new_log_and_agre
     std::fs::create_dir_all(&dir).unwrap();
     let snap = |n: &str| dir.join(n).to_str().unwrap().to_string();
     let (sa, sb) = (snap("a.snapshot"), snap("b.snapshot"));
-    let with_snapshot =
-        |path: &str| replica(&redis, &["--snapshot", path, "--snapshot-every", "1"]);
-    let (a, b) = (with_snapshot(&sa), with_snapshot(&sb));
+    let (a, b) = (
+        replica(&redis, &["--snapshot", &sa]),
+        replica(&redis, &["--snapshot", &sb]),
+    );
     write_fleet(&[&a, &b], "one");
     settle(&[&a, &b]);
-    wait_for("both snapshots written", &|| {
-        a.metric("kvix_snapshots_written_total") > 0 && b.metric("kvix_snapshots_written_total") > 0
-    });
-    // Lost while no replica runs (running ones rebuild it: the test above).
-    drop((a, b));
+    assert!(a.stop().success());
+    write_fleet(&[&b], "two");
+    assert!(b.stop().success());
     let _: () = redis_cmd(redis.port, &mut ::redis::cmd("FLUSHALL")).unwrap();
-    // One restarted with its snapshot, one new: the same log, the same numbering.
-    let (a, c) = (with_snapshot(&sa), replica(&redis, &[]));
+    let restart = |path: Option<String>| {
+        let url = redis.url("kvix");
+        std::thread::spawn(move || {
+            let mut args = vec!["--cores", "2", "--log", &url, "--log-empty-wait", "10"];
+            if let Some(path) = &path {
+                args.extend_from_slice(&["--snapshot", path]);
+            }
+            Server::start(&args)
+        })
+    };
+    let started = [restart(Some(sa)), restart(Some(sb)), restart(None)];
+    let [a, b, c] = started.map(|s| s.join().expect("each replica starts from the rebuilt log"));
+    let mut on_c = c.session();
+    for name in ["one-w0", "one-p1", "two-w0", "two-p2"] {
+        assert!(on_c.worker_id(name).is_some(), "{name} is gone");
+    }
+    write_fleet(&[&a, &b, &c], "three");
+    settle(&[&a, &b, &c]);
+    assert_identical(&[&a, &b, &c]);
+    drop((a, b, c));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A replica started while the log is lost and the running replica that holds the
+/// fleet's state has not rebuilt it yet (here: paused) waits for it, unready and
+/// creating nothing, and starts from the rebuilt log. It used to begin a new, empty log
+/// at once: the running replica's rebuild then found another generation and stopped,
+/// and the fleet's state was gone.
+#[test]
+fn a_replica_started_on_a_lost_log_waits_for_the_running_ones_to_rebuild_it() {
+    if available("lost_log_join").is_none() {
+        return;
+    }
+    let redis = Redis::start("lost-join");
+    let a = replica(&redis, &[]);
+    write_fleet(&[&a], "one");
+    settle(&[&a]);
+    a.pause(true);
+    let _: () = redis_cmd(redis.port, &mut ::redis::cmd("FLUSHALL")).unwrap();
+    let connections = || redis_info(&redis, "stats", "total_connections_received").unwrap();
+    let before = connections();
+    let starting = {
+        let url = redis.url("kvix");
+        std::thread::spawn(move || Server::start(&["--cores", "2", "--log", &url]))
+    };
+    // Its start and two looks at the empty key (a, paused, connects nowhere).
+    wait_for("the new replica looks at the key", &|| {
+        connections() >= before + 3
+    });
+    let generation: Option<String> =
+        redis_cmd(redis.port, ::redis::cmd("GET").arg("kvix:generation")).unwrap();
+    assert_eq!(
+        generation, None,
+        "a replica began a new log while the fleet's state was held"
+    );
+    a.pause(false);
+    let c = starting.join().expect("it starts once the log is rebuilt");
+    rebuilt(&[&a]);
+    assert!(c.session().worker_id("one-w0").is_some());
     write_fleet(&[&a, &c], "two");
     settle(&[&a, &c]);
     assert_identical(&[&a, &c]);
-    let s: Stats = a.session().ask(&StatsRequest {}).decode();
-    let t: Stats = c.session().ask(&StatsRequest {}).decode();
-    assert_eq!(s.workers, t.workers, "nothing of the lost log was loaded");
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(a.metric(&stopped("replaced")), 0);
+}
+
+/// A replica that finds the key empty and nobody to rebuild it refuses to start after
+/// --log-empty-wait, naming the ways to begin an empty fleet, and creates nothing;
+/// `kvix-server log reset` begins one, which a waiting replica then starts on, and
+/// refuses to touch a live log.
+#[test]
+fn an_empty_log_is_begun_only_on_the_operators_word() {
+    if available("empty_key").is_none() {
+        return;
+    }
+    let redis = Redis::start("empty-key");
+    let url = redis.url("kvix");
+    let out = bare_command(&["--cores", "1", "--log", &url, "--log-empty-wait", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a replica began a log on its own: {err}"
+    );
+    for says in ["is empty", "--log-new", "kvix-server log reset"] {
+        assert!(err.contains(says), "{says}: {err}");
+    }
+    let keys: Vec<String> = redis_cmd(redis.port, ::redis::cmd("KEYS").arg("*")).unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+    let waiting = {
+        let url = url.clone();
+        std::thread::spawn(move || Server::start(&["--cores", "2", "--log", &url]))
+    };
+    let reset = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvix-server"))
+            .args(["log", "reset", "--log", &url])
+            .output()
+            .unwrap()
+    };
+    let out = reset();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("a new, empty log"), "{said}");
+    let a = waiting
+        .join()
+        .expect("the waiting replica starts on the reset log");
+    write_fleet(&[&a], "one");
+    let out = reset();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a live log was reset");
+    assert!(
+        err.contains("is live") && err.contains("nothing was reset"),
+        "{err}"
+    );
+    assert!(a.session().worker_id("one-w0").is_some());
 }
 
 /// Redis at maxmemory refuses every append (writes get LogUnavailable) and the log
@@ -1200,7 +1320,7 @@ fn through_sentinel_the_log_follows_a_redis_failover_and_loses_nothing_acknowled
         "redis+sentinel://127.0.0.1:{}/logmaster/kvix",
         sentinel.port
     );
-    let a = Server::start(&["--cores", "2", "--log", &url]);
+    let a = Server::start(&["--cores", "2", "--log", &url, "--log-new"]);
     let ks = Keyspace::tokens("m");
     let chain = chain_of(&ks, 0, 20);
     let mut c = a.session();

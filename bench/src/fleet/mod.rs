@@ -648,6 +648,7 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     let redis = (replicas > 1).then(Redis::start).transpose()?;
     if let Some(r) = &redis {
         args.extend([
+            "--log-new".into(),
             "--log".into(),
             format!("redis://127.0.0.1:{}/kvix-fleet", r.port),
         ]);

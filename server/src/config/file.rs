@@ -262,6 +262,18 @@ mod every_flag {
             "\"f1\"",
             &["--log", "redis://127.0.0.1:6379/k"],
         ),
+        (
+            "log-new",
+            "-",
+            "true",
+            &["--log", "redis://127.0.0.1:6379/k"],
+        ),
+        (
+            "log-empty-wait",
+            "5",
+            "5",
+            &["--log", "redis://127.0.0.1:6379/k"],
+        ),
         ("snapshot-every", "5", "5", &[]),
         ("spin-us", "4", "4", &[]),
         ("ingest-threads", "2", "2", &[]),

@@ -168,6 +168,15 @@ impl Config {
         Ok(())
     }
 
+    /// What a replica's log records as its fleet (`KEY:fleet`): replicas of one fleet
+    /// share the name and the block size.
+    pub fn fleet(&self) -> String {
+        format!(
+            "fleet {:?}, --block-size {}",
+            self.durability.fleet, self.index.block_size
+        )
+    }
+
     /// --events-bind and its flags, checked.
     pub fn bind_spec(&self) -> Result<Option<BindSpec>, ConfigError> {
         let i = &self.ingest;

@@ -286,6 +286,20 @@ pub struct Durability {
     /// block size, refuses to start on that key instead of merging into its index.
     #[arg(long, requires = "log", default_value = "")]
     pub fleet: String,
+
+    /// Replicas: a fleet's first start. Where the log's key is empty (no generation: a
+    /// new key, or a log lost while no replica ran), begin a new, empty log at once.
+    /// Without it such a replica waits up to --log-empty-wait for a replica holding the
+    /// fleet's state (a running one, or one restarted with its --snapshot file) to
+    /// rebuild the log, then exits non-zero; `kvix-server log reset` begins an empty log
+    /// on the key instead.
+    #[arg(long, requires = "log", default_value_t = false)]
+    pub log_new: bool,
+
+    /// Replicas: seconds a replica that finds the log's key empty waits for it to be
+    /// rebuilt (see --log-new).
+    #[arg(long, requires = "log", default_value_t = 60)]
+    pub log_empty_wait: u64,
 }
 
 impl Executors {

@@ -45,9 +45,14 @@ pub fn load(config: &Config) -> Result<Loaded, StartError> {
         None => None,
     };
     let mut generation = String::new();
-    let fleet = format!("fleet {:?}, --block-size {block}", config.durability.fleet);
+    let fleet = config.fleet();
     if let Some(log) = &config.durability.log {
-        let start = replica::store::fetch_start(&log.server, &log.key, &fleet)?;
+        let found =
+            replica::store::fetch_start(&log.server, &log.key, &fleet, config.durability.log_new)?;
+        let start = match found {
+            Some(start) => start,
+            None => empty_log(config, log, &mut image)?,
+        };
         generation = start.generation;
         image = image.filter(|mine| of_this_log(config, mine, &generation));
         // A replica without its own snapshot (new, or too far behind a trimmed stream)
@@ -88,6 +93,60 @@ pub fn load(config: &Config) -> Result<Loaded, StartError> {
         );
     }
     Ok(loaded)
+}
+
+/// A log found empty: waits for it to be rebuilt, offering our snapshot file (if it is
+/// of the lost log) as the base. If it is chosen, `image` is re-marked as the new
+/// generation's start.
+fn empty_log(
+    config: &Config,
+    log: &replica::LogUrl,
+    image: &mut Option<snapshot::ServerImage>,
+) -> Result<replica::store::LogStart, StartError> {
+    let block = config.index.block_size;
+    let base = |mine: &snapshot::ServerImage, at: &replica::LogMark| {
+        let mut image = mine.clone();
+        image.log_position = at.to_string();
+        replica::Base {
+            snapshot: snapshot::encode(&image, block),
+            epochs: image
+                .ingest_states
+                .iter()
+                .map(|(w, s)| (*w, s.epoch))
+                .collect(),
+        }
+    };
+    let wait = std::time::Duration::from_secs(config.durability.log_empty_wait);
+    let fleet = config.fleet();
+    let awaited = {
+        let mine = image.as_ref();
+        let base = mine.map(|mine| move |at: &replica::LogMark| base(mine, at));
+        let candidate = mine.zip(base.as_ref()).and_then(|(mine, base)| {
+            let mark = replica::LogMark::parse(&mine.log_position);
+            Some(replica::store::Candidate {
+                lost: mark.generation?,
+                position: mark.position,
+                base,
+            })
+        });
+        replica::store::await_log(&log.server, &log.key, &fleet, candidate, wait)?
+    };
+    Ok(match awaited {
+        replica::store::Awaited::Found(start) => start,
+        replica::store::Awaited::Led(generation) => {
+            if let Some(mine) = image.as_mut() {
+                mine.log_position = replica::LogMark {
+                    position: "0-0".into(),
+                    generation: Some(generation.clone()),
+                }
+                .to_string();
+            }
+            replica::store::LogStart {
+                generation,
+                snapshot: None,
+            }
+        }
+    })
 }
 
 /// Whether our snapshot is of the log as it is now: one of another log (flushed,

@@ -15,8 +15,8 @@ use redis::streams::{StreamRangeReply, StreamReadOptions, StreamReadReply};
 
 use super::resp::{self, Resp};
 use super::{
-    epoch_key, fleet_key, generation_key, id_key, positions_key, snapshot_key, Follow, LogJob,
-    LogMark, MakeBase, Mark, Replica, Stopped,
+    chosen_key, generation_key, id_key, positions_key, rebuild_key, snapshot_key, store, Follow,
+    LogJob, LogMark, MakeBase, Mark, Replica, Stopped,
 };
 use crate::write::record::Write;
 
@@ -414,8 +414,7 @@ async fn elect_and_rebuild(
     old: &str,
 ) -> Result<(), String> {
     let key = &r.url.key;
-    let candidates = format!("{key}:rebuild:{old}");
-    let chosen_key = format!("{candidates}:chosen");
+    let (candidates, chosen_key) = (rebuild_key(key, old), chosen_key(key, old));
     let failed = |e: redis::RedisError| format!("Redis: {e}");
     let mut post = redis::pipe();
     post.hset(&candidates, &r.id, position.as_str())
@@ -441,10 +440,7 @@ async fn elect_and_rebuild(
         }
         glommio::timer::sleep(Duration::from_millis(100)).await;
     };
-    let best = posted
-        .iter()
-        .max_by_key(|(id, at)| (id_key(at), id.as_str()))
-        .map_or(r.id.clone(), |(id, _)| id.clone());
+    let best = store::most_advanced(&posted).unwrap_or_else(|| r.id.clone());
     let mut choose = redis::cmd("SET");
     choose
         .arg(&chosen_key)
@@ -487,20 +483,7 @@ async fn lead_rebuild(
         generation: Some(new.clone()),
     };
     let made = base(parts, &mark);
-    let mut keys = vec![
-        generation_key(key),
-        key.to_string(),
-        positions_key(key),
-        snapshot_key(key),
-        fleet_key(key),
-    ];
-    keys.extend(made.epochs.iter().map(|(w, _)| epoch_key(key, *w)));
-    let mut publish = redis::cmd("EVAL");
-    publish.arg(PUBLISH_BASE).arg(keys.len()).arg(&keys);
-    publish.arg(old).arg(&new).arg(made.snapshot).arg(&r.fleet);
-    for (_, epoch) in &made.epochs {
-        publish.arg(*epoch);
-    }
+    let publish = store::publish_base(key, old, &new, &made, &r.fleet);
     let published: u8 = c.query(&publish).await.map_err(|e| format!("Redis: {e}"))?;
     if published == 0 {
         return Err("another generation was started on the key meanwhile".into());
@@ -513,23 +496,6 @@ async fn lead_rebuild(
     );
     Ok(())
 }
-
-/// Publishes a rebuilt log's base, if the key still has the lost generation (ARGV[1])
-/// or none: the stream and positions dropped, the snapshot (ARGV[3]) stored, the fleet
-/// restored, each ingest epoch (KEYS[6..], ARGV[5..]) at least the base's, then the new
-/// generation (ARGV[2]).
-const PUBLISH_BASE: &str = r"
-local now = redis.call('GET', KEYS[1])
-if now and now ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[2], KEYS[3])
-redis.call('SET', KEYS[4], ARGV[3])
-redis.call('SET', KEYS[5], ARGV[4], 'NX')
-for i = 6, #KEYS do
-  local had = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if had < tonumber(ARGV[i - 1]) then redis.call('SET', KEYS[i], ARGV[i - 1]) end
-end
-redis.call('SET', KEYS[1], ARGV[2])
-return 1";
 
 /// A replica not chosen: waits for the new generation and its base, and loads it.
 async fn follow_rebuild(

@@ -479,6 +479,15 @@ pub fn positions_key(key: &str) -> String {
 pub fn generation_key(key: &str) -> String {
     format!("{key}:generation")
 }
+/// The positions posted by the replicas electing which of them rebuilds the lost
+/// generation `old`.
+pub fn rebuild_key(key: &str, old: &str) -> String {
+    format!("{key}:rebuild:{old}")
+}
+/// The replica chosen to rebuild the lost generation `old`.
+pub fn chosen_key(key: &str, old: &str) -> String {
+    format!("{key}:rebuild:{old}:chosen")
+}
 pub fn fleet_key(key: &str) -> String {
     format!("{key}:fleet")
 }
