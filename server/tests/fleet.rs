@@ -160,7 +160,7 @@ fn replicas_of_the_placements_converge_through_a_replica_killed_and_redis_paused
 /// a Kubernetes Service: the replica each engine reached ingests it for all, and the
 /// replicas stay exact (audit 0: every worker's blocks are its engine's) and alike when
 /// the replica the gateways query first is killed (its engines reconnect to the others)
-/// and when Redis loses the log (the replicas rebuild it).
+/// and when Redis loses the log, flushed or restarted empty (the replicas rebuild it).
 #[test]
 fn replicas_of_connecting_engines_stay_exact_through_a_replica_killed_and_redis_flushed() {
     if common::redis::available("replicas_of_connecting_engines").is_none() {
@@ -174,12 +174,13 @@ fn replicas_of_connecting_engines_stay_exact_through_a_replica_killed_and_redis_
         };
         legs(&cfg, &[Leg::Events]).pop().unwrap()
     };
-    let (plain, killed, flushed) = (
+    let (plain, killed, flushed, restarted) = (
         replicas(None),
         replicas(Some(Chaos::ReplicaRestart)),
         replicas(Some(Chaos::RedisFlush)),
+        replicas(Some(Chaos::RedisRestart)),
     );
-    for l in [&plain, &killed, &flushed] {
+    for l in [&plain, &killed, &flushed, &restarted] {
         assert_eq!(l.requests, plain.requests);
         assert_eq!(l.replicas_differ, Some(0), "{l:?}");
         assert_eq!(l.audit_mismatches, Some(0), "{l:?}");

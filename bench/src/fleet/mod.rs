@@ -80,6 +80,9 @@ pub enum Chaos {
     /// The replicas' Redis loses its data (FLUSHALL): they rebuild the log from the most
     /// advanced of them.
     RedisFlush,
+    /// The replicas' Redis is killed and started again empty (no persistence), as a
+    /// Redis pod without a volume restarts: the log and every connection are gone.
+    RedisRestart,
 }
 
 /// A part of the fleet set up wrong for the whole leg, for kvix's reuse verdicts to
@@ -543,6 +546,13 @@ impl Fleet {
                 redis.pause(false)?;
             }
             Chaos::RedisFlush => self.redis.as_ref().expect("checked at start").flush()?,
+            Chaos::RedisRestart => {
+                let fleet = self.clone();
+                tokio::task::spawn_blocking(move || {
+                    fleet.redis.as_ref().expect("checked at start").restart()
+                })
+                .await??;
+            }
         }
         Ok(())
     }
@@ -614,7 +624,7 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     let replicas = if kvix { cfg.replicas.max(1) } else { 0 };
     let needs_replicas = matches!(
         cfg.chaos,
-        Some(Chaos::ReplicaRestart | Chaos::RedisPause | Chaos::RedisFlush)
+        Some(Chaos::ReplicaRestart | Chaos::RedisPause | Chaos::RedisFlush | Chaos::RedisRestart)
     );
     anyhow::ensure!(
         !kvix || !needs_replicas || replicas > 1,

@@ -185,14 +185,21 @@ impl Server {
 
 /// A `redis-server` of its own for a leg's replicas: no persistence, a free port.
 pub struct Redis {
-    child: Child,
+    child: std::sync::Mutex<Child>,
     pub port: u16,
 }
 
 impl Redis {
     pub fn start() -> anyhow::Result<Redis> {
         let port = free_port()?;
-        let child = Command::new("redis-server")
+        Ok(Redis {
+            child: std::sync::Mutex::new(Self::spawn(port)?),
+            port,
+        })
+    }
+
+    fn spawn(port: u16) -> anyhow::Result<Child> {
+        let mut child = Command::new("redis-server")
             .args([
                 "--port",
                 &port.to_string(),
@@ -212,11 +219,20 @@ impl Redis {
                     "redis-server: {e} (replicas need it: apt-get install redis-server)"
                 )
             })?;
-        let mut redis = Redis { child, port };
         let addr = format!("127.0.0.1:{port}");
-        await_listening(&mut redis.child, &addr, Duration::from_secs(10))
+        await_listening(&mut child, &addr, Duration::from_secs(10))
             .map_err(|e| anyhow::anyhow!("redis-server {e}"))?;
-        Ok(redis)
+        Ok(child)
+    }
+
+    /// Killed (-9) and started again on its port: with no persistence it comes back
+    /// empty, as a Redis pod without a volume does; every connection drops.
+    pub fn restart(&self) -> anyhow::Result<()> {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        child.kill()?;
+        child.wait()?;
+        *child = Self::spawn(self.port)?;
+        Ok(())
     }
 
     /// FLUSHALL: Redis loses every key, the log included.
@@ -238,8 +254,9 @@ impl Redis {
     /// SIGSTOP (`true`) or SIGCONT: Redis stops answering, connections stay open.
     pub fn pause(&self, stop: bool) -> anyhow::Result<()> {
         let signal = if stop { "-STOP" } else { "-CONT" };
+        let pid = self.child.lock().unwrap_or_else(|e| e.into_inner()).id();
         let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
+            .args([signal, &pid.to_string()])
             .status()?;
         anyhow::ensure!(status.success(), "kill {signal} redis-server: {status}");
         Ok(())
@@ -249,8 +266,9 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         let _ = self.pause(false);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let child = self.child.get_mut().unwrap_or_else(|e| e.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
