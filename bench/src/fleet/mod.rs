@@ -641,7 +641,9 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
     };
     let events_to = match by_events {
         true => {
-            let replay_port = free_port()?;
+            // Outside the ephemeral range: every engine binds it at its own host, where
+            // its PUB's connection from port 0 could otherwise take it first.
+            let replay_port = kvix_testkit::free_port();
             args.extend(["--events-replay-port".into(), replay_port.to_string()]);
             let to = match replicas {
                 1 => binds[0],
