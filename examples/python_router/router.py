@@ -66,12 +66,14 @@ class Router:
         if a.tokenizer:
             from transformers import AutoTokenizer
             self.tok = AutoTokenizer.from_pretrained(a.tokenizer)
+            if a.skip_chat_template:
+                self.tok = WithoutChatTemplate(self.tok)
 
     async def start(self, _app):
         self.http = aiohttp.ClientSession()
         if self.a.policy != "kvix":
             return
-        self.kvix = await kvix.AsyncClient.connect(self.a.kvix, name=f"router-{os.getpid()}",
+        self.kvix = await kvix.AsyncClient.connect(self.a.kvix, name=self.a.client_name or f"router-{os.getpid()}",
                                                    deadline_ms=self.a.deadline_ms)
         for name, _, events, replay in self.a.worker:
             if self.a.feed == "placements":
@@ -186,6 +188,20 @@ class Router:
         return web.json_response(out)
 
 
+class WithoutChatTemplate:
+    """A tokenizer that tokenizes a chat's messages without the chat template: the
+    mistake of a gateway that forgets it (vLLM production-stack #1045), made on purpose
+    (--skip-chat-template) to show kvix naming it. Its token ids are not the engine's,
+    so kvix finds none of its prompts."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=True, **_):
+        text = " ".join(m["content"] for m in messages)
+        return self.tok.encode(text, add_special_tokens=False) if tokenize else text
+
+
 def stream_usage(data, usage):
     """The usage of the server-sent events' complete lines in data (else usage as it
     was), and the incomplete last line to keep for the next chunk."""
@@ -233,6 +249,12 @@ def main():
     ap.add_argument("--policy", choices=["kvix", "round_robin"], default="kvix")
     ap.add_argument("--tokenizer", default=None,
                     help="the served model's transformers tokenizer directory: serves /v1/chat/completions")
+    ap.add_argument("--skip-chat-template", action="store_true",
+                    help="misconfigured on purpose: tokenize chats without the chat template, as a "
+                         "gateway that forgets it does (kvix names this router: gateway_tokenization)")
+    ap.add_argument("--client-name", default=None,
+                    help="the name kvix knows this router by (default router-PID); kvix keys its "
+                         "reuse verdicts by it, so a router restarted under the same name keeps them")
     ap.add_argument("--feed", choices=["events", "placements"], default="events")
     ap.add_argument("--capacity-blocks", type=int, default=1500,
                     help="with --feed placements: blocks a worker is assumed to keep")

@@ -178,7 +178,13 @@ def main():
     ap.add_argument("--chat", action="store_true",
                     help="the same conversations as streamed OpenAI chat requests: routers and workers "
                          "tokenize with one transformers tokenizer (needs transformers)")
+    ap.add_argument("--misconfigure-router", action="store_true",
+                    help="with --chat: the kvix pass, then one with router 1 tokenizing without the chat "
+                         "template, then one with it fixed (no round robin): what kvix's reuse verdicts "
+                         "say after each (GET /reuse on its metrics port), and what the mistake costs")
     a = ap.parse_args()
+    if a.misconfigure_router and not a.chat:
+        ap.error("--misconfigure-router needs --chat")
 
     py = sys.executable
     procs = Procs()
@@ -187,10 +193,12 @@ def main():
         tokenizer = ["--tokenizer", tempfile.mkdtemp(prefix="kvix-example-tokenizer-")]
         make_tokenizer(tokenizer[1])
     try:
-        _, line = procs.start([server_bin(a.server_bin), "--listen", "127.0.0.1:0", "--unix", "",
-                               "--metrics", "", "--cores", "1", "--pin", "false"],
-                              wait_for="listening on tcp://", env={**os.environ, "KVIX_LOG": "warn"})
+        server, line = procs.start([server_bin(a.server_bin), "--listen", "127.0.0.1:0", "--unix", "",
+                                    "--metrics", "127.0.0.1:0", "--cores", "1", "--pin", "false"],
+                                   wait_for="listening on tcp://", env={**os.environ, "KVIX_LOG": "warn"})
         kvix_addr = line.split("listening on tcp://")[1].split()[0]
+        metrics = next(line for line in server.stdout if "metrics on " in line)
+        metrics = metrics.split("metrics on ")[1].split()[0].removesuffix("/metrics")
         workers = []
         for i in range(a.workers):
             # The engine binds its PUB socket (vLLM's "tcp://*:0": any free port, printed
@@ -202,21 +210,29 @@ def main():
             workers.append((f"w{i}", url, events, "" if replay == "-" else replay))
         convs = workload(a)
         results = {}
-        for policy in ("kvix", "round_robin"):
+        # (pass, policy, the misconfigured router's index)
+        passes = [("kvix", "kvix", None), ("round_robin", "round_robin", None)]
+        if a.misconfigure_router:
+            passes = [("kvix", "kvix", None), ("kvix_misconfigured", "kvix", 1), ("kvix_fixed", "kvix", None)]
+        for label, policy, wrong in passes:
             asyncio.run(reset(workers))
             routers, started = [], []
-            for _ in range(2):
+            for i in range(2):
                 args = [py, os.path.join(HERE, "router.py"), "--kvix", kvix_addr,
                         "--model", a.model, "--policy", policy, "--deadline-ms", str(a.deadline_ms),
-                        *tokenizer]
+                        "--client-name", f"router-{i}", *tokenizer]
+                if i == wrong:
+                    args.append("--skip-chat-template")
                 for name, url, events, replay in workers:
                     args += ["--worker", f"{name}={url},{events},{replay}"]
                 p, line = procs.start(args)
                 started.append(p)
                 routers.append(line.split()[1])
             first, follow, stats = asyncio.run(drive(routers, convs, a))
-            results[policy] = {"first_turn_hit": first[0] / first[1], "follow_up_hit": follow[0] / follow[1],
-                               "routers": stats}
+            results[label] = {"first_turn_hit": first[0] / first[1], "follow_up_hit": follow[0] / follow[1],
+                              "routers": stats}
+            if policy == "kvix":
+                results[label]["reuse"] = asyncio.run(verdicts(routers, metrics))
             for p in started:
                 procs.stop(p)
     finally:
@@ -224,16 +240,36 @@ def main():
         if tokenizer:
             shutil.rmtree(tokenizer[1], ignore_errors=True)
 
-    k, rr = results["kvix"], results["round_robin"]
     print(f"{a.workers} workers, 2 routers, {a.conversations} {'chat ' if a.chat else ''}conversations "
           f"of {a.turns} turns")
-    print(f"{'policy':<12} {'first-turn hit':>15} {'follow-up hit':>14}")
-    for policy, r in results.items():
-        print(f"{policy:<12} {r['first_turn_hit']:>15.2f} {r['follow_up_hit']:>14.2f}")
-    print(f"follow-up hit with kvix {k['follow_up_hit']:.2f} vs round robin {rr['follow_up_hit']:.2f}: "
-          f"{k['follow_up_hit'] - rr['follow_up_hit']:+.2f}")
+    width = 20 if a.misconfigure_router else 12
+    print(f"{'policy':<{width}} {'first-turn hit':>15} {'follow-up hit':>14}"
+          + ("  reuse verdicts" if a.misconfigure_router else ""))
+    for label, r in results.items():
+        named = [f"{c['client']}: {c['suspect']}" for c in r.get("reuse", {}).get("clients", []) if c["suspect"]]
+        named += [f"worker {w['name']}: {w['suspect']}" for w in r.get("reuse", {}).get("workers", [])
+                  if w["suspect"]]
+        print(f"{label:<{width}} {r['first_turn_hit']:>15.2f} {r['follow_up_hit']:>14.2f}"
+              + (f"  {', '.join(named) or '-'}" if a.misconfigure_router else ""))
+    if "round_robin" in results:
+        k, rr = results["kvix"], results["round_robin"]
+        print(f"follow-up hit with kvix {k['follow_up_hit']:.2f} vs round robin {rr['follow_up_hit']:.2f}: "
+              f"{k['follow_up_hit'] - rr['follow_up_hit']:+.2f}")
     if a.json:
         print(json.dumps(results))
+
+
+async def verdicts(routers, metrics):
+    """kvix's reuse verdicts (GET /reuse on its metrics port) once every report the
+    routers sent is in: each answered request is reported (fire and forget, batched)."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            stats = [await (await http.get(r + "/stats")).json() for r in routers]
+            routed = sum(s["routed"]["by_kvix"] + s["routed"]["by_load"] for s in stats)
+            if sum(s["kvix"]["reuse_reports_sent"] for s in stats) >= routed:
+                return await (await http.get(metrics + "/reuse")).json()
+            await asyncio.sleep(0.1)
+    raise SystemExit("the routers' reuse reports did not all reach kvix within 30 s")
 
 
 async def reset(workers):

@@ -62,3 +62,29 @@ def test_the_router_example_routes_streamed_chat_requests_by_kvix():
     _assert_kvix_routed_better(results, report)
     # The streamed answers' usage chunks were reported.
     assert all(r["kvix"]["reuse_reports_sent"] > 0 for r in results["kvix"]["routers"]), report
+
+
+def test_a_router_that_skips_the_chat_template_is_named_and_cleared_once_fixed():
+    """Router 1 tokenizes chats without the chat template (vLLM production-stack #1045):
+    its token ids are not the engines', which apply transformers' chat template. kvix
+    names that router (gateway_tokenization), not the other one nor any worker, from
+    what the workers' usage says they reused; restarted fixed under the same name, it is
+    cleared. What the mistake costs: the follow-ups it routes find nothing in kvix."""
+    results, report = _run_example("--chat", "--misconfigure-router")
+
+    def named(label):
+        reuse = results[label]["reuse"]
+        clients = {c["client"].split("@")[0]: c["suspect"] for c in reuse["clients"]}
+        workers = {w["name"]: w["suspect"] for w in reuse["workers"] if w["suspect"]}
+        return clients, workers
+
+    clients, workers = named("kvix")
+    assert clients == {"router-0": None, "router-1": None} and workers == {}, report
+    clients, workers = named("kvix_misconfigured")
+    assert clients == {"router-0": None, "router-1": "gateway_tokenization"}, report
+    assert workers == {}, report
+    clients, workers = named("kvix_fixed")
+    assert clients == {"router-0": None, "router-1": None} and workers == {}, report
+    healthy, wrong = results["kvix"], results["kvix_misconfigured"]
+    assert wrong["follow_up_hit"] < healthy["follow_up_hit"] - 0.05, report
+    assert results["kvix_fixed"]["follow_up_hit"] >= 0.7, report
