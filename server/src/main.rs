@@ -77,7 +77,7 @@ enum Command {
 /// `kvix-server log reset`: an empty log begun on a key that has none; a live log is
 /// left alone, and said so with a failure.
 fn log_reset(config: &kvix_server::Config) -> ExitCode {
-    use kvix_server::durable::replica::store::{reset, Reset};
+    use kvix_server::durable::replica::start::{reset, Reset};
     let Some(log) = &config.durability.log else {
         eprintln!("kvix-server log reset: give the log with --log (or KVIX_LOG_URL)");
         return ExitCode::from(2);

@@ -125,11 +125,9 @@ async fn wire(
             "the log inbox",
             Box::pin(write::inbox::serve_log(ex.clone(), rx, {
                 let builder = restore::Builder::of(shared);
-                Rc::new(move |ex: &Rc<Executor>, image: &_| {
-                    builder
-                        .restore_in_place(ex, image)
-                        .map_err(|e| e.to_string())
-                })
+                Rc::new(
+                    move |ex: &Rc<Executor>, image: &_| Ok(builder.restore_in_place(ex, image)?),
+                )
             })),
         )?;
         // The follower runs on executor 0: its barriers (announces, retires) are applied

@@ -48,7 +48,7 @@ pub fn load(config: &Config) -> Result<Loaded, StartError> {
     let fleet = config.fleet();
     if let Some(log) = &config.durability.log {
         let found =
-            replica::store::fetch_start(&log.server, &log.key, &fleet, config.durability.log_new)?;
+            replica::start::fetch_start(&log.server, &log.key, &fleet, config.durability.log_new)?;
         let start = match found {
             Some(start) => start,
             None => empty_log(config, log, &mut image)?,
@@ -102,7 +102,7 @@ fn empty_log(
     config: &Config,
     log: &replica::LogUrl,
     image: &mut Option<snapshot::ServerImage>,
-) -> Result<replica::store::LogStart, StartError> {
+) -> Result<replica::start::LogStart, StartError> {
     let block = config.index.block_size;
     let base = |mine: &snapshot::ServerImage, at: &replica::LogMark| {
         let mut image = mine.clone();
@@ -123,17 +123,17 @@ fn empty_log(
         let base = mine.map(|mine| move |at: &replica::LogMark| base(mine, at));
         let candidate = mine.zip(base.as_ref()).and_then(|(mine, base)| {
             let mark = replica::LogMark::parse(&mine.log_position);
-            Some(replica::store::Candidate {
+            Some(replica::start::Candidate {
                 lost: mark.generation?,
                 position: mark.position,
                 base,
             })
         });
-        replica::store::await_log(&log.server, &log.key, &fleet, candidate, wait)?
+        replica::start::await_log(&log.server, &log.key, &fleet, candidate, wait)?
     };
     Ok(match awaited {
-        replica::store::Awaited::Found(start) => start,
-        replica::store::Awaited::Led(generation) => {
+        replica::start::Awaited::Found(start) => start,
+        replica::start::Awaited::Led(generation) => {
             if let Some(mine) = image.as_mut() {
                 mine.log_position = replica::LogMark {
                     position: "0-0".into(),
@@ -141,7 +141,7 @@ fn empty_log(
                 }
                 .to_string();
             }
-            replica::store::LogStart {
+            replica::start::LogStart {
                 generation,
                 snapshot: None,
             }

@@ -113,8 +113,12 @@ impl EngineChange {
 }
 
 /// How a replica healing in place replaces an executor's state with a snapshot's.
-pub type RestoreInPlace =
-    Rc<dyn Fn(&Rc<Executor>, &crate::durable::snapshot::ServerImage) -> Result<(), String>>;
+pub type RestoreInPlace = Rc<
+    dyn Fn(
+        &Rc<Executor>,
+        &crate::durable::snapshot::ServerImage,
+    ) -> Result<(), crate::durable::replica::RestoreError>,
+>;
 
 /// Runs on every executor: applies what the replicas' log follower hands it, in stream
 /// order; the replica's client waiting for a write hears its outcome, and the follower
@@ -183,7 +187,7 @@ pub async fn serve_log(
                     super::job::Written::now(Ok(restore(&ex, &image)))
                 });
                 glommio::spawn_local(async move {
-                    let outcome = restored.await.unwrap_or_else(|f| Err(f.to_string()));
+                    let outcome = restored.await.unwrap_or_else(|f| Err(f.into()));
                     let _ = done.send(outcome);
                 })
                 .detach();

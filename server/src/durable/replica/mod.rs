@@ -25,6 +25,8 @@
 
 pub mod appender;
 pub mod follower;
+mod recover;
+pub mod start;
 pub mod store;
 pub mod url;
 
@@ -75,8 +77,17 @@ pub enum LogJob {
     /// after a `Drain` on every executor).
     Restore {
         image: Arc<ServerImage>,
-        done: oneshot::Sender<Result<(), String>>,
+        done: oneshot::Sender<Result<(), RestoreError>>,
     },
+}
+
+/// Why an executor's state was not replaced by a snapshot's.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error(transparent)]
+    State(#[from] crate::error::StartError),
+    #[error("the executor's write queue did not run it: {0}")]
+    Queue(#[from] crate::failure::Failure),
 }
 
 /// A lost log's new base, made by the replica chosen to rebuild it: its state as a
