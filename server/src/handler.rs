@@ -206,9 +206,11 @@ fn bounded(ex: &Executor, id: ReplyTo, bytes: AlignedVec) -> AlignedVec {
 }
 
 /// Takes a gateway's reuse reports (what the engines say they reused) into the
-/// verdicts ([`crate::reuse`]), judged against this executor's roster.
+/// verdicts ([`crate::reuse`]), judged against this executor's roster. A placement-fed
+/// worker whose engine lost its cache has its placements dropped, by a write of its
+/// own on the one write route (logged, and applied by every replica).
 fn reuse(
-    ex: &Executor,
+    ex: &Rc<Executor>,
     session: &Session,
     id: ReplyTo,
     r: &kvix_wire::ArchivedReuseReport,
@@ -232,7 +234,24 @@ fn reuse(
         })
     };
     let client = session.client.as_deref().unwrap_or("unknown");
-    crate::reuse::take(client, &reports, ex.settings().index.block_size, &kind);
+    let lost = crate::reuse::take(client, &reports, ex.settings().index.block_size, &kind);
+    drop(core);
+    for worker in lost {
+        tracing::warn!(
+            worker,
+            "reuse reports: placement-fed worker {worker}'s engine reused nothing of {} \
+             prompts in a row where its placements promised reuse: its cache was lost (a \
+             restart); its placements are dropped",
+            crate::reuse::CACHE_LOST
+        );
+        let forget = route_write(ex, Write::ForgetPlacements { worker }, Origin::Accepted);
+        glommio::spawn_local(async move {
+            if let Err(f) = forget.await {
+                tracing::warn!(worker, "dropping a lost cache's placements failed: {f}");
+            }
+        })
+        .detach();
+    }
     frame(id, &kvix_wire::Ack {})
 }
 

@@ -19,7 +19,9 @@
 //!   engine serving requests stores blocks, so its events stopped), `Undercounted`
 //!   (less than the engine reuses, its events coming in), `EventsLagging` (more). A worker whose history is lost is already
 //!   flagged for under-counting and gets no verdict; placement-fed workers only for
-//!   over-prediction (placements never learn the output an engine caches).
+//!   over-prediction (placements never learn the output an engine caches). A
+//!   placement-fed worker whose engine reused nothing on [`CACHE_LOST`] predicted prompts
+//!   in a row lost its cache (a restart): its placements are dropped instead.
 //!
 //! Verdicts are this replica's own: every replica sees the reports its clients send
 //! (a gateway reports to the replica that answered), and what they judge (the index
@@ -42,6 +44,11 @@ pub const WINDOW: usize = 16;
 pub const RAISE: usize = 8;
 /// Wrong reports of the last [`WINDOW`] at or under which a worker's verdict clears.
 pub const CLEAR: usize = 3;
+/// Reports in a row of a placement-fed worker where kvix predicted two blocks or more and
+/// the engine reused none: its engine lost its cache (a restart), and its placements are
+/// dropped rather than predicted until they age out. Four: a cache that merely evicts
+/// keeps the shared prefixes most prompts start with, so a run of zeros is rare.
+pub const CACHE_LOST: usize = 4;
 /// Clients tracked at once; reports of more are dropped (counted).
 pub const MAX_CLIENTS: usize = 1024;
 /// Reports a client may send per second (and at once); past it they are dropped.
@@ -241,6 +248,9 @@ struct Worker {
     heard_then: u64,
     /// Its reports since an event of it was last fed: [`WINDOW`] or more is a quiet worker.
     quiet: usize,
+    /// Placement-fed: its last reports in a row where kvix predicted reuse and the engine
+    /// reused nothing ([`CACHE_LOST`] of them: its engine lost its cache).
+    zeros: usize,
 }
 
 #[derive(Debug, Default)]
@@ -275,6 +285,8 @@ crate::metric_set! {
         dropped: Counter Sum "kvix_reuse_reports_dropped_total" by "reason" (&Dropped::LABELS),
         /// Workers (and, for gateway_tokenization, clients) under a verdict, by cause.
         suspect: Gauge Sum "kvix_workers_suspect" by "cause" (&CAUSE_LABELS),
+        /// Placement-fed workers whose placements were dropped: their engine lost its cache.
+        caches_lost: Counter Sum "kvix_reuse_caches_lost_total",
     }
 }
 
@@ -330,15 +342,17 @@ pub struct Report {
 }
 
 /// Takes `reports` from `client`; `kind` says what each worker is (None: not on the
-/// roster). `block`: the server's block, in tokens (the tolerance).
+/// roster). `block`: the server's block, in tokens (the tolerance). Returns the
+/// placement-fed workers whose engine lost its cache ([`CACHE_LOST`]): their placements
+/// are to be dropped, through the write route so that every replica drops them.
 pub fn take(
     client: &str,
     reports: &[Report],
     block: u32,
     kind: &dyn Fn(WorkerId) -> Option<WorkerKind>,
-) {
+) -> Vec<WorkerId> {
     METRICS.reports.fetch_add(reports.len() as u64, Relaxed);
-    lock().take(client, reports, block, kind);
+    lock().take(client, reports, block, kind)
 }
 
 impl State {
@@ -348,10 +362,12 @@ impl State {
         reports: &[Report],
         block: u32,
         kind: &dyn Fn(WorkerId) -> Option<WorkerKind>,
-    ) {
+    ) -> Vec<WorkerId> {
         let Some(key) = self.client_key(client) else {
-            return drop_all(Dropped::Clients, reports.len());
+            drop_all(Dropped::Clients, reports.len());
+            return Vec::new();
         };
+        let mut lost = Vec::new();
         let allowed = self
             .clients
             .get_mut(&key)
@@ -381,6 +397,7 @@ impl State {
                 cause: None,
                 heard_then: heard,
                 quiet: 0,
+                zeros: 0,
             });
             if w.heard_then != heard {
                 (w.heard_then, w.quiet) = (heard, 0);
@@ -388,6 +405,9 @@ impl State {
             w.quiet += 1;
             if !suspect {
                 w.window.push(key.clone(), o);
+            }
+            if cache_lost(w, r, block, k) {
+                lost.push(r.worker);
             }
             touched.push((r.worker, k));
         }
@@ -407,7 +427,26 @@ impl State {
         for (w, k) in touched {
             self.judge_worker(w, k);
         }
+        lost
     }
+}
+
+/// Counts a placement-fed worker's reports where kvix predicted two blocks or more and
+/// its engine reused none; true at [`CACHE_LOST`] in a row, when its window starts again
+/// (what it held before is not what its engine holds now).
+fn cache_lost(w: &mut Worker, r: &Report, block: u32, k: WorkerKind) -> bool {
+    if k.event_fed {
+        return false;
+    }
+    let zero = r.predicted.unwrap_or(0) >= 2 * block && r.cached < block;
+    w.zeros = if zero { w.zeros + 1 } else { 0 };
+    if w.zeros < CACHE_LOST {
+        return false;
+    }
+    w.zeros = 0;
+    w.window.last.clear();
+    METRICS.caches_lost.fetch_add(1, Relaxed);
+    true
 }
 
 /// A retired worker's reports and verdict go (its id may name another worker next).
@@ -666,6 +705,7 @@ mod tests {
                 cause: None,
                 heard_then: 0,
                 quiet: 0,
+                zeros: 0,
             });
             w.window.push(key.clone(), o);
             st.judge_worker(7, kind);

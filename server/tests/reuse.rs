@@ -310,3 +310,73 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
     panic!("never happened: {what}");
 }
+
+/// A placement-fed worker whose engine lost its cache (a restart kvix cannot see): its
+/// engine reports no reuse where its placements promised some. Four such reports in a
+/// row drop its placements (a logged write, so every replica drops them) instead of
+/// predicting them until they age out and naming the worker for it; a healthy
+/// placement-fed worker beside it keeps its own, and a zero broken by one right report
+/// starts the count again. The worker used to be named `events_lagging`, a cause with
+/// no events to lag, after 8 of its reports (docs/benchmarks.md §13's 100 k leg).
+#[test]
+fn a_placement_fed_engine_that_lost_its_cache_has_its_placements_dropped() {
+    let server = Server::start(&["--cores", "2"]);
+    let mut c = server.session_as("gateway-1");
+    let feed = Feed::Placements {
+        capacity_blocks: 64,
+        ttl_ms: 0,
+    };
+    let a = c.announce("a", vec![Lane::full(16)], feed).unwrap().worker;
+    let b = c.announce("b", vec![Lane::full(16)], feed).unwrap().worker;
+    let ks = Keyspace::tokens("m");
+    let chain = token_chain(ks.seed(16), 16, &tokens(0, PROMPT));
+    for w in [a, b] {
+        let r = c.ask(&Placement {
+            worker: w,
+            keyspace: ks.clone(),
+            chain: chain[..10].to_vec(),
+        });
+        assert_eq!(r.kind, Kind::Ack);
+    }
+    let both = |c: &mut Conn| c.query(&ks, &chain).scores.len() == 2;
+    wait_until("both placements", || both(&mut c));
+    // Three zeros, then a right report: the count starts again.
+    report(
+        &mut c,
+        3,
+        &[reuse(a, Some(HELD), 0), reuse(b, Some(HELD), HELD)],
+    );
+    report(
+        &mut c,
+        1,
+        &[reuse(a, Some(HELD), HELD), reuse(b, Some(HELD), HELD)],
+    );
+    report(
+        &mut c,
+        3,
+        &[reuse(a, Some(HELD), 0), reuse(b, Some(HELD), HELD)],
+    );
+    assert!(both(&mut c), "dropped before four zeros in a row");
+    assert_eq!(server.metric("kvix_reuse_caches_lost_total"), 0);
+    report(
+        &mut c,
+        1,
+        &[reuse(a, Some(HELD), 0), reuse(b, Some(HELD), HELD)],
+    );
+    wait_until("a's placements dropped", || {
+        c.query(&ks, &chain).scores
+            == vec![Score {
+                worker: b,
+                blocks: 10,
+            }]
+    });
+    assert_eq!(server.metric("kvix_reuse_caches_lost_total"), 1);
+    // Its engine fills again: reports on what it was placed since are right, and no
+    // verdict was ever held.
+    report(&mut c, 16, &[reuse(a, None, 0), reuse(b, Some(HELD), HELD)]);
+    assert_eq!(verdicts(&server), (vec![], vec![]), "no verdict");
+    for cause in ["events_lagging", "events_missing", "undercounted"] {
+        let gauge = format!("kvix_workers_suspect{{cause=\"{cause}\"}}");
+        assert_eq!(server.metric(&gauge), 0, "{cause}");
+    }
+}

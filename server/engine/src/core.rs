@@ -90,6 +90,25 @@ impl Core {
         Ok(())
     }
 
+    /// Home: drops what a placement-fed worker holds and starts its feed afresh: its
+    /// engine lost its cache (a restart), as the engine's own reuse reports say. An
+    /// event-fed worker is refused: its events say what its engine holds.
+    pub fn forget_placements(
+        &mut self,
+        worker: WorkerId,
+        out: &mut Update,
+    ) -> Result<(), EngineError> {
+        let entry = self.roster.worker(worker)?;
+        let (feed, lanes) = (entry.feed, entry.lanes.len());
+        let state = feed_of(&mut self.feeds, worker)?;
+        if !matches!(state, FeedState::Placements(_)) {
+            return Err(wrong_feed(worker, state, "placements"));
+        }
+        *state = FeedState::new(feed, lanes);
+        out.ops.sweep_lanes(worker, MAX_LANES);
+        Ok(())
+    }
+
     /// Forgets `worker`'s feed and drops what it holds: each lane and tier swept from
     /// the index (the runs of the holder sets that hold it; nothing to do for one holding
     /// none).

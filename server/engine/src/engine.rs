@@ -122,6 +122,12 @@ impl Engine {
         self.write(|core, u| core.place(worker, ks, chain, now_ms, u))
     }
 
+    /// Drops what a placement-fed worker holds and starts its feed afresh (its engine lost
+    /// its cache); refused for an event-fed worker ([`Core::forget_placements`]).
+    pub fn forget_placements(&mut self, worker: WorkerId) -> Result<(), EngineError> {
+        self.write(|core, u| core.forget_placements(worker, u))
+    }
+
     /// An engine whose event-fed workers take placements as `fill_in` says once their
     /// history is lost ([`Engine::fill_in`]).
     pub fn with_fill_in(mut self, fill_in: crate::FillIn) -> Self {

@@ -321,6 +321,39 @@ fn placements_cut_oldest_then_deepest_and_expire() {
     ));
 }
 
+/// A placement-fed worker whose engine lost its cache: what it holds goes, the feed
+/// takes placements afresh, another worker keeps its own; an event-fed worker is not
+/// touched (its events say what its engine holds).
+#[test]
+fn forgetting_a_workers_placements_drops_only_its_blocks() {
+    let mut e = Engine::new(TB);
+    let feed = Feed::Placements {
+        capacity_blocks: 8,
+        ttl_ms: 0,
+    };
+    let full = lanes(&["full_attention@16"]);
+    let (w, _) = e.announce("g", &full, feed).unwrap();
+    let (other, _) = e.announce("h", &full, feed).unwrap();
+    let (fed, _) = e.announce("e", &full, Feed::Events).unwrap();
+    let a = chain(6);
+    e.place(w, KS, &a, 0).unwrap();
+    e.place(other, KS, &a[..4], 0).unwrap();
+    e.apply(fed, 0, KS, &[store(0, 0..2, &a)]).unwrap();
+    e.forget_placements(w).unwrap();
+    assert_eq!(
+        e.query(KS, &a, None, 0, false).scores,
+        vec![(other, 4), (fed, 2)]
+    );
+    e.place(w, KS, &a[..3], 10).unwrap();
+    let now = vec![(other, 4), (w, 3), (fed, 2)];
+    assert_eq!(e.query(KS, &a, None, 0, false).scores, now);
+    assert!(matches!(
+        e.forget_placements(fed),
+        Err(EngineError::WrongFeed { .. })
+    ));
+    assert_eq!(e.query(KS, &a, None, 0, false).scores, now);
+}
+
 #[test]
 fn announce_resets_only_on_change_and_retire_forgets() {
     let mut e = Engine::new(TB);

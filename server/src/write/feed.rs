@@ -100,6 +100,11 @@ async fn feed_step(ex: &Rc<Executor>, write: Write, u: &mut Update) -> Result<Ou
                 Err(Dropped::Orphaned | Dropped::Fenced) => Ok(Outcome::Done),
             }
         }
+        Write::ForgetPlacements { worker } => {
+            logged?;
+            ex.core().forget_placements(worker, u)?;
+            Ok(Outcome::Done)
+        }
         Write::Announce { .. } | Write::Retire { .. } => Err(Failure::Bug(
             "announces and retires are numbered by executor 0",
         )),

@@ -53,6 +53,11 @@ pub enum Write {
         #[rkyv(with = rkyv::with::Skip)]
         batch: Option<Batch>,
     },
+    /// A placement-fed worker's engine lost its cache (its own reuse reports say so):
+    /// everything its placements hold is dropped (`crate::reuse`).
+    ForgetPlacements {
+        worker: WorkerId,
+    },
 }
 
 impl Write {
@@ -72,7 +77,7 @@ impl Write {
             Write::Announce { .. } | Write::Retire { .. } => None,
             Write::Events { body } => Some(body.validate::<EventBatch>()?.worker.to_native()),
             Write::Place { body } => Some(body.validate::<Placement>()?.worker.to_native()),
-            Write::Ingest { worker, .. } => Some(*worker),
+            Write::Ingest { worker, .. } | Write::ForgetPlacements { worker } => Some(*worker),
         })
     }
 }
