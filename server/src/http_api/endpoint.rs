@@ -2,9 +2,22 @@
 //! (`services/common/zmq.rs`), with its messages: `scheme://address`; `tcp` needs a
 //! host (`*` allowed, IPv6 in brackets) and a port; `ipc` and `inproc` any address.
 
-/// Why `endpoint` is not one Dynamo's indexer takes, in its words.
-pub fn check(endpoint: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("invalid ZMQ endpoint `{endpoint}`: {why}"));
+/// An endpoint Dynamo's indexer does not take, and why, in its words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid ZMQ endpoint `{endpoint}`: {why}")]
+pub struct BadEndpoint {
+    endpoint: String,
+    why: String,
+}
+
+/// Whether `endpoint` is one Dynamo's indexer takes.
+pub fn check(endpoint: &str) -> Result<(), BadEndpoint> {
+    let bad = |why: &str| {
+        Err(BadEndpoint {
+            endpoint: endpoint.to_string(),
+            why: why.to_string(),
+        })
+    };
     let Some((scheme, address)) = endpoint.split_once("://") else {
         return bad("missing scheme");
     };
@@ -56,7 +69,7 @@ mod tests {
         ] {
             assert_eq!(check(ok), Ok(()), "{ok}");
         }
-        let why = |ep: &str| check(ep).unwrap_err();
+        let why = |ep: &str| check(ep).unwrap_err().to_string();
         assert_eq!(
             why("127.0.0.1:5557"),
             "invalid ZMQ endpoint `127.0.0.1:5557`: missing scheme"

@@ -156,13 +156,13 @@ pub fn is_json(content_type: Option<&str>) -> bool {
 
 /// The value of `key` in a query string (`a=1&b=x`), percent- and plus-decoded; None
 /// when absent; an error when the key appears twice (as serde's query reader says).
-pub fn query_value(query: &str, key: &str) -> Result<Option<String>, String> {
+pub fn query_value(query: &str, key: &str) -> Result<Option<String>, BadQuery> {
     let mut found = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         if decode(k)? == key {
             if found.is_some() {
-                return Err(format!("duplicate field `{key}`"));
+                return Err(BadQuery::Duplicate(key.to_string()));
             }
             found = Some(decode(v)?);
         }
@@ -170,7 +170,18 @@ pub fn query_value(query: &str, key: &str) -> Result<Option<String>, String> {
     Ok(found)
 }
 
-fn decode(s: &str) -> Result<String, String> {
+/// A query string serde's query reader refuses, in its words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadQuery {
+    #[error("duplicate field `{0}`")]
+    Duplicate(String),
+    #[error("invalid percent-encoding")]
+    PercentEncoding,
+    #[error("invalid UTF-8 in the query string")]
+    Utf8,
+}
+
+fn decode(s: &str) -> Result<String, BadQuery> {
     let mut out = Vec::with_capacity(s.len());
     let b = s.as_bytes();
     let mut i = 0;
@@ -182,7 +193,7 @@ fn decode(s: &str) -> Result<String, String> {
                     .get(i + 1..i + 3)
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| "invalid percent-encoding".to_string())?;
+                    .ok_or(BadQuery::PercentEncoding)?;
                 out.push(hex);
                 i += 2;
             }
@@ -190,7 +201,7 @@ fn decode(s: &str) -> Result<String, String> {
         }
         i += 1;
     }
-    String::from_utf8(out).map_err(|_| "invalid UTF-8 in the query string".to_string())
+    String::from_utf8(out).map_err(|_| BadQuery::Utf8)
 }
 
 #[cfg(test)]

@@ -225,31 +225,45 @@ async fn register(ex: &Rc<Executor>, body: &[u8]) -> Response {
     }
 }
 
+/// What `/unregister` names that is not registered, in Dynamo's words.
+#[derive(Debug, thiserror::Error)]
+enum NotRegistered {
+    #[error("instance {0} not found")]
+    Instance(u64),
+    #[error("instance {id} is registered for model={model} routing_group={group}")]
+    Elsewhere {
+        id: u64,
+        model: String,
+        group: String,
+    },
+    #[error("instance {id} dp_rank {rank} not found")]
+    Rank { id: u64, rank: u32 },
+}
+
 async fn unregister(ex: &Rc<Executor>, body: &[u8]) -> Response {
     let req: json::UnregisterRequest = match json::parse(body) {
         Ok(r) => r,
         Err(r) => return rejected(r),
     };
     let id = req.instance_id;
-    let chosen: Result<Vec<Member>, String> = with_view(ex, |v| {
+    let chosen: Result<Vec<Member>, NotRegistered> = with_view(ex, |v| {
         let Some((m, g)) = v.instance(id) else {
-            return Err(format!("instance {id} not found"));
+            return Err(NotRegistered::Instance(id));
         };
         let wrong_place = match &req.routing_group {
             Some(group) => (m, g) != (req.model_name.as_str(), group.as_str()),
             None => m != req.model_name,
         };
         if wrong_place {
-            return Err(format!(
-                "instance {id} is registered for model={m} routing_group={g}"
-            ));
+            let (model, group) = (m.to_string(), g.to_string());
+            return Err(NotRegistered::Elsewhere { id, model, group });
         }
         let ranks = v.ranks(id);
         match (req.routing_group.is_some(), req.dp_rank) {
             // A rank alone only with its group named, as Dynamo takes it.
             (true, Some(rank)) => match ranks.iter().find(|r| r.rank == rank) {
                 Some(r) => Ok(vec![*r]),
-                None => Err(format!("instance {id} dp_rank {rank} not found")),
+                None => Err(NotRegistered::Rank { id, rank }),
             },
             _ => Ok(ranks),
         }
