@@ -1694,3 +1694,54 @@ fn engine_batches_the_log_refused_are_replayed_not_skipped() {
     );
     engine.publisher.stop();
 }
+
+/// A placement-fed engine that lost its cache, as one replica's gateway reports it: the
+/// replica drops the worker's placements through the log, so every replica drops them
+/// (a verdict stays each replica's own; what the index holds may not differ).
+#[test]
+fn a_lost_cache_reported_to_one_replica_is_dropped_by_every_replica() {
+    if available("lost_cache").is_none() {
+        return;
+    }
+    let redis = Redis::start("lost-cache");
+    let (a, b) = (replica(&redis, &[]), replica(&redis, &[]));
+    let mut on_a = a.session_as("gateway-1");
+    let feed = Feed::Placements {
+        capacity_blocks: 64,
+        ttl_ms: 0,
+    };
+    let w = on_a
+        .announce("p", vec![Lane::full(16)], feed)
+        .unwrap()
+        .worker;
+    let ks = Keyspace::tokens("m");
+    let chain = chain_of(&ks, 0, 10);
+    let placed = on_a.ask(&Placement {
+        worker: w,
+        keyspace: ks.clone(),
+        chain: chain.clone(),
+    });
+    assert_eq!(placed.kind, Kind::Ack);
+    wait_for("b holds the placement", &|| {
+        b.session().query(&ks, &chain).scores.len() == 1
+    });
+    let lost = Reuse {
+        worker: w,
+        model: "m".into(),
+        predicted_tokens: Some(160),
+        cached_tokens: 0,
+        prompt_tokens: 170,
+    };
+    for _ in 0..4 {
+        let r = on_a.ask(&ReuseReport {
+            reports: vec![lost.clone()],
+        });
+        assert_eq!(r.kind, Kind::Ack);
+    }
+    wait_for("both replicas drop it", &|| {
+        a.session().query(&ks, &chain).scores.is_empty()
+            && b.session().query(&ks, &chain).scores.is_empty()
+    });
+    assert_eq!(a.metric("kvix_reuse_caches_lost_total"), 1);
+    assert_eq!(b.metric("kvix_reuse_caches_lost_total"), 0);
+}
