@@ -234,9 +234,9 @@ fn reuse(
         })
     };
     let client = session.client.as_deref().unwrap_or("unknown");
-    let lost = crate::reuse::take(client, &reports, ex.settings().index.block_size, &kind);
+    let learned = crate::reuse::take(client, &reports, ex.settings().index.block_size, &kind);
     drop(core);
-    for worker in lost {
+    for worker in learned.caches_lost {
         tracing::warn!(
             worker,
             "reuse reports: placement-fed worker {worker}'s engine reused nothing of {} \
@@ -244,15 +244,29 @@ fn reuse(
              restart); its placements are dropped",
             crate::reuse::CACHE_LOST
         );
-        let forget = route_write(ex, Write::ForgetPlacements { worker }, Origin::Accepted);
-        glommio::spawn_local(async move {
-            if let Err(f) = forget.await {
-                tracing::warn!(worker, "dropping a lost cache's placements failed: {f}");
-            }
-        })
-        .detach();
+        learn(ex, Write::ForgetPlacements { worker }, worker);
+    }
+    for worker in learned.fill_in {
+        tracing::warn!(
+            worker,
+            "reuse reports: worker {worker}'s events do not arrive: gateways' placements \
+             fill in for it until its engine's events clear it"
+        );
+        learn(ex, Write::FillIn { worker }, worker);
     }
     frame(id, &kvix_wire::Ack {})
+}
+
+/// Sends what the reuse reports taught the index on the one write route (so that every
+/// replica learns it), not holding up the reports' answer.
+fn learn(ex: &Rc<Executor>, write: Write, worker: kvix_wire::WorkerId) {
+    let written = route_write(ex, write, Origin::Accepted);
+    glommio::spawn_local(async move {
+        if let Err(f) = written.await {
+            tracing::warn!(worker, "a write the reuse reports called for failed: {f}");
+        }
+    })
+    .detach();
 }
 
 fn is_write(msg: &MessageRef<'_>) -> bool {

@@ -380,3 +380,69 @@ fn a_placement_fed_engine_that_lost_its_cache_has_its_placements_dropped() {
         assert_eq!(server.metric(&gauge), 0, "{cause}");
     }
 }
+
+/// A worker whose events go elsewhere (announced with an endpoint nothing publishes
+/// on): its engine reuses what kvix never heard of. Once named `events_missing`, the
+/// gateways' placements on it fill in for what its events would say (a logged write, as
+/// for a lost history), so its follow-ups find it again; a placement before the verdict
+/// is passed over, as on any event-fed worker. Placements on such a worker used to be
+/// passed over for good: the verdict named it, and nothing found it.
+#[test]
+fn a_worker_whose_events_go_elsewhere_is_filled_in_by_placements_once_named() {
+    if available("reuse_fill_in").is_none() {
+        return;
+    }
+    let server = Server::start(&["--cores", "2"]);
+    let mut c = server.session_as("gateway-1");
+    let (pa, mut a_engine) = Ports::start_one(RELEASE);
+    let nowhere = Ports::choose(1);
+    let a = c.announce_source("a", vec![Lane::full(16)], pa.source(0, ""));
+    let b = c.announce_source("b", vec![Lane::full(16)], nowhere.source(0, ""));
+    let (a, b) = (a.unwrap().worker, b.unwrap().worker);
+    a_engine.publish(vec![stored()]);
+    let ks = Keyspace::tokens("m");
+    let chain = token_chain(ks.seed(16), 16, &tokens(0, PROMPT));
+    let on_b = token_chain(ks.seed(16), 16, &tokens(10_000, 10_000 + PROMPT));
+    let place = |c: &mut Conn| {
+        let r = c.ask(&Placement {
+            worker: b,
+            keyspace: ks.clone(),
+            chain: on_b[..10].to_vec(),
+        });
+        assert_eq!(r.kind, Kind::Ack);
+    };
+    wait_until("a's stores", || c.query(&ks, &chain).scores.len() == 1);
+    place(&mut c);
+    assert_eq!(c.query(&ks, &on_b).scores, vec![], "passed over before");
+    report(
+        &mut c,
+        16,
+        &[reuse(a, Some(HELD), HELD), reuse(b, None, HELD)],
+    );
+    assert_eq!(
+        verdicts(&server).0,
+        vec![(u64::from(b), "events_missing".into())]
+    );
+    wait_until("the placement taken", || {
+        place(&mut c);
+        c.query(&ks, &on_b).scores
+            == vec![Score {
+                worker: b,
+                blocks: 10,
+            }]
+    });
+    // a, whose events come in, takes no placement.
+    let r = c.ask(&Placement {
+        worker: a,
+        keyspace: ks.clone(),
+        chain: on_b.clone(),
+    });
+    assert_eq!(r.kind, Kind::Ack);
+    assert_eq!(
+        c.query(&ks, &on_b).scores,
+        vec![Score {
+            worker: b,
+            blocks: 10
+        }]
+    );
+}

@@ -45,12 +45,12 @@ impl State {
         reports: &[Report],
         block: u32,
         kind: &dyn Fn(WorkerId) -> Option<WorkerKind>,
-    ) -> Vec<WorkerId> {
+    ) -> Learned {
         let Some(key) = self.client_key(client) else {
             drop_all(Dropped::Clients, reports.len());
-            return Vec::new();
+            return Learned::default();
         };
-        let mut lost = Vec::new();
+        let mut learned = Learned::default();
         let allowed = self
             .clients
             .get_mut(&key)
@@ -90,7 +90,7 @@ impl State {
                 w.window.push(key.clone(), o);
             }
             if cache_lost(w, r, block, k) {
-                lost.push(r.worker);
+                learned.caches_lost.push(r.worker);
             }
             touched.push((r.worker, k));
         }
@@ -108,9 +108,11 @@ impl State {
         touched.sort_unstable_by_key(|&(w, _)| w);
         touched.dedup_by_key(|&mut (w, _)| w);
         for (w, k) in touched {
-            self.judge_worker(w, k);
+            if self.judge_worker(w, k) == Some(SuspectCause::EventsMissing) {
+                learned.fill_in.push(w);
+            }
         }
-        lost
+        learned
     }
 }
 
@@ -224,11 +226,14 @@ impl State {
 
     /// Judges `worker` on its last [`WINDOW`] reports from clients under no verdict:
     /// named at [`RAISE`] wrong when most of the clients in them (those with two reports
-    /// or more) are at least half wrong, cleared at [`CLEAR`] wrong or fewer.
-    pub(super) fn judge_worker(&mut self, worker: WorkerId, kind: WorkerKind) {
-        let Some(w) = self.workers.get_mut(&worker) else {
-            return;
-        };
+    /// or more) are at least half wrong, cleared at [`CLEAR`] wrong or fewer. The cause
+    /// it was named just now, if any.
+    pub(super) fn judge_worker(
+        &mut self,
+        worker: WorkerId,
+        kind: WorkerKind,
+    ) -> Option<SuspectCause> {
+        let w = self.workers.get_mut(&worker)?;
         let wrong = w.window.wrong();
         let clients: Vec<_> = w
             .window
@@ -251,13 +256,14 @@ impl State {
             (true, Outcome::Under) if kind.event_fed => Some(SuspectCause::Undercounted),
             (true, _) => None,
         };
-        self.set_worker(worker, cause);
+        self.set_worker(worker, cause).then_some(cause).flatten()
     }
 
-    pub(super) fn set_worker(&mut self, worker: WorkerId, cause: Option<SuspectCause>) {
+    /// Whether the worker's verdict changed.
+    pub(super) fn set_worker(&mut self, worker: WorkerId, cause: Option<SuspectCause>) -> bool {
         let was = self.workers.get(&worker).and_then(|w| w.cause);
         if was == cause {
-            return;
+            return false;
         }
         if let Some(c) = was {
             METRICS.suspect[cause_index(c)].fetch_sub(1, Relaxed);
@@ -281,5 +287,6 @@ impl State {
             ),
         }
         SUSPECT.set(worker, cause);
+        true
     }
 }

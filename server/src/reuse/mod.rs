@@ -21,7 +21,8 @@
 //!   flagged for under-counting and gets no verdict; placement-fed workers only for
 //!   over-prediction (placements never learn the output an engine caches). A
 //!   placement-fed worker whose engine reused nothing on [`CACHE_LOST`] predicted prompts
-//!   in a row lost its cache (a restart): its placements are dropped instead.
+//!   in a row lost its cache (a restart): its placements are dropped instead. A worker
+//!   named `EventsMissing` is filled in by gateways' placements from then on ([`Learned`]).
 //!
 //! Verdicts are this replica's own: every replica sees the reports its clients send
 //! (a gateway reports to the replica that answered), and what they judge (the index
@@ -244,16 +245,27 @@ pub struct Report {
     pub prompt: u32,
 }
 
+/// What the index is to learn from a round of reports, through the write route so
+/// that every replica learns it alike (verdicts are each replica's own; the index is
+/// not).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Learned {
+    /// Placement-fed workers whose engine lost its cache ([`CACHE_LOST`]): their
+    /// placements are dropped.
+    pub caches_lost: Vec<WorkerId>,
+    /// Event-fed workers just named `events_missing`: gateways' placements fill in for
+    /// them, as for a worker whose history is lost.
+    pub fill_in: Vec<WorkerId>,
+}
+
 /// Takes `reports` from `client`; `kind` says what each worker is (None: not on the
-/// roster). `block`: the server's block, in tokens (the tolerance). Returns the
-/// placement-fed workers whose engine lost its cache ([`CACHE_LOST`]): their placements
-/// are to be dropped, through the write route so that every replica drops them.
+/// roster). `block`: the server's block, in tokens (the tolerance).
 pub fn take(
     client: &str,
     reports: &[Report],
     block: u32,
     kind: &dyn Fn(WorkerId) -> Option<WorkerKind>,
-) -> Vec<WorkerId> {
+) -> Learned {
     METRICS.reports.fetch_add(reports.len() as u64, Relaxed);
     lock().take(client, reports, block, kind)
 }

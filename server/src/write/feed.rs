@@ -105,6 +105,13 @@ async fn feed_step(ex: &Rc<Executor>, write: Write, u: &mut Update) -> Result<Ou
             ex.core().forget_placements(worker, u)?;
             Ok(Outcome::Done)
         }
+        Write::FillIn { worker } => {
+            logged?;
+            // False where the worker cannot take placements (not one full-attention
+            // lane, or --fill-in-blocks 0): nothing to fill, as for a lost history.
+            ex.core().fill_in(worker);
+            Ok(Outcome::Done)
+        }
         Write::Announce { .. } | Write::Retire { .. } => Err(Failure::Bug(
             "announces and retires are numbered by executor 0",
         )),

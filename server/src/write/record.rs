@@ -58,6 +58,12 @@ pub enum Write {
     ForgetPlacements {
         worker: WorkerId,
     },
+    /// An event-fed worker whose events do not arrive (its engine reuses what kvix never
+    /// heard of, by its own reuse reports): gateways' placements fill in for it from now
+    /// on, as for a worker whose history is lost, until its events' clear.
+    FillIn {
+        worker: WorkerId,
+    },
 }
 
 impl Write {
@@ -77,7 +83,9 @@ impl Write {
             Write::Announce { .. } | Write::Retire { .. } => None,
             Write::Events { body } => Some(body.validate::<EventBatch>()?.worker.to_native()),
             Write::Place { body } => Some(body.validate::<Placement>()?.worker.to_native()),
-            Write::Ingest { worker, .. } | Write::ForgetPlacements { worker } => Some(*worker),
+            Write::Ingest { worker, .. }
+            | Write::ForgetPlacements { worker }
+            | Write::FillIn { worker } => Some(*worker),
         })
     }
 }
