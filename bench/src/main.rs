@@ -190,6 +190,11 @@ struct FleetArgs {
     /// legs' gateways report every request's reuse).
     #[arg(long, value_enum)]
     misconfig: Option<Misconfig>,
+    /// The kvix server without placements filling in for event-fed workers whose
+    /// history is lost or whose events are missing (`--fill-in-blocks 0`): what the
+    /// fill-in recovers, by comparison.
+    #[arg(long)]
+    no_fill_in: bool,
     #[command(flatten)]
     workload: Workload,
 }
@@ -565,6 +570,7 @@ fn cmd_fleet(a: FleetArgs, json: bool) -> anyhow::Result<()> {
         replicas: a.replicas,
         chaos: a.chaos,
         misconfig: a.misconfig,
+        fill_in: !a.no_fill_in,
         workload: a.workload,
     };
     let legs = runtime(2)?.block_on(fleet::run(&config, &a.legs))?;
@@ -662,7 +668,8 @@ fn verdicts_line(legs: &[fleet::LegResult]) -> String {
         let held: Vec<String> = v.iter().map(|(c, n)| format!("{c} {n}")).collect();
         out += &format!("{} verdicts (most at once): {}", l.leg, held.join(", "));
         if let (Some(s), Some(n)) = (l.flagged_after_s, l.flagged_after_reports) {
-            out += &format!("; gateway 0 named after {s:.1} s and {n} of its reports");
+            out +=
+                &format!("; the misconfigured part named after {s:.1} s and {n} reports about it");
         }
         out.push('\n');
     }

@@ -26,6 +26,7 @@ fn config() -> FleetConfig {
         replicas: 1,
         chaos: None,
         misconfig: None,
+        fill_in: true,
         workload: Workload {
             seed: 7,
             turns: 3,

@@ -83,7 +83,9 @@ impl Gateway {
         let knowledge = match leg {
             Leg::Events | Leg::EventsJoint | Leg::Placements => Knowledge::Kvix {
                 client: client.ok_or_else(|| anyhow::anyhow!("the {leg:?} leg asks kvix"))?,
-                placements: leg == Leg::Placements,
+                // Placements fill in for an engine whose events go elsewhere.
+                placements: leg == Leg::Placements
+                    || fleet.cfg.misconfig == Some(super::Misconfig::EngineEventsElsewhere),
                 weights: match leg {
                     Leg::EventsJoint => TierWeights::JOINT,
                     _ => fleet.tier_weights(),

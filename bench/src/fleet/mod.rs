@@ -93,6 +93,21 @@ pub enum Misconfig {
     /// Gateway 0's token ids are not the engines' (another chat template): its queries
     /// and placements hash in another keyspace.
     GatewayTokenization,
+    /// Engine 0's events go elsewhere (its publisher connects where nothing listens)
+    /// while it is announced to kvix as event-fed, as an engine with a wrong endpoint
+    /// is; the kvix legs' gateways publish placements, which fill in for it once kvix
+    /// names it `events_missing` (not with `--no-fill-in`).
+    EngineEventsElsewhere,
+}
+
+impl Misconfig {
+    /// The reuse verdict that names it (`kvix_workers_suspect{cause}`).
+    pub fn cause(self) -> &'static str {
+        match self {
+            Misconfig::GatewayTokenization => "gateway_tokenization",
+            Misconfig::EngineEventsElsewhere => "events_missing",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,6 +130,9 @@ pub struct FleetConfig {
     pub replicas: u32,
     pub chaos: Option<Chaos>,
     pub misconfig: Option<Misconfig>,
+    /// Whether the kvix server's placements fill in for event-fed workers whose history
+    /// is lost or whose events are missing (false: `--fill-in-blocks 0`).
+    pub fill_in: bool,
     #[serde(flatten)]
     pub workload: Workload,
 }
@@ -171,7 +189,8 @@ pub struct LegResult {
     /// kvix legs: the most verdicts the server held at once during the leg, by cause
     /// (every gateway reports each request's reuse).
     pub verdicts: Option<BTreeMap<String, u64>>,
-    /// With a misconfiguration: seconds from the leg's start, and reports gateway 0 had
+    /// With a misconfiguration: seconds from the leg's start, and reports about what is
+    /// at fault (gateway 0's, or those on engine 0's requests)
     /// sent, until the server named it.
     pub flagged_after_s: Option<f64>,
     pub flagged_after_reports: Option<u64>,
@@ -327,7 +346,9 @@ impl Fleet {
 
     /// Until kvix scores every engine for the whole system prefix: the engines (events)
     /// or a controller (placements) told it, and the fleet is in its steady state.
-    async fn await_system_prefix(&self, control: &Client) -> anyhow::Result<()> {
+    /// Waits until kvix scores every engine but `silent` of them (whose events go
+    /// elsewhere) for the shared system prefix.
+    async fn await_system_prefix(&self, control: &Client, silent: usize) -> anyhow::Result<()> {
         let want = self.system.chain.len() as u32;
         let opts = QueryOptions {
             deadline: Some(Duration::from_millis(200)),
@@ -342,7 +363,7 @@ impl Fleet {
                 QueryOutcome::Scores(s) => s.iter().filter(|s| s.blocks == want).count(),
                 _ => 0,
             };
-            if held == self.engines.len() {
+            if held == self.engines.len() - silent {
                 return Ok(());
             }
             anyhow::ensure!(
@@ -586,11 +607,25 @@ async fn watch_verdicts(fleet: Arc<Fleet>, started: Instant) -> Verdicts {
                 let most = v.most.entry(cause.to_string()).or_default();
                 *most = (*most).max(n);
             }
-            if now[0] > 0 && v.flagged.is_none() && fleet.cfg.misconfig.is_some() {
-                let reports = fleet.gateways[0]
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .reports_sent();
+            let named = fleet.cfg.misconfig.and_then(|m| {
+                let at = server::SUSPECT_CAUSES
+                    .iter()
+                    .position(|&c| c == m.cause())?;
+                Some(now[at] > 0)
+            });
+            if named == Some(true) && v.flagged.is_none() {
+                // Reports about what is at fault: gateway 0's own, or every request
+                // engine 0 served (each is reported).
+                let reports = match fleet.cfg.misconfig {
+                    Some(Misconfig::EngineEventsElsewhere) => {
+                        let acc = fleet.acc.lock().unwrap_or_else(|e| e.into_inner());
+                        acc.served[0]
+                    }
+                    _ => fleet.gateways[0]
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .reports_sent(),
+                };
                 v.flagged = Some((started.elapsed().as_secs_f64(), reports));
             }
         }
@@ -619,6 +654,9 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
         "--block-size".into(),
         cfg.workload.block_tokens.to_string(),
     ];
+    if !cfg.fill_in {
+        args.extend(["--fill-in-blocks".into(), "0".into()]);
+    }
     let kvix = matches!(leg, Leg::Events | Leg::EventsJoint | Leg::Placements);
     let by_events = matches!(leg, Leg::Events | Leg::EventsJoint);
     let replicas = if kvix { cfg.replicas.max(1) } else { 0 };
@@ -685,8 +723,25 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
             cpu_load_us_per_block: cfg.workload.cpu_load_us_per_block,
         },
     };
+    // Engine 0 publishing where nothing listens, for Misconfig::EngineEventsElsewhere.
+    let misdirected = events_to
+        .as_ref()
+        .filter(|_| cfg.misconfig == Some(Misconfig::EngineEventsElsewhere))
+        .map(|to| -> anyhow::Result<EventsTo> {
+            Ok(EventsTo {
+                kvix: format!("tcp://127.0.0.1:{}", free_port()?),
+                ..to.clone()
+            })
+        })
+        .transpose()?;
     let engines = (0..cfg.engines)
-        .map(|i| Engine::start(&ctx, host(i), &spec, events_to.as_ref()))
+        .map(|i| {
+            let to = misdirected
+                .as_ref()
+                .filter(|_| i == 0)
+                .or(events_to.as_ref());
+            Engine::start(&ctx, host(i), &spec, to)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut system_prompt = Vec::new();
     tokens(
@@ -749,7 +804,13 @@ pub async fn run_leg(cfg: &FleetConfig, leg: Leg) -> anyhow::Result<LegResult> {
                 );
             }
         }
-        fleet.await_system_prefix(control).await?;
+        if misdirected.is_some() {
+            let e = &fleet.engines[0];
+            let lanes = vec![Lane::full(cfg.workload.block_tokens)];
+            control.announce(&e.name, lanes, Feed::Events).await?;
+        }
+        let silent = usize::from(misdirected.is_some());
+        fleet.await_system_prefix(control, silent).await?;
     }
     for g in 0..cfg.gateways as usize {
         let gw = fleet.gateway(g).await?;
