@@ -756,12 +756,17 @@ def test_reuse_reports_flag_a_worker_the_engine_contradicts(server):
         # No usage figure in the response: no report.
         assert not c.report_reuse("a", MODEL, predicted_tokens=held, cached_tokens=None,
                                   prompt_tokens=len(p) + 5)
-        # The engine keeps reusing nothing where kvix predicts 8 blocks: its placements
-        # outlive what it holds. Sixteen such reports name it.
+        # The engine keeps reusing 2 blocks where kvix predicts 8: its placements outlive
+        # what it holds. Sixteen such reports name it. (Reusing nothing at all, 4 times
+        # in a row, is an engine that lost its cache: its placements are dropped instead.)
         for _ in range(16):
-            assert c.report_reuse(a, MODEL, predicted_tokens=held, cached_tokens=0,
+            assert c.report_reuse(a, MODEL, predicted_tokens=held, cached_tokens=2 * 16,
                                   prompt_tokens=len(p) + 5)
         wait_until(lambda: c.query_tokens(MODEL, p).best.suspect == "EventsLagging",
                    "a flagged")
+        for _ in range(4):
+            assert c.report_reuse(a, MODEL, predicted_tokens=held, cached_tokens=0,
+                                  prompt_tokens=len(p) + 5)
+        wait_until(lambda: c.query_tokens(MODEL, p).best is None, "a's placements dropped")
         n = c.counters()
-        assert n["reuse_reports_sent"] == 16 and n["reuse_unreported"] == 1
+        assert n["reuse_reports_sent"] == 20 and n["reuse_unreported"] == 1
