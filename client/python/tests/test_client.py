@@ -121,6 +121,13 @@ answers = [[[s.worker, s.worker_id, s.blocks] for s in g.query_tokens(model, p).
            for p in prompts]
 placed = g.publish_placement("w1", model, extra)
 ghost = g.publish_placement("ghost", model, extra)
+# Placements go out from the client's own thread: a process that exits at once may
+# leave its last one unsent, so wait (bounded) until it is on the wire.
+import time
+for _ in range(500):
+    if g.counters()["placements_sent"] >= 1:
+        break
+    time.sleep(0.01)
 print(json.dumps({"answers": answers, "placed": placed, "ghost": ghost,
                   "unknown": g.counters()["unknown_workers"]}))
 """
