@@ -128,15 +128,7 @@ pub(crate) fn rebuilt_base(
 ) -> replica::Base {
     let mut image = skeleton(ex, 0, at.to_string());
     fill(&mut image, parts);
-    let epochs = image
-        .ingest_states
-        .iter()
-        .map(|(w, s)| (*w, s.epoch))
-        .collect();
-    replica::Base {
-        snapshot: snapshot::encode(&image, ex.settings().index.block_size),
-        epochs,
-    }
+    replica::Base::of(image, at, ex.settings().index.block_size)
 }
 
 /// Where a snapshot's parts are cut, per log, and what the log does once it is written.

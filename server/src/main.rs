@@ -18,13 +18,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let command = match args.get(1).and_then(|a| a.to_str()) {
-        Some("check") => Command::Check,
+    // The command and how many words name it, before the flags.
+    let (command, words) = match args.get(1).and_then(|a| a.to_str()) {
+        Some("check") => (Command::Check, 1),
         Some("log") => match args.get(2).and_then(|a| a.to_str()) {
-            Some("reset") => {
-                args.remove(1);
-                Command::LogReset
-            }
+            Some("reset") => (Command::LogReset, 2),
             other => {
                 eprintln!(
                     "kvix-server log: unknown command {:?}: `kvix-server log reset [FLAGS]` \
@@ -34,11 +32,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         },
-        _ => Command::Serve,
+        _ => (Command::Serve, 0),
     };
-    if command != Command::Serve {
-        args.remove(1);
-    }
+    args.drain(1..1 + words);
     let args = match kvix_server::config::file::expand(args) {
         Ok(args) => args,
         Err(e) => {
@@ -67,7 +63,7 @@ fn main() -> ExitCode {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Command {
     Serve,
     Check,

@@ -105,16 +105,7 @@ fn empty_log(
 ) -> Result<replica::start::LogStart, StartError> {
     let block = config.index.block_size;
     let base = |mine: &snapshot::ServerImage, at: &replica::LogMark| {
-        let mut image = mine.clone();
-        image.log_position = at.to_string();
-        replica::Base {
-            snapshot: snapshot::encode(&image, block),
-            epochs: image
-                .ingest_states
-                .iter()
-                .map(|(w, s)| (*w, s.epoch))
-                .collect(),
-        }
+        replica::Base::of(mine.clone(), at, block)
     };
     let wait = std::time::Duration::from_secs(config.durability.log_empty_wait);
     let fleet = config.fleet();
@@ -135,11 +126,7 @@ fn empty_log(
         replica::start::Awaited::Found(start) => start,
         replica::start::Awaited::Led(generation) => {
             if let Some(mine) = image.as_mut() {
-                mine.log_position = replica::LogMark {
-                    position: "0-0".into(),
-                    generation: Some(generation.clone()),
-                }
-                .to_string();
+                mine.log_position = replica::LogMark::start_of(&generation).to_string();
             }
             replica::start::LogStart {
                 generation,

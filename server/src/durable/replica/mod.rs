@@ -97,6 +97,23 @@ pub struct Base {
     pub epochs: Vec<(WorkerId, u64)>,
 }
 
+impl Base {
+    /// `image`, marked as the start of the new generation `at`, as a lost log's base:
+    /// its snapshot and each ingest stream's epoch, from which the new log's leases
+    /// count on.
+    pub fn of(mut image: ServerImage, at: &LogMark, block: u32) -> Base {
+        image.log_position = at.to_string();
+        Base {
+            snapshot: crate::durable::snapshot::encode(&image, block),
+            epochs: image
+                .ingest_states
+                .iter()
+                .map(|(w, s)| (*w, s.epoch))
+                .collect(),
+        }
+    }
+}
+
 /// How the follower makes a [`Base`] of the executors' parts at a mark (the roster and
 /// the sources are executor 0's, where the follower runs).
 pub type MakeBase = Box<dyn Fn(Vec<Part>, &LogMark) -> Base>;
@@ -141,6 +158,14 @@ pub struct LogMark {
 }
 
 impl LogMark {
+    /// The start of a new generation's stream.
+    pub fn start_of(generation: &str) -> LogMark {
+        LogMark {
+            position: "0-0".into(),
+            generation: Some(generation.to_string()),
+        }
+    }
+
     pub fn parse(s: &str) -> LogMark {
         match s.split_once('@') {
             Some((position, generation)) => LogMark {

@@ -12,8 +12,7 @@ use redis::streams::StreamRangeReply;
 
 use super::resp::Resp;
 use super::{
-    chosen_key, generation_key, id_key, rebuild_key, snapshot_key, store, LogJob, LogMark,
-    MakeBase, Replica,
+    chosen_key, id_key, rebuild_key, snapshot_key, store, LogJob, LogMark, MakeBase, Replica,
 };
 
 /// Why a heal or a rebuild did not finish: the replica then stops following its log.
@@ -31,6 +30,8 @@ pub enum RecoverError {
     Snapshot(#[from] crate::durable::snapshot::SnapshotError),
     #[error("restoring the snapshot failed: {0}")]
     Restore(#[from] super::RestoreError),
+    #[error("the decoding thread stopped")]
+    Decoder,
 }
 
 /// How long the replicas that found their log lost wait for the others following it
@@ -80,12 +81,8 @@ async fn elect_and_rebuild(
 ) -> Result<(), RecoverError> {
     let key = &r.url.key;
     let (candidates, chosen_key) = (rebuild_key(key, old), chosen_key(key, old));
-    let mut post = redis::pipe();
-    post.hset(&candidates, &r.id, position.as_str())
-        .ignore()
-        .expire(&candidates, 3600)
-        .ignore();
-    c.pipeline::<()>(&post).await?;
+    c.pipeline::<()>(&store::post_position(key, old, &r.id, position))
+        .await?;
     tracing::warn!(%position, "rebuilding the lost log: this replica's position posted");
     let peers = r.peers();
     let deadline = Instant::now() + ELECTION;
@@ -100,15 +97,7 @@ async fn elect_and_rebuild(
         glommio::timer::sleep(Duration::from_millis(100)).await;
     };
     let best = store::most_advanced(&posted).unwrap_or_else(|| r.id.clone());
-    let mut choose = redis::cmd("SET");
-    choose
-        .arg(&chosen_key)
-        .arg(&best)
-        .arg("NX")
-        .arg("EX")
-        .arg(3600);
-    let _: Option<String> = c.query(&choose).await?;
-    let chosen: String = c.query(&redis::Cmd::get(&chosen_key)).await?;
+    let (_, chosen): (Option<String>, String) = c.pipeline(&store::choose(key, old, &best)).await?;
     if chosen == r.id {
         lead_rebuild(r, c, position, inboxes, base, old).await
     } else {
@@ -132,10 +121,7 @@ async fn lead_rebuild(
     let key = &r.url.key;
     let new = format!("{:016x}", super::rand_id());
     let parts = every(inboxes, |reply| LogJob::Export { reply }).await?;
-    let mark = LogMark {
-        position: "0-0".into(),
-        generation: Some(new.clone()),
-    };
+    let mark = LogMark::start_of(&new);
     let made = base(parts, &mark);
     let publish = store::publish_base(key, old, &new, &made, &r.fleet);
     let published: u8 = c.query(&publish).await?;
@@ -143,7 +129,7 @@ async fn lead_rebuild(
         return Err(RecoverError::Overtaken);
     }
     r.set_generation(&new);
-    *position = "0-0".into();
+    *position = mark.position;
     tracing::warn!(
         generation = new,
         "rebuilt the lost log from this replica's state: the new generation's base is stored"
@@ -163,9 +149,8 @@ async fn follow_rebuild(
     let deadline = Instant::now() + REBUILD_WAIT;
     while Instant::now() < deadline && !r.stopped() {
         drop(r.take_mark_request());
-        let mut look = redis::pipe();
-        look.get(generation_key(key)).get(snapshot_key(key));
-        let seen: redis::RedisResult<(Option<String>, Option<Vec<u8>>)> = c.pipeline(&look).await;
+        let seen: redis::RedisResult<(Option<String>, Option<Vec<u8>>)> =
+            c.pipeline(&store::generation_and_snapshot(key)).await;
         if let Ok((Some(generation), Some(bytes))) = seen {
             if generation != old {
                 let image = decode_aside(bytes, r.block_size).await?;
@@ -259,7 +244,7 @@ async fn decode_aside(
             crate::durable::snapshot::decode(&bytes, block, "the snapshot stored in Redis");
         let _ = tx.send(decoded);
     });
-    Ok(rx.await.map_err(|_| RecoverError::Stopping)??)
+    Ok(rx.await.map_err(|_| RecoverError::Decoder)??)
 }
 
 /// The snapshot stored in Redis, when this replica can go on from it: of this log's

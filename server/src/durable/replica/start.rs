@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 
-use super::{chosen_key, fleet_key, generation_key, rebuild_key, snapshot_key};
+use super::{fleet_key, generation_key, rebuild_key};
 use crate::error::StartError;
 
 /// How long a starting replica keeps trying a log it cannot reach (a Redis restarting,
@@ -41,10 +41,8 @@ pub fn fetch_start(
     let link = super::Link::open(server).map_err(failed(server))?;
     patiently(server, || {
         let mut c = link.connect()?;
-        let (generation, snapshot): (Option<String>, Option<Vec<u8>>) = redis::pipe()
-            .get(generation_key(key))
-            .get(snapshot_key(key))
-            .query(&mut c)?;
+        let (generation, snapshot): (Option<String>, Option<Vec<u8>>) =
+            super::store::generation_and_snapshot(key).query(&mut c)?;
         let generation = match generation {
             Some(generation) => generation,
             None if !new => return Ok(None),
@@ -63,13 +61,8 @@ pub fn fetch_start(
 /// generations, and stays this log's.
 fn begin(c: &mut redis::Connection, key: &str) -> redis::RedisResult<String> {
     let new = format!("{:016x}", super::rand_id());
-    let (_, generation): (Option<String>, String) = redis::pipe()
-        .cmd("SET")
-        .arg(generation_key(key))
-        .arg(&new)
-        .arg("NX")
-        .get(generation_key(key))
-        .query(c)?;
+    let (_, generation): (Option<String>, String) =
+        super::store::set_once(&generation_key(key), &new, None).query(c)?;
     if generation == new {
         tracing::info!(
             generation,
@@ -86,13 +79,8 @@ fn of_fleet(
     key: &str,
     fleet: &str,
 ) -> redis::RedisResult<()> {
-    let (_, theirs): (Option<String>, String) = redis::pipe()
-        .cmd("SET")
-        .arg(fleet_key(key))
-        .arg(fleet)
-        .arg("NX")
-        .get(fleet_key(key))
-        .query(c)?;
+    let (_, theirs): (Option<String>, String) =
+        super::store::set_once(&fleet_key(key), fleet, None).query(c)?;
     if theirs == fleet {
         return Ok(());
     }
@@ -182,10 +170,8 @@ pub fn await_log(
     loop {
         let mut look = || -> redis::RedisResult<Option<Awaited>> {
             let mut c = link.connect()?;
-            let (generation, snapshot): (Option<String>, Option<Vec<u8>>) = redis::pipe()
-                .get(generation_key(key))
-                .get(snapshot_key(key))
-                .query(&mut c)?;
+            let (generation, snapshot): (Option<String>, Option<Vec<u8>>) =
+                super::store::generation_and_snapshot(key).query(&mut c)?;
             if let Some(generation) = generation {
                 of_fleet(&mut c, server, key, fleet)?;
                 return Ok(Some(Awaited::Found(LogStart {
@@ -236,13 +222,7 @@ fn post(
     candidate: &Candidate<'_>,
     me: &str,
 ) -> redis::RedisResult<()> {
-    let candidates = rebuild_key(key, &candidate.lost);
-    redis::pipe()
-        .hset(&candidates, me, &candidate.position)
-        .ignore()
-        .expire(&candidates, 3600)
-        .ignore()
-        .query::<()>(c)?;
+    super::store::post_position(key, &candidate.lost, me, &candidate.position).query::<()>(c)?;
     tracing::warn!(
         position = candidate.position,
         lost = candidate.lost,
@@ -255,15 +235,7 @@ fn post(
 fn elect(c: &mut redis::Connection, key: &str, lost: &str, me: &str) -> redis::RedisResult<bool> {
     let posted: HashMap<String, String> = c.hgetall(rebuild_key(key, lost))?;
     let best = super::store::most_advanced(&posted).unwrap_or_else(|| me.to_string());
-    let (_, chosen): (Option<String>, String) = redis::pipe()
-        .cmd("SET")
-        .arg(chosen_key(key, lost))
-        .arg(&best)
-        .arg("NX")
-        .arg("EX")
-        .arg(3600)
-        .get(chosen_key(key, lost))
-        .query(c)?;
+    let (_, chosen): (Option<String>, String) = super::store::choose(key, lost, &best).query(c)?;
     if chosen != me {
         tracing::warn!(
             chosen,
@@ -282,11 +254,7 @@ fn lead(
     fleet: &str,
 ) -> redis::RedisResult<Option<String>> {
     let new = format!("{:016x}", super::rand_id());
-    let mark = super::LogMark {
-        position: "0-0".into(),
-        generation: Some(new.clone()),
-    };
-    let base = (candidate.base)(&mark);
+    let base = (candidate.base)(&super::LogMark::start_of(&new));
     let published: u8 =
         super::store::publish_base(key, &candidate.lost, &new, &base, fleet).query(c)?;
     if published == 0 {

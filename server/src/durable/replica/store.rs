@@ -7,7 +7,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use redis::Commands;
 
 use super::follower::{now_ms, STALE_MS};
-use super::{epoch_key, fleet_key, generation_key, id_key, positions_key, snapshot_key, Replica};
+use super::{
+    chosen_key, epoch_key, fleet_key, generation_key, id_key, positions_key, rebuild_key,
+    snapshot_key, Replica,
+};
 
 /// Stores a snapshot in Redis for new replicas and records its position, after trimming
 /// the stream below the oldest position still needed: this snapshot's and that of every
@@ -102,6 +105,47 @@ pub fn trim(r: &Replica, c: &mut redis::Connection, snapshot: &str) -> redis::Re
         let _: u64 = c.hdel(positions_key(key), gone)?;
     }
     Ok(())
+}
+
+/// Sets `key` to `value` unless it has one (expiring after `ttl_s`, if given), and reads
+/// back what it holds: (the SET's reply, the value that won) in one round trip.
+pub fn set_once(key: &str, value: &str, ttl_s: Option<u64>) -> redis::Pipeline {
+    let mut set = redis::cmd("SET");
+    set.arg(key).arg(value).arg("NX");
+    if let Some(ttl) = ttl_s {
+        set.arg("EX").arg(ttl);
+    }
+    let mut p = redis::pipe();
+    p.add_command(set).get(key);
+    p
+}
+
+/// The log's generation and its stored snapshot, in one round trip.
+pub fn generation_and_snapshot(key: &str) -> redis::Pipeline {
+    let mut p = redis::pipe();
+    p.get(generation_key(key)).get(snapshot_key(key));
+    p
+}
+
+/// How long a lost generation's election keys are kept.
+const ELECTION_TTL_S: u64 = 3600;
+
+/// Posts replica `id`'s position in the election that rebuilds the lost generation
+/// `lost`.
+pub fn post_position(key: &str, lost: &str, id: &str, position: &str) -> redis::Pipeline {
+    let candidates = rebuild_key(key, lost);
+    let mut p = redis::pipe();
+    p.hset(&candidates, id, position)
+        .ignore()
+        .expire(&candidates, ELECTION_TTL_S as i64)
+        .ignore();
+    p
+}
+
+/// Chooses `best` to rebuild the lost generation `lost`, once for all; the reply's
+/// second value is the replica chosen.
+pub fn choose(key: &str, lost: &str, best: &str) -> redis::Pipeline {
+    set_once(&chosen_key(key, lost), best, Some(ELECTION_TTL_S))
 }
 
 /// The replica that posted the most advanced position (ties to the greatest id).
