@@ -104,8 +104,9 @@ impl Core {
         if !matches!(state, FeedState::Placements(_)) {
             return Err(wrong_feed(worker, state, "placements"));
         }
-        *state = FeedState::new(feed, lanes);
-        out.ops.sweep_lanes(worker, MAX_LANES);
+        // As a changed announce resets a worker ([`Core::register`]).
+        self.drop_all(worker, out);
+        *feed_slot(&mut self.feeds, worker) = Some(FeedState::new(feed, lanes));
         Ok(())
     }
 
