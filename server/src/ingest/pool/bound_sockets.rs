@@ -24,15 +24,7 @@ impl IngestThread {
             return true;
         };
         let now = Instant::now();
-        for change in bound.connection_changes() {
-            for s in &mut self.streams {
-                if let Input::Bound(b) = &mut s.input {
-                    if b.rank == change.rank && b.peer == Some(change.peer) {
-                        set_link(b, change.open > 0, now);
-                    }
-                }
-            }
-        }
+        take_connection_changes(bound, &mut self.streams, now);
         // Topics heard from each address on each rank since it last had no connection:
         // one engine, one connection each (whether this server ingests it or, with
         // replicas, not yet).
@@ -42,6 +34,12 @@ impl IngestThread {
         for rank in 0..bound.ranks() {
             for _ in 0..BURST {
                 let Some(m) = bound.next(rank) else { break };
+                // libzmq queues a connection's `accepted` event before any message of
+                // it can be read: taken now, a process that just connected beside an
+                // engine counts before its first message is judged, not after it.
+                if take_connection_changes(bound, &mut self.streams, now) {
+                    pinned = None;
+                }
                 METRICS.messages.fetch_add(1, Relaxed);
                 if !bound.spec.allows(m.peer) {
                     if let Some(n) = count_loudly(&METRICS.peers_refused) {
@@ -218,6 +216,26 @@ impl IngestThread {
 }
 
 /// Notes whether a bound stream's engine is connected; a change is handed to the stream.
+/// The connections opened and closed since last asked, onto the streams they carry;
+/// whether there were any.
+fn take_connection_changes(
+    bound: &mut crate::ingest::bound::Bound,
+    streams: &mut [Live],
+    now: Instant,
+) -> bool {
+    let changes = bound.connection_changes();
+    for change in &changes {
+        for s in streams.iter_mut() {
+            if let Input::Bound(b) = &mut s.input {
+                if b.rank == change.rank && b.peer == Some(change.peer) {
+                    set_link(b, change.open > 0, now);
+                }
+            }
+        }
+    }
+    !changes.is_empty()
+}
+
 pub(super) fn set_link(b: &mut BoundStream, up: bool, now: Instant) {
     if up == b.down_since.is_none() {
         return;
